@@ -1,0 +1,1 @@
+"""lowrank_jax.adapters."""
