@@ -1,1 +1,36 @@
-"""lowrank_jax.adapters."""
+"""Adapters over any parameter pytree: target rules, LoRA, factorised application, merging, PEFT."""
+
+from lowrank_jax.adapters.adapt import adapt
+from lowrank_jax.adapters.core import (
+    Adapter,
+    AdapterSet,
+    as_sets,
+    combine,
+    count_params,
+    delta,
+    init,
+    merge,
+    split_trainable,
+    unmerge,
+)
+from lowrank_jax.adapters.kinds import AdapterKind, LoRA, lora
+from lowrank_jax.adapters.paths import match_rules, named_leaves
+
+__all__ = [
+    "Adapter",
+    "AdapterKind",
+    "AdapterSet",
+    "LoRA",
+    "adapt",
+    "as_sets",
+    "combine",
+    "count_params",
+    "delta",
+    "init",
+    "lora",
+    "match_rules",
+    "merge",
+    "named_leaves",
+    "split_trainable",
+    "unmerge",
+]

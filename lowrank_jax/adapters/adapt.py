@@ -1,0 +1,162 @@
+"""``adapt``: turn a model's apply function into one that takes adapters, computed factorised."""
+
+from __future__ import annotations
+
+import functools
+import zlib
+from collections.abc import Callable
+from typing import Any, Literal
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import quax
+
+from lowrank_jax.adapters import paths
+from lowrank_jax.adapters.core import Adapter, as_sets
+from lowrank_jax.adapters.quax_backend import wrap_kernel
+
+Backend = Literal["quax", "linen"]
+
+
+def _group(adapters: Any) -> dict[str, list[Adapter]]:
+    by_path: dict[str, list[Adapter]] = {}
+    for s in as_sets(adapters):
+        for path, a in s.items():
+            by_path.setdefault(path, []).append(a)
+    return by_path
+
+
+def _dropout_keys(key: jax.Array | None, path: str, adapters: list[Adapter], shape: tuple) -> list:
+    if key is None:
+        return [None] * len(adapters)
+    out = []
+    for i, a in enumerate(adapters):
+        k = jax.random.fold_in(jax.random.fold_in(key, zlib.crc32(path.encode())), i)
+        stack = shape[: len(shape) - a.in_ndim - a.out_ndim]
+        out.append(jax.random.split(k, stack) if stack else k)
+    return out
+
+
+def _wrap_params(params: Any, by_path: dict, key: jax.Array | None, allow_dense: bool) -> Any:
+    found = set()
+
+    def wrap(keypath, leaf):
+        path = paths.path_to_str(keypath)
+        if path not in by_path:
+            return leaf
+        found.add(path)
+        ads = by_path[path]
+        return wrap_kernel(leaf, ads, _dropout_keys(key, path, ads, leaf.shape), path, allow_dense)
+
+    out = jax.tree_util.tree_map_with_path(wrap, params)
+    _check_found(by_path, found, "are not in params")
+    return out
+
+
+def _check_found(by_path: dict, found: set, what: str) -> None:
+    missing = sorted(set(by_path) - found)
+    if missing:
+        raise ValueError(f"adapters for {missing} {what}; were they made for these params?")
+
+
+def _linen_delta(module: nn.Module, x: jax.Array, ads: list, keys: list, path: str) -> jax.Array:
+    """``x·ΔW`` for a linen Dense / DenseGeneral call, arranged like the layer's output."""
+    if isinstance(module, nn.Dense):
+        axes = (x.ndim - 1,)
+    elif isinstance(module, nn.DenseGeneral) and not module.batch_dims:
+        axis = module.axis if isinstance(module.axis, tuple | list) else (module.axis,)
+        axes = tuple(a % x.ndim for a in axis)
+    else:
+        raise NotImplementedError(
+            f"the linen backend has no factorised rule for {type(module).__name__} at {path!r}; "
+            "use adapt(..., backend='quax')."
+        )
+    x = jnp.moveaxis(x, axes, range(x.ndim - len(axes), x.ndim))
+    free = x.shape[: x.ndim - len(axes)]
+    x = jnp.reshape(x, (*free, -1))
+    total = sum(a.kind.apply_delta(a.factors, x, key=k) for a, k in zip(ads, keys, strict=True))
+    return jnp.reshape(total, (*free, -1))
+
+
+def _linen_apply(apply_fn, params, by_path, key, allow_dense, args, kwargs):
+    if allow_dense:
+        raise ValueError("allow_dense applies to backend='quax' only.")
+    hit: set[str] = set()
+
+    def interceptor(next_fun, call_args, call_kwargs, context):
+        module = context.module
+        if context.method_name != "__call__" or not isinstance(module, nn.Dense | nn.DenseGeneral):
+            return next_fun(*call_args, **call_kwargs)
+        path = "/".join(("params", *module.path, "kernel"))
+        if path not in by_path:
+            return next_fun(*call_args, **call_kwargs)
+        hit.add(path)
+        y = next_fun(*call_args, **call_kwargs)
+        ads = by_path[path]
+        shape = module.variables["params"]["kernel"].shape
+        if any(shape[: len(shape) - a.in_ndim - a.out_ndim] for a in ads):
+            raise NotImplementedError(
+                f"{path!r} is a stacked kernel (nn.scan); use adapt(..., backend='quax')."
+            )
+        keys = _dropout_keys(key, path, ads, shape)
+        d = _linen_delta(module, call_args[0], ads, keys, path)
+        return y + jnp.reshape(d, y.shape).astype(y.dtype)
+
+    with nn.intercept_methods(interceptor):
+        out = apply_fn(params, *args, **kwargs)
+    _check_found(
+        by_path,
+        hit,
+        "were never used by a linen Dense/DenseGeneral call, so the linen backend cannot apply "
+        "them (use backend='quax')",
+    )
+    return out
+
+
+def adapt(
+    apply_fn: Callable[..., Any], *, backend: Backend = "quax", allow_dense: bool = False
+) -> Callable[..., Any]:
+    """Makes ``apply_fn(params, *args, **kw)`` into ``adapted(params, adapters, *args, **kw)``.
+
+    At every matmul with a targeted kernel the adapted function computes
+    ``x @ W + Σ_adapters apply_delta(x)`` (for LoRA ``x @ W + s·((x @ A) @ B)``); neither ``ΔW`` nor
+    a gradient of its size is formed, so ``jax.grad`` with respect to ``adapters`` costs
+    ``O(r·(n + m))`` per kernel beyond the frozen forward/backward.
+
+    Args:
+      apply_fn: a function of a parameter pytree first: a linen ``model.apply`` (params are the
+        variables dict), ``lambda state, x: nnx.merge(graphdef, state)(x)``, or any JAX function.
+      backend: ``"quax"`` (default) works for any function, under ``jit``, ``grad``, ``vmap``,
+        ``lax.scan``/``nn.scan`` over stacked kernels and ``remat``; ``"linen"`` intercepts linen
+        ``Dense``/``DenseGeneral`` calls with ``nn.intercept_methods`` (linen only, no ``nn.scan``).
+      allow_dense: with ``"quax"``, let operations that have no factorised rule use the
+        materialised ``W + ΔW`` instead of raising.
+
+    Returns:
+      ``adapted(params, adapters, *args, adapter_key=None, **kwargs)``; ``adapters`` is one set
+      from :func:`init`, a list of sets or ``{name: set}`` (their updates add up), and
+      ``adapter_key`` (a PRNG key) switches adapter dropout on.
+
+    Raises:
+      ValueError: unknown backend; adapters whose paths are not in ``params``.
+      NotImplementedError (at trace time): a targeted kernel reaches an operation with no
+        factorised rule (and ``allow_dense`` is off).
+
+    Example:
+      >>> fwd = adapt(model.apply)
+      >>> logits = fwd(variables, adapters, tokens)
+      >>> grads = jax.grad(lambda ad: loss(fwd(variables, ad, tokens)))(adapters)
+    """
+    if backend not in ("quax", "linen"):
+        raise ValueError(f"backend must be 'quax' or 'linen', got {backend!r}.")
+
+    @functools.wraps(apply_fn)
+    def adapted(params, adapters, *args, adapter_key=None, **kwargs):
+        by_path = _group(adapters)
+        if backend == "linen":
+            return _linen_apply(apply_fn, params, by_path, adapter_key, allow_dense, args, kwargs)
+        wrapped = _wrap_params(params, by_path, adapter_key, allow_dense)
+        return quax.quaxify(apply_fn)(wrapped, *args, **kwargs)
+
+    return adapted

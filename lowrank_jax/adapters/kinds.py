@@ -1,0 +1,170 @@
+"""Adapter kinds: what is added to a frozen kernel, and how it is applied without forming it.
+
+Every kind works on the *matrix view* of a kernel: a kernel of shape ``(*stack, *in_shape,
+*out_shape)`` is seen as ``stack`` copies of an ``(n, m)`` matrix with ``n = prod(in_shape)`` and
+``m = prod(out_shape)``. A kind is a frozen (hashable, static) dataclass with
+
+* ``init_factors(key, kernel) -> factors``: trainable arrays for one ``(n, m)`` matrix;
+* ``apply_delta(factors, x, *, key=None) -> (..., m)``: ``x @ ΔW`` for ``x`` of shape ``(..., n)``,
+  computed factorised (``ΔW`` is never formed);
+* ``apply_delta_transposed(factors, y) -> (..., n)``: ``y @ ΔWᵀ`` (tied embeddings, ``x @ W.T``);
+* ``materialize(factors) -> (n, m)``: ``ΔW`` itself, for merging and export only;
+
+so new kinds (FrameFT, spectral SBVI adapters) slot in beside :class:`LoRA`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Literal, Protocol
+
+import jax
+import jax.numpy as jnp
+
+LoraInit = Literal["kaiming", "gaussian", "pissa"]
+_LORA_INITS = ("kaiming", "gaussian", "pissa")
+
+
+class AdapterKind(Protocol):
+    """The interface every adapter kind implements (see the module docstring)."""
+
+    in_ndim: int | None
+    out_ndim: int | None
+
+    def init_factors(self, key: jax.Array, kernel: jax.Array) -> dict[str, jax.Array]: ...
+
+    def apply_delta(
+        self, factors: dict[str, jax.Array], x: jax.Array, *, key: jax.Array | None = None
+    ) -> jax.Array: ...
+
+    def apply_delta_transposed(self, factors: dict[str, jax.Array], y: jax.Array) -> jax.Array: ...
+
+    def materialize(self, factors: dict[str, jax.Array]) -> jax.Array: ...
+
+    def check_shape(self, n: int, m: int, path: str) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class LoRA:
+    """Low-rank adaptation ``ΔW = s · A B`` with ``A: (n, r)``, ``B: (r, m)``.
+
+    The adapted matmul is ``x @ W + s · ((dropout(x) @ A) @ B)`` with ``s = alpha / r`` (or
+    ``alpha / sqrt(r)`` for rsLoRA). Initialisations:
+
+    * ``"kaiming"``: ``A ~ U(-1/sqrt(n), 1/sqrt(n))`` (PyTorch's Kaiming-uniform with ``a=sqrt(5)``,
+      PEFT's default), ``B = 0``: the adapted model starts equal to the base model.
+    * ``"gaussian"``: ``A ~ N(0, 1/r²)``, ``B = 0`` (PEFT's ``init_lora_weights="gaussian"``).
+    * ``"pissa"``: ``A = U_r sqrt(S_r / s)``, ``B = sqrt(S_r / s) V_rᵀ`` from the top-``r`` SVD
+      ``W = U S Vᵀ``, so ``s · A B`` is the principal part of ``W``. Follow with
+      ``params = unmerge(params, adapters)`` to train on the residual ``W - s A B`` and start at the
+      base model's function.
+
+    Attributes:
+      rank: ``r``, at most ``min(n, m)``.
+      alpha: scale numerator; ``None`` means ``alpha = r`` (``s = 1``).
+      rslora: rank-stabilised scaling ``s = alpha / sqrt(r)``.
+      dropout: dropout rate on the adapter's input (active when a key is given to the forward).
+      init: one of ``"kaiming"``, ``"gaussian"``, ``"pissa"``.
+      in_ndim, out_ndim: how many kernel axes are inputs and outputs. ``None`` infers them for 2-D
+        kernels; leading axes beyond ``in_ndim + out_ndim`` are stacked layers (``nn.scan``).
+      dtype: dtype of the factors (``None``: the kernel's).
+
+    References:
+      Hu et al. 2021, LoRA; Kalajdzievski 2023, rsLoRA; Meng et al. 2024, PiSSA.
+    """
+
+    rank: int
+    alpha: float | None = None
+    rslora: bool = False
+    dropout: float = 0.0
+    init: LoraInit = "kaiming"
+    in_ndim: int | None = None
+    out_ndim: int | None = None
+    dtype: str | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
+            raise ValueError(f"lora(rank=...) must be a positive int, got {self.rank!r}.")
+        if self.alpha is not None and not self.alpha > 0:
+            raise ValueError(f"lora(alpha=...) must be positive or None, got {self.alpha!r}.")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"lora(dropout=...) must be in [0, 1), got {self.dropout!r}.")
+        if self.init not in _LORA_INITS:
+            raise ValueError(f"lora(init=...) must be one of {_LORA_INITS}, got {self.init!r}.")
+        for name in ("in_ndim", "out_ndim"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or v < 1):
+                raise ValueError(f"lora({name}=...) must be a positive int or None, got {v!r}.")
+
+    @property
+    def scale(self) -> float:
+        alpha = self.rank if self.alpha is None else self.alpha
+        return alpha / (math.sqrt(self.rank) if self.rslora else self.rank)
+
+    def check_shape(self, n: int, m: int, path: str) -> None:
+        if self.rank > min(n, m):
+            raise ValueError(
+                f"lora(rank={self.rank}) at {path!r} exceeds min(n, m) = {min(n, m)} of its "
+                f"({n}, {m}) matrix view; use a rank of at most {min(n, m)} (a rule per layer "
+                "can set its own rank)."
+            )
+
+    def init_factors(self, key: jax.Array, kernel: jax.Array) -> dict[str, jax.Array]:
+        n, m = kernel.shape
+        dtype = jnp.dtype(self.dtype or kernel.dtype)
+        if self.init == "pissa":
+            u, s, vt = jnp.linalg.svd(kernel.astype(jnp.float32), full_matrices=False)
+            root = jnp.sqrt(s[: self.rank] / self.scale)
+            a = u[:, : self.rank] * root
+            b = root[:, None] * vt[: self.rank]
+            return {"a": a.astype(dtype), "b": b.astype(dtype)}
+        if self.init == "kaiming":
+            bound = 1.0 / math.sqrt(n)
+            a = jax.random.uniform(key, (n, self.rank), dtype, -bound, bound)
+        else:
+            a = jax.random.normal(key, (n, self.rank), dtype) / self.rank
+        return {"a": a, "b": jnp.zeros((self.rank, m), dtype)}
+
+    def apply_delta(
+        self, factors: dict[str, jax.Array], x: jax.Array, *, key: jax.Array | None = None
+    ) -> jax.Array:
+        if key is not None and self.dropout > 0.0:
+            keep = jax.random.bernoulli(key, 1.0 - self.dropout, x.shape)
+            x = jnp.where(keep, x / (1.0 - self.dropout), 0).astype(x.dtype)
+        a, b = factors["a"], factors["b"]
+        return ((x.astype(a.dtype) @ a) @ b) * jnp.asarray(self.scale, a.dtype)
+
+    def apply_delta_transposed(self, factors: dict[str, jax.Array], y: jax.Array) -> jax.Array:
+        a, b = factors["a"], factors["b"]
+        return ((y.astype(b.dtype) @ b.T) @ a.T) * jnp.asarray(self.scale, a.dtype)
+
+    def materialize(self, factors: dict[str, jax.Array]) -> jax.Array:
+        return (factors["a"] @ factors["b"]) * jnp.asarray(self.scale, factors["a"].dtype)
+
+
+def lora(
+    rank: int,
+    *,
+    alpha: float | None = None,
+    rslora: bool = False,
+    dropout: float = 0.0,
+    init: LoraInit = "kaiming",
+    in_ndim: int | None = None,
+    out_ndim: int | None = None,
+    dtype: str | None = None,
+) -> LoRA:
+    """A LoRA spec for a target rule: ``(r".*query/kernel", lora(rank=8, alpha=16))``.
+
+    See :class:`LoRA` for the arguments and the maths.
+    """
+    return LoRA(
+        rank=rank,
+        alpha=alpha,
+        rslora=rslora,
+        dropout=dropout,
+        init=init,
+        in_ndim=in_ndim,
+        out_ndim=out_ndim,
+        dtype=None if dtype is None else jnp.dtype(dtype).name,
+    )

@@ -1,0 +1,172 @@
+"""Generic backend: adapted kernels as ``quax`` array values with factorised matmul rules.
+
+Each targeted kernel is replaced by an :class:`AdaptedArray` that carries the frozen ``W`` and the
+adapters' factors. Inside ``quax.quaxify(apply_fn)``, a ``dot_general`` that contracts the kernel's
+input axes becomes ``x·W + Σ apply_delta(x)`` (and one that contracts its output axes, as in
+``x @ E.T``, the transposed form); dtype casts cast every part; ``scan``, ``cond``, ``while`` and
+``jit`` are traced through by quax (stacked layers are sliced factor by factor). Any other
+operation on an adapted kernel raises, unless ``allow_dense=True`` lets it fall back to the
+materialised ``W + ΔW``. No full-size ``ΔW`` nor its gradient is ever formed on the factorised path.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import quax
+from jax import lax
+
+from lowrank_jax.adapters.core import Adapter, delta
+
+
+class AdaptedArray(quax.ArrayValue):
+    """A frozen kernel ``w`` plus adapters, seen by JAX as an array of ``w``'s shape and dtype."""
+
+    w: jax.Array
+    adapters: tuple[Adapter, ...]
+    keys: tuple[jax.Array | None, ...]
+    path: str = eqx.field(static=True)
+    allow_dense: bool = eqx.field(static=True)
+
+    def aval(self) -> jax.core.ShapedArray:
+        return jax.core.ShapedArray(self.w.shape, self.w.dtype)
+
+    def materialise(self) -> jax.Array:
+        if not self.allow_dense:
+            raise NotImplementedError(
+                f"the adapted kernel {self.path!r} reached an operation that has no factorised "
+                "rule (only matmuls over its input or output axes and dtype casts have one). "
+                "Target only kernels used in matmuls, or pass allow_dense=True to adapt(...) to "
+                "materialise W + ΔW for such operations (this forms the full-size update)."
+            )
+        total = self.w
+        for a in self.adapters:
+            total = total + delta(a, self.w.shape).astype(self.w.dtype)
+        return total
+
+    def _layout(self) -> tuple[int, int, int]:
+        a = self.adapters[0]
+        return self.w.ndim - a.in_ndim - a.out_ndim, a.in_ndim, a.out_ndim
+
+
+def _delta_matmul(
+    lhs: Any, rhs: Any, w: AdaptedArray, w_is_lhs: bool, dimension_numbers: Any
+) -> jax.Array | None:
+    """``x·ΔW`` arranged like ``dot_general``'s output, or ``None`` if there is no rule."""
+    (lc, rc), (lb, rb) = dimension_numbers
+    x = rhs if w_is_lhs else lhs
+    xc, wc = (rc, lc) if w_is_lhs else (lc, rc)
+    if lb or rb:
+        return None
+    stack, i, o = w._layout()
+    in_axes = tuple(range(stack, stack + i))
+    out_axes = tuple(range(stack + i, stack + i + o))
+    if stack:
+        return None
+    if sorted(wc) == list(in_axes):
+        transposed, axes = False, in_axes
+    elif sorted(wc) == list(out_axes):
+        transposed, axes = True, out_axes
+    else:
+        return None
+    # Put x's contracted axes last, in the kernel's axis order, and flatten them.
+    pair = dict(zip(wc, xc, strict=True))
+    x_contract = [pair[ax] for ax in axes]
+    x = jnp.moveaxis(x, x_contract, range(x.ndim - len(x_contract), x.ndim))
+    free = x.shape[: x.ndim - len(x_contract)]
+    x = jnp.reshape(x, (*free, -1))
+    result_axes = out_axes if not transposed else in_axes
+    result_shape = tuple(w.w.shape[ax] for ax in result_axes)
+    total = None
+    for adapter, key in zip(w.adapters, w.keys, strict=True):
+        if transposed:
+            d = adapter.kind.apply_delta_transposed(adapter.factors, x)
+        else:
+            d = adapter.kind.apply_delta(adapter.factors, x, key=key)
+        total = d if total is None else total + d
+    total = jnp.reshape(total, (*free, *result_shape))
+    if w_is_lhs:  # dot_general puts the kernel's free axes first.
+        total = jnp.moveaxis(total, range(len(free), total.ndim), range(len(result_shape)))
+    return total
+
+
+def _dot_general(lhs: Any, rhs: Any, w: AdaptedArray, w_is_lhs: bool, params: dict) -> Any:
+    dn = params["dimension_numbers"]
+    d = _delta_matmul(lhs, rhs, w, w_is_lhs, dn)
+    if d is None:
+        dense = w.materialise()  # raises unless allow_dense
+        return lax.dot_general_p.bind(*((dense, rhs) if w_is_lhs else (lhs, dense)), **params)
+    base = lax.dot_general_p.bind(*((w.w, rhs) if w_is_lhs else (lhs, w.w)), **params)
+    return base + d.astype(base.dtype)
+
+
+@quax.register(lax.dot_general_p)
+def _(lhs: AdaptedArray, rhs: jax.typing.ArrayLike, **params: Any) -> Any:
+    return _dot_general(lhs, rhs, lhs, True, params)
+
+
+@quax.register(lax.dot_general_p)
+def _(lhs: jax.typing.ArrayLike, rhs: AdaptedArray, **params: Any) -> Any:
+    return _dot_general(lhs, rhs, rhs, False, params)
+
+
+@quax.register(lax.dot_general_p)
+def _(lhs: AdaptedArray, rhs: AdaptedArray, **params: Any) -> Any:
+    return lax.dot_general_p.bind(lhs.materialise(), rhs.materialise(), **params)
+
+
+@quax.register(lax.convert_element_type_p)
+def _(x: AdaptedArray, *, new_dtype: Any, **params: Any) -> AdaptedArray:
+    cast = lambda a: lax.convert_element_type_p.bind(a, new_dtype=new_dtype, **params)
+    if not jnp.issubdtype(new_dtype, jnp.floating):
+        return cast(x.materialise())
+    adapters = tuple(a.replace(factors=jax.tree.map(cast, a.factors)) for a in x.adapters)
+    return AdaptedArray(cast(x.w), adapters, x.keys, x.path, x.allow_dense)
+
+
+@quax.register(lax.copy_p)
+def _(x: AdaptedArray, **params: Any) -> AdaptedArray:
+    return x
+
+
+def _checkpoint_rule(*args: Any, jaxpr: Any, prevent_cse: bool, policy: Any, **_: Any) -> Any:
+    fn = jax.checkpoint(
+        quax.quaxify(jax.core.jaxpr_as_fun(jaxpr)), prevent_cse=prevent_cse, policy=policy
+    )
+    return fn(*args)
+
+
+def _register_checkpoint() -> None:
+    """``jax.checkpoint``/``nn.remat`` bodies are re-traced with the quax rules inside."""
+    from jax._src.ad_checkpoint import remat_p  # the primitive behind jax.checkpoint
+
+    quax.register(remat_p)(_checkpoint_rule)
+
+
+_register_checkpoint()
+
+
+def wrap_kernel(
+    w: jax.Array,
+    adapters: list[Adapter],
+    keys: list[jax.Array | None],
+    path: str,
+    allow_dense: bool,
+) -> AdaptedArray:
+    """Wraps one kernel; checks that all adapters on it agree on its layout."""
+    layouts = {(a.in_ndim, a.out_ndim) for a in adapters}
+    if len(layouts) != 1:
+        raise ValueError(f"adapters on {path!r} disagree on its axis layout: {sorted(layouts)}.")
+    for a in adapters:
+        stack, n, m = a.matrix_shape(w.shape)
+        leading = {f.shape[: len(stack)] for f in jax.tree.leaves(a.factors)}
+        if leading != {stack} or math.prod(w.shape) != math.prod(stack) * n * m:
+            raise ValueError(
+                f"adapter factors for {path!r} do not fit its kernel of shape {w.shape}; were they "
+                "made with adapters.init on these params?"
+            )
+    return AdaptedArray(w, tuple(adapters), tuple(keys), path, allow_dense)
