@@ -1,0 +1,554 @@
+"""Geometry-aware FP8 scale factors for attention logits, and delayed scaling as the baseline.
+
+Attention logits are bilinear forms ``S_ij = x_iᵀ M x_j / √d_h`` with ``M = W^Q W^{K⊤}`` of rank
+``r ≤ d_h``. After an RMSNorm/LayerNorm with gain ``g`` the tokens satisfy ``‖x‖² ≈ d g²``, so
+deterministically ``|S_ij| ≤ B_wc = σ_max(M) d g² / √d_h``. For isotropic tokens the rank-aware
+concentration of P14 gives
+
+    P(max_ij |S_ij| > α B_wc) ≤ 2 n² exp(−d² α² / (γ r)),
+
+against ``2 n² exp(−d α²)`` for a rank-agnostic bound. Inverting at failure probability ``δ``:
+
+    α(δ) = √(γ r log(2n²/δ)) / d              (rank-aware)
+    α(δ) = √(log(2n²/δ) / d)                  (rank-agnostic)
+
+and the scale that maps the bound onto the FP8 range ``R`` (E4M3: 448, E5M2: 57344) is
+
+    s = c · R / (α(δ) B_wc) = c · R √d_h / (g² σ_max(M) √(γ r log(2n²/δ))),
+
+with a calibration factor ``c`` (1 by default; the paper's burn-in "auto-α" would set it ≥ 1).
+``σ_max(M)`` comes from :mod:`lowrank_jax.spectral.power_iteration`; nothing observes
+activations. Why ``γ``: for tokens uniform on the sphere, ``Var(x_iᵀMx_j) ≈ g⁴‖M‖_F²`` and
+``‖M‖_F² ≤ r σ²``; a Gaussian tail ``exp(−t²/2Var)`` for a flat spectrum needs ``γ = 2``, and
+``γ = 2 r_eff / r`` with the effective rank ``r_eff = ‖M‖_F²/σ²`` is enough in general. The
+default is the conservative ``γ = 2``; the diagonal ``i = j`` has mean ``g² tr(M)/√d_h``, which the
+isotropic model ignores (trained attention can have a large ``tr(M)``: keep a calibration margin).
+
+Delayed scaling (Transformer Engine) keeps a rolling history of past ``amax`` values and uses
+``s = R / max(history) / 2^margin`` computed from previous steps, which fails on transients.
+
+Scale convention everywhere: the quantised value is ``cast(S · s)`` and the dequantised value
+``cast(S · s) / s`` (Transformer Engine's ``scale``; Flax's ``fp8_ops`` stores ``1/s``).
+
+References:
+    P14, S. M. Emadi, "Rank-Aware Spectral Bounds on Attention Logits for Stable Low-Precision
+    Training", arXiv 2602.18851 (abstract). The concrete scale rule (union bound over ``n²``
+    pairs, the meaning of ``α`` and ``γ``) is a **reconstruction** from the abstract
+    (specs.md §14 [R]); ``gamma``, ``delta`` and ``calibration`` are explicit knobs so that the
+    paper's exact constants can be dropped in. Delayed scaling: NVIDIA Transformer Engine,
+    ``DelayedScaling`` recipe (``amax_history_len``, ``amax_compute_algo``, ``margin``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from lowrank_jax.spectral.power_iteration import PowerIterationState, attention_power_iteration
+
+__all__ = [
+    "FP8_FORMATS",
+    "fp8_max",
+    "fp8_dtype",
+    "rank_aware_alpha",
+    "rank_agnostic_alpha",
+    "rank_aware_tail_bound",
+    "rank_agnostic_tail_bound",
+    "rank_aware_tightness",
+    "norm_gain_bound",
+    "worst_case_logit_bound",
+    "logit_bound",
+    "geometry_aware_scale",
+    "rank_agnostic_scale",
+    "attention_fp8_scales",
+    "DelayedScalingState",
+    "init_delayed_scaling",
+    "update_delayed_scaling",
+    "current_scale",
+    "fp8_quantize_dequantize",
+    "fp8_overflow_count",
+]
+
+FP8_FORMATS = {
+    "e4m3": (jnp.float8_e4m3fn, 448.0),
+    "e5m2": (jnp.float8_e5m2, 57344.0),
+}
+
+
+def _fmt(fmt: str) -> str:
+    if not isinstance(fmt, str):
+        fmt = jnp.dtype(fmt).name
+    key = fmt.lower().replace("float8_", "").replace("fn", "")
+    if key not in FP8_FORMATS:
+        raise ValueError(f"Unknown FP8 format {fmt!r}; use one of {sorted(FP8_FORMATS)}.")
+    return key
+
+
+def fp8_max(fmt: str = "e4m3") -> float:
+    """Largest finite value ``R`` of an FP8 format: 448 for ``"e4m3"``, 57344 for ``"e5m2"``."""
+    return FP8_FORMATS[_fmt(fmt)][1]
+
+
+def fp8_dtype(fmt: str = "e4m3") -> jnp.dtype:
+    """The JAX dtype of an FP8 format (``float8_e4m3fn`` or ``float8_e5m2``)."""
+    return jnp.dtype(FP8_FORMATS[_fmt(fmt)][0])
+
+
+def _check_pos(**kw: float) -> None:
+    for name, val in kw.items():
+        if not val > 0:
+            raise ValueError(f"{name} must be positive, got {val}.")
+
+
+def _log_term(seq_len: int, delta: float) -> float:
+    _check_pos(seq_len=seq_len, delta=delta)
+    if not delta < 1:
+        raise ValueError(f"delta is a failure probability in (0, 1), got {delta}.")
+    return math.log(2.0 * float(seq_len) ** 2 / float(delta))
+
+
+def rank_aware_alpha(*, d: int, rank: int, seq_len: int, delta: float, gamma: float = 2.0) -> float:
+    """Rank-aware threshold ratio ``α(δ) = √(γ r log(2n²/δ)) / d`` (reconstruction).
+
+    Args:
+        d: model width (token dimension).
+        rank: rank ``r`` of ``M = W^Q W^{K⊤}`` (``d_h`` per head; an effective rank also works).
+        seq_len: sequence length ``n``.
+        delta: failure probability ``δ ∈ (0, 1)``.
+        gamma: typicality ``γ`` (``> 0``; 2 is the Gaussian constant for a flat spectrum).
+
+    Returns:
+        ``α`` such that ``2n² exp(−d²α²/(γr)) = δ``.
+
+    Raises:
+        ValueError: on non-positive arguments or ``delta >= 1``.
+
+    References:
+        P14 (arXiv 2602.18851); union-bound inversion of specs.md §14 [R].
+    """
+    _check_pos(d=d, rank=rank, gamma=gamma)
+    return math.sqrt(gamma * rank * _log_term(seq_len, delta)) / d
+
+
+def rank_agnostic_alpha(*, d: int, seq_len: int, delta: float) -> float:
+    """Rank-agnostic threshold ratio ``α(δ) = √(log(2n²/δ) / d)``, from ``2n² exp(−dα²) = δ``.
+
+    Args:
+        d: model width.
+        seq_len: sequence length ``n``.
+        delta: failure probability ``δ ∈ (0, 1)``.
+
+    Returns:
+        ``α`` of the rank-agnostic bound.
+
+    Raises:
+        ValueError: on non-positive arguments or ``delta >= 1``.
+    """
+    _check_pos(d=d)
+    return math.sqrt(_log_term(seq_len, delta) / d)
+
+
+def rank_aware_tail_bound(
+    alpha: jax.typing.ArrayLike, *, d: int, rank: int, seq_len: int, gamma: float = 2.0
+) -> jax.Array:
+    """``P(max|S| > α B_wc) ≤ min(1, 2n² exp(−d²α²/(γ r)))`` (rank-aware, reconstruction).
+
+    Args:
+        alpha: threshold ratio(s), any shape.
+        d: model width.
+        rank: rank ``r`` of ``M``.
+        seq_len: sequence length ``n``.
+        gamma: typicality ``γ``.
+
+    Returns:
+        Bound on the overflow probability, same shape as ``alpha``.
+    """
+    _check_pos(d=d, rank=rank, seq_len=seq_len, gamma=gamma)
+    alpha = jnp.asarray(alpha, jnp.float32)
+    return jnp.minimum(1.0, 2.0 * seq_len**2 * jnp.exp(-(d**2) * alpha**2 / (gamma * rank)))
+
+
+def rank_agnostic_tail_bound(alpha: jax.typing.ArrayLike, *, d: int, seq_len: int) -> jax.Array:
+    """``P(max|S| > α B_wc) ≤ min(1, 2n² exp(−d α²))`` (rank-agnostic)."""
+    _check_pos(d=d, seq_len=seq_len)
+    alpha = jnp.asarray(alpha, jnp.float32)
+    return jnp.minimum(1.0, 2.0 * seq_len**2 * jnp.exp(-d * alpha**2))
+
+
+def rank_aware_tightness(*, d: int, rank: int, gamma: float = 1.0) -> tuple[float, float]:
+    """How much tighter the rank-aware bound is: ``(d/(γr), √(d/(γr)))``.
+
+    The first number is the ratio of the tail exponents (``d²α²/(γr)`` over ``dα²``), the form
+    of the abstract's "8–28×" / "25–64×"; the second is the ratio of the thresholds
+    ``α_agnostic(δ)/α_aware(δ)``, i.e. how much larger the rank-aware FP8 scale is (independent of
+    ``n`` and ``δ``).
+
+    Raises:
+        ValueError: on non-positive arguments.
+    """
+    _check_pos(d=d, rank=rank, gamma=gamma)
+    ratio = d / (gamma * rank)
+    return ratio, math.sqrt(ratio)
+
+
+def norm_gain_bound(
+    gain: jax.typing.ArrayLike, bias: jax.typing.ArrayLike | None = None
+) -> jax.Array:
+    """Effective gain ``g`` with ``‖x‖ ≤ g √d`` for ``x = gain ⊙ x̂ + bias``, ``‖x̂‖² = d``.
+
+    ``g = max_k |gain_k| + ‖bias‖/√d`` (triangle inequality); without bias ``g = max|gain|``.
+
+    Args:
+        gain: ``(..., d)`` RMSNorm/LayerNorm scale (or a scalar).
+        bias: optional ``(..., d)`` LayerNorm bias.
+
+    Returns:
+        ``(...)`` effective gains.
+    """
+    gain = jnp.abs(jnp.asarray(gain, jnp.float32))
+    if gain.ndim == 0:
+        if bias is not None:
+            raise ValueError("A bias needs a gain vector (..., d) to know d.")
+        return gain
+    g = jnp.max(gain, axis=-1)
+    if bias is not None:
+        bias = jnp.asarray(bias, jnp.float32)
+        g = g + jnp.linalg.norm(bias, axis=-1) / math.sqrt(gain.shape[-1])
+    return g
+
+
+def worst_case_logit_bound(
+    sigma: jax.typing.ArrayLike, *, d: int, head_dim: int, norm_gain: jax.typing.ArrayLike = 1.0
+) -> jax.Array:
+    """Deterministic bound ``B_wc = σ_max(M) d g² / √d_h ≥ max_ij |S_ij|`` for ``‖x‖ ≤ g√d``.
+
+    Args:
+        sigma: ``σ_max(W^Q W^{K⊤})``, any shape (per head ``(H,)``, per layer ``(L, H)``).
+        d: model width.
+        head_dim: ``d_h`` (the ``1/√d_h`` softmax temperature).
+        norm_gain: effective gain ``g`` (see :func:`norm_gain_bound`), broadcastable to ``sigma``.
+
+    Returns:
+        ``B_wc`` with the broadcast shape of ``sigma`` and ``norm_gain``.
+    """
+    _check_pos(d=d, head_dim=head_dim)
+    sigma = jnp.asarray(sigma, jnp.float32)
+    g = jnp.asarray(norm_gain, jnp.float32)
+    return sigma * d * g**2 / math.sqrt(head_dim)
+
+
+def logit_bound(
+    sigma: jax.typing.ArrayLike,
+    *,
+    d: int,
+    head_dim: int,
+    seq_len: int,
+    norm_gain: jax.typing.ArrayLike = 1.0,
+    delta: float = 1e-6,
+    gamma: float = 2.0,
+    rank: int | None = None,
+    rank_aware: bool = True,
+) -> jax.Array:
+    """High-probability bound ``α(δ) · B_wc`` on ``max_ij |S_ij|`` (reconstruction).
+
+    Args:
+        sigma: ``σ_max(M)``, any shape.
+        d: model width.
+        head_dim: ``d_h``.
+        seq_len: sequence length ``n``.
+        norm_gain: effective gain ``g``.
+        delta: failure probability.
+        gamma: typicality ``γ`` (rank-aware only).
+        rank: rank of ``M``; defaults to ``head_dim``.
+        rank_aware: rank-aware (default) or rank-agnostic ``α``.
+
+    Returns:
+        The bound, shape of ``sigma``; at most ``B_wc`` (``α`` is clipped to 1).
+    """
+    if rank_aware:
+        alpha = rank_aware_alpha(
+            d=d, rank=head_dim if rank is None else rank, seq_len=seq_len, delta=delta, gamma=gamma
+        )
+    else:
+        alpha = rank_agnostic_alpha(d=d, seq_len=seq_len, delta=delta)
+    b_wc = worst_case_logit_bound(sigma, d=d, head_dim=head_dim, norm_gain=norm_gain)
+    return min(alpha, 1.0) * b_wc
+
+
+def geometry_aware_scale(
+    sigma: jax.typing.ArrayLike,
+    *,
+    d: int,
+    head_dim: int,
+    seq_len: int,
+    norm_gain: jax.typing.ArrayLike = 1.0,
+    delta: float = 1e-6,
+    gamma: float = 2.0,
+    fmt: str = "e4m3",
+    calibration: float = 1.0,
+    rank: int | None = None,
+) -> jax.Array:
+    """Rank-aware FP8 scale ``s = c R √d_h / (g² σ √(γ r log(2n²/δ)))`` (reconstruction).
+
+    ``s · max_ij|S_ij| ≤ c R`` with probability ``≥ 1 − δ`` for isotropic tokens with
+    ``‖x‖ ≤ g√d``. Computed from the weights only.
+
+    Args:
+        sigma: ``σ_max(W^Q W^{K⊤})``, any shape (e.g. ``(L, H)``).
+        d: model width.
+        head_dim: ``d_h``.
+        seq_len: sequence length ``n``.
+        norm_gain: effective gain ``g`` (see :func:`norm_gain_bound`), broadcastable.
+        delta: failure probability ``δ``.
+        gamma: typicality ``γ``.
+        fmt: ``"e4m3"`` (``R = 448``) or ``"e5m2"`` (``R = 57344``).
+        calibration: factor ``c > 0`` (``> 1`` raises utilisation, burn-in "auto-α").
+        rank: rank of ``M`` (default ``head_dim``).
+
+    Returns:
+        float32 scales, shape of ``sigma`` — what a fused FP8 attention kernel takes as the
+        logit scale (its descale is ``1/s``). Zero ``σ`` gives ``inf``; clip if needed.
+
+    Raises:
+        ValueError: on non-positive knobs, ``delta ∉ (0, 1)`` or an unknown format.
+
+    References:
+        P14 (arXiv 2602.18851); scale rule reconstructed in specs.md §14 [R].
+
+    Example:
+        >>> s = geometry_aware_scale(jnp.array([3.0, 5.0]), d=4096, head_dim=128, seq_len=4096)
+    """
+    _check_pos(calibration=calibration)
+    bound = logit_bound(
+        sigma,
+        d=d,
+        head_dim=head_dim,
+        seq_len=seq_len,
+        norm_gain=norm_gain,
+        delta=delta,
+        gamma=gamma,
+        rank=rank,
+        rank_aware=True,
+    )
+    return calibration * fp8_max(fmt) / bound
+
+
+def rank_agnostic_scale(
+    sigma: jax.typing.ArrayLike,
+    *,
+    d: int,
+    head_dim: int,
+    seq_len: int,
+    norm_gain: jax.typing.ArrayLike = 1.0,
+    delta: float = 1e-6,
+    fmt: str = "e4m3",
+    calibration: float = 1.0,
+) -> jax.Array:
+    """FP8 scale ``s = c R / (α_agn(δ) B_wc)`` from the rank-agnostic bound (baseline).
+
+    Same arguments as :func:`geometry_aware_scale` without ``gamma`` and ``rank``; smaller than
+    the rank-aware scale by ``√(d/(γ r))``.
+    """
+    _check_pos(calibration=calibration)
+    bound = logit_bound(
+        sigma,
+        d=d,
+        head_dim=head_dim,
+        seq_len=seq_len,
+        norm_gain=norm_gain,
+        delta=delta,
+        rank_aware=False,
+    )
+    return calibration * fp8_max(fmt) / bound
+
+
+def attention_fp8_scales(
+    w_q: jax.typing.ArrayLike,
+    w_k: jax.typing.ArrayLike,
+    state: PowerIterationState,
+    *,
+    seq_len: int,
+    norm_gain: jax.typing.ArrayLike = 1.0,
+    delta: float = 1e-6,
+    gamma: float = 2.0,
+    fmt: str = "e4m3",
+    calibration: float = 1.0,
+    num_iters: int = 1,
+    rank_aware: bool = True,
+) -> tuple[jax.Array, PowerIterationState]:
+    """Per-head FP8 logit scales of one attention layer from its weights (one call per step).
+
+    Runs ``num_iters`` warm-started power steps for ``σ_max(W^Q_h W^{K⊤}_{g(h)})`` (GQA without
+    key expansion) and maps them to scales with :func:`geometry_aware_scale` (or
+    :func:`rank_agnostic_scale`). ``jax.vmap`` it over a ``(L, d, H, d_h)`` stack of layers.
+
+    Args:
+        w_q: ``(d, H, d_h)`` query kernel.
+        w_k: ``(d, G, d_h)`` key kernel.
+        state: power-iteration state (``init_attention_power_iteration``).
+        seq_len: sequence length ``n``.
+        norm_gain: effective gain of the norm feeding the attention, broadcastable to ``(H,)``.
+        delta: failure probability ``δ``.
+        gamma: typicality ``γ``.
+        fmt: FP8 format.
+        calibration: calibration factor ``c``.
+        num_iters: power steps this call.
+        rank_aware: rank-aware (default) or rank-agnostic bound.
+
+    Returns:
+        ``(scales, state)``: ``(H,)`` float32 scales and the new power-iteration state (its
+        ``sigma`` field holds the per-head ``σ``). A per-layer scale is ``scales.min()``.
+
+    References:
+        P14 (arXiv 2602.18851); reconstruction in specs.md §14.
+    """
+    w_q = jnp.asarray(w_q)
+    sigma, state = attention_power_iteration(w_q, w_k, state, num_iters=num_iters)
+    d, _, dh = w_q.shape
+    kw = dict(d=d, head_dim=dh, seq_len=seq_len, norm_gain=norm_gain, delta=delta, fmt=fmt)
+    if rank_aware:
+        scales = geometry_aware_scale(sigma, gamma=gamma, calibration=calibration, **kw)
+    else:
+        scales = rank_agnostic_scale(sigma, calibration=calibration, **kw)
+    return scales, state
+
+
+class DelayedScalingState(NamedTuple):
+    """Delayed-scaling (Transformer Engine) state.
+
+    Attributes:
+        count: scalar int32, number of updates.
+        amax_history: ``(history_len, *shape)``; row 0 is the most recent ``amax``.
+        scale: ``(*shape)`` the scale to use at the next step.
+    """
+
+    count: jax.Array
+    amax_history: jax.Array
+    scale: jax.Array
+
+
+def init_delayed_scaling(
+    shape: tuple[int, ...] = (), *, history_len: int = 1024, init_scale: float = 1.0
+) -> DelayedScalingState:
+    """Fresh delayed-scaling state: zero history and scale ``init_scale`` (TE default 1).
+
+    Args:
+        shape: shape of the scales (``()`` per tensor, ``(L, H)`` per layer and head).
+        history_len: length of the ``amax`` history (TE: 1024 now, 1 in old releases).
+        init_scale: scale used before any ``amax`` has been recorded.
+
+    Returns:
+        ``DelayedScalingState``.
+
+    Raises:
+        ValueError: if ``history_len < 1`` or ``init_scale <= 0``.
+    """
+    if int(history_len) < 1:
+        raise ValueError(f"history_len must be >= 1, got {history_len}.")
+    _check_pos(init_scale=init_scale)
+    shape = tuple(int(s) for s in shape)
+    return DelayedScalingState(
+        count=jnp.zeros((), jnp.int32),
+        amax_history=jnp.zeros((int(history_len), *shape), jnp.float32),
+        scale=jnp.full(shape, init_scale, jnp.float32),
+    )
+
+
+def update_delayed_scaling(
+    state: DelayedScalingState,
+    amax: jax.typing.ArrayLike,
+    *,
+    fmt: str = "e4m3",
+    margin: float = 0.0,
+    algo: str = "max",
+) -> DelayedScalingState:
+    """Record this step's ``amax`` and compute the scale for the next step.
+
+    ``history ← [amax, history[:-1]]``; ``a = max(history)`` (``algo="max"``) or ``history[0]``
+    (``"most_recent"``); ``scale ← R / a / 2^margin`` where ``a`` is positive and finite, else the
+    previous scale (Transformer Engine's rule). The scale *used* at step ``t`` is the one in the
+    state before the update with step ``t``'s ``amax``: it never sees the current activations.
+
+    Args:
+        state: current state.
+        amax: ``(*shape)`` observed ``max|x|`` at this step (unscaled).
+        fmt: FP8 format giving ``R``.
+        margin: safety exponent (``2^margin`` head-room).
+        algo: ``"max"`` or ``"most_recent"``.
+
+    Returns:
+        New ``DelayedScalingState``.
+
+    Raises:
+        ValueError: on an unknown ``algo`` or an ``amax`` of the wrong shape.
+
+    References:
+        NVIDIA Transformer Engine, ``DelayedScaling`` recipe; specs.md §14 [S-docs].
+    """
+    if algo not in ("max", "most_recent"):
+        raise ValueError(f"algo must be 'max' or 'most_recent', got {algo!r}.")
+    amax = jnp.asarray(amax, jnp.float32)
+    if amax.shape != state.scale.shape:
+        raise ValueError(f"amax must have the scale's shape {state.scale.shape}, got {amax.shape}.")
+    history = jnp.concatenate([amax[None], state.amax_history[:-1]], axis=0)
+    a = jnp.max(history, axis=0) if algo == "max" else history[0]
+    new = fp8_max(fmt) / a / 2.0**margin
+    ok = (a > 0) & jnp.isfinite(a)
+    scale = jnp.where(ok, new, state.scale)
+    return DelayedScalingState(count=state.count + 1, amax_history=history, scale=scale)
+
+
+def current_scale(
+    amax: jax.typing.ArrayLike, *, fmt: str = "e4m3", margin: float = 0.0
+) -> jax.Array:
+    """Just-in-time ("current") scaling oracle: ``s = R / amax / 2^margin`` from this step's amax.
+
+    Needs the activations of the current step before quantising them (an extra pass over the
+    logits in a fused kernel); ``amax = 0`` gives scale 1.
+    """
+    amax = jnp.asarray(amax, jnp.float32)
+    return jnp.where(amax > 0, fp8_max(fmt) / jnp.where(amax > 0, amax, 1.0) / 2.0**margin, 1.0)
+
+
+def fp8_quantize_dequantize(
+    x: jax.typing.ArrayLike,
+    scale: jax.typing.ArrayLike,
+    *,
+    fmt: str = "e4m3",
+    saturate: bool = True,
+) -> jax.Array:
+    """Simulated FP8: ``cast_fp8(x · s) / s`` in ``x``'s float dtype.
+
+    Args:
+        x: values (e.g. ``(b, H, n, n)`` attention logits).
+        scale: scales broadcastable to ``x`` (e.g. ``(H, 1, 1)``).
+        fmt: ``"e4m3"`` or ``"e5m2"``.
+        saturate: clip ``x · s`` to ``[−R, R]`` before the cast (what FP8 kernels do). With
+            ``False`` an overflow becomes NaN for E4M3 (no infinities) and inf for E5M2.
+
+    Returns:
+        The dequantised array, shape and dtype of ``x``. Gradients pass straight through the
+        rounding (zero where saturated).
+    """
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"x must be floating point, got {x.dtype}.")
+    scale = jnp.asarray(scale, x.dtype)
+    y = x * scale
+    if saturate:
+        r = fp8_max(fmt)
+        y = jnp.clip(y, -r, r)
+    q = y.astype(fp8_dtype(fmt)).astype(x.dtype)
+    q = y + jax.lax.stop_gradient(q - y)  # straight-through estimator of the rounding
+    return q / scale
+
+
+def fp8_overflow_count(
+    x: jax.typing.ArrayLike, scale: jax.typing.ArrayLike, *, fmt: str = "e4m3"
+) -> jax.Array:
+    """Number of entries with ``|x · s| > R`` (they saturate or become NaN), int32 scalar."""
+    x = jnp.asarray(x)
+    return jnp.sum(jnp.abs(x * jnp.asarray(scale, x.dtype)) > fp8_max(fmt), dtype=jnp.int32)
