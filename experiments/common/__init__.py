@@ -1,0 +1,78 @@
+"""Shared training machinery for every experiment family (see ``.notes/runner.md`` for the API).
+
+* :mod:`~experiments.common.loop`: ``fit`` (resumable, data-parallel, functional loop),
+  ``MapBatches``, ``FitResult``.
+* :mod:`~experiments.common.sharding`: ``make_mesh``, ``shard_batch``, ``param_sharding``,
+  ``initialize_distributed``.
+* :mod:`~experiments.common.checkpoint`: orbax ``make_manager``, ``save``, ``restore_latest``.
+* :mod:`~experiments.common.metrics`: ``MetricWriter`` (``metrics.jsonl`` + TensorBoard),
+  ``write_config_json``, ``write_results_md``, ``read_metrics``.
+* :mod:`~experiments.common.plots`: ``plot_metrics``, ``plot_curves`` (PNG).
+* :mod:`~experiments.common.config_checks`: ``ConfigError`` and one-line ``check_*`` validators.
+"""
+
+from experiments.common.checkpoint import make_manager, restore_latest, save
+from experiments.common.config_args import parse_arg
+from experiments.common.config_checks import (
+    ConfigError,
+    check_choice,
+    check_divisible,
+    check_fraction,
+    check_nonnegative,
+    check_positive,
+    config_differences,
+    explain_unknown_key,
+    get_path,
+)
+from experiments.common.loop import FitResult, MapBatches, ResumableIterator, fit
+from experiments.common.metrics import (
+    MetricWriter,
+    read_metrics,
+    to_scalars,
+    write_config_json,
+    write_json,
+    write_results_md,
+)
+from experiments.common.plots import plot_curves, plot_metrics
+from experiments.common.sharding import (
+    batch_sharding,
+    initialize_distributed,
+    make_mesh,
+    param_sharding,
+    replicated,
+    shard_batch,
+)
+
+__all__ = [
+    "ConfigError",
+    "FitResult",
+    "MapBatches",
+    "MetricWriter",
+    "ResumableIterator",
+    "batch_sharding",
+    "check_choice",
+    "check_divisible",
+    "check_fraction",
+    "check_nonnegative",
+    "check_positive",
+    "config_differences",
+    "explain_unknown_key",
+    "fit",
+    "get_path",
+    "initialize_distributed",
+    "make_manager",
+    "make_mesh",
+    "param_sharding",
+    "parse_arg",
+    "plot_curves",
+    "plot_metrics",
+    "read_metrics",
+    "replicated",
+    "restore_latest",
+    "save",
+    "shard_batch",
+    "to_scalars",
+    "write_config_json",
+    "write_json",
+    "write_results_md",
+]

@@ -1,0 +1,120 @@
+"""Resumable checkpoints with orbax: the train state plus JSON metadata (data position, RNG).
+
+A checkpoint step directory holds two items:
+
+* ``state``: the train state pytree (``{"params"/"adapters", "opt_state", "step"}``), saved with
+  ``ocp.args.StandardSave`` so sharded arrays are written by every process in parallel and are
+  restored straight into the shardings of an abstract target;
+* ``meta``: a small JSON dict (the data iterator's ``state()``, the PRNG key data, anything else).
+
+Orbax writes each step into a temporary directory and renames it when complete, so a run killed
+while saving leaves the previous checkpoint intact. Example::
+
+    manager = make_manager(workdir / "checkpoints", every=100)
+    restored = restore_latest(manager, state)
+    if restored is not None:
+        state, meta = restored
+    ...
+    save(manager, step, state, meta={"data": batches.state()})
+    manager.wait_until_finished()
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+__all__ = ["abstract_like", "make_manager", "restore_latest", "save"]
+
+
+def make_manager(
+    directory: str | os.PathLike, *, every: int, max_to_keep: int = 2
+) -> ocp.CheckpointManager:
+    """A ``CheckpointManager`` that saves every ``every`` steps and keeps ``max_to_keep``.
+
+    Args:
+      directory: where the step directories go (created if missing); usually
+        ``<workdir>/checkpoints``.
+      every: periodic save interval in steps (:func:`save` with ``force=True`` saves off-interval).
+      max_to_keep: number of most recent checkpoints kept on disk.
+
+    Returns:
+      An ``orbax.checkpoint.CheckpointManager`` managing the items ``state`` and ``meta``.
+    """
+    if every <= 0:
+        raise ValueError(f"checkpoint interval must be a positive number of steps, got {every}")
+    options = ocp.CheckpointManagerOptions(
+        save_interval_steps=every,
+        max_to_keep=max_to_keep,
+        create=True,
+        cleanup_tmp_directories=True,
+    )
+    return ocp.CheckpointManager(
+        os.path.abspath(os.fspath(directory)), item_names=("state", "meta"), options=options
+    )
+
+
+def save(
+    manager: ocp.CheckpointManager,
+    step: int,
+    state: Any,
+    *,
+    meta: dict[str, Any],
+    force: bool = False,
+) -> bool:
+    """Saves ``state`` and ``meta`` at ``step`` if the interval says so (or ``force``).
+
+    Args:
+      manager: from :func:`make_manager`.
+      step: the number of optimizer steps taken so far.
+      state: pytree of arrays (sharded or not).
+      meta: JSON-serialisable dict (plain ints, floats, strings, lists).
+      force: save even off-interval (end of training, Ctrl-C).
+
+    Returns:
+      Whether a save was started (saves are asynchronous; call ``manager.wait_until_finished()``
+      before the process exits).
+    """
+    if not force and not manager.should_save(step):
+        return False
+    if step in manager.all_steps():
+        return False
+    return manager.save(
+        step,
+        args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+        force=True,
+    )
+
+
+def abstract_like(tree: Any) -> Any:
+    """``jax.ShapeDtypeStruct`` leaves (with shardings) describing a restore target."""
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
+        tree,
+    )
+
+
+def restore_latest(manager: ocp.CheckpointManager, target: Any) -> tuple[Any, dict] | None:
+    """Restores the newest checkpoint into the structure, dtypes and shardings of ``target``.
+
+    Args:
+      manager: from :func:`make_manager`.
+      target: a state pytree of arrays (e.g. the freshly initialised state) or of
+        ``jax.ShapeDtypeStruct``; restored arrays get its shardings.
+
+    Returns:
+      ``(state, meta)`` from the latest step, or None when the directory holds no checkpoint.
+    """
+    step = manager.latest_step()
+    if step is None:
+        return None
+    restored = manager.restore(
+        step,
+        args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_like(target)), meta=ocp.args.JsonRestore()
+        ),
+    )
+    return restored["state"], dict(restored["meta"])

@@ -1,0 +1,79 @@
+"""``parse_arg``: big_vision-style structural options for ``get_config(arg)``.
+
+``--config=configs/lora_finetune.py:smoke,method=full`` calls ``get_config("smoke,method=full")``;
+a config turns that string into typed options with::
+
+    def get_config(arg=None):
+        arg = parse_arg(arg, smoke=False, method="lora")   # arg.smoke -> True, arg.method -> "full"
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+from experiments.common.config_checks import ConfigError
+
+__all__ = ["parse_arg"]
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _cast(name: str, text: str, default: Any) -> Any:
+    if isinstance(default, bool):
+        if text.lower() in _TRUE:
+            return True
+        if text.lower() in _FALSE:
+            return False
+        raise ConfigError(f"config arg {name}={text!r}: expected a boolean (true/false)")
+    if isinstance(default, int | float):
+        try:
+            return type(default)(text)
+        except ValueError as e:
+            raise ConfigError(
+                f"config arg {name}={text!r}: expected {type(default).__name__}"
+            ) from e
+    return text
+
+
+def parse_arg(arg: str | None, **defaults: Any) -> types.SimpleNamespace:
+    """Parses ``"smoke,method=full,rank=4"`` into typed options, starting from ``defaults``.
+
+    A bare name (``smoke``) sets a boolean option to True; ``name=value`` casts ``value`` to the
+    type of the default (bool, int, float or str).
+
+    Args:
+      arg: the text after ``:`` in ``--config=file.py:<arg>`` (None or "" for no options).
+      **defaults: every allowed option with its default value.
+
+    Returns:
+      A namespace with one attribute per option.
+
+    Raises:
+      ConfigError: for an option not in ``defaults`` (the message lists the allowed ones) or a
+        value of the wrong type.
+
+    Example:
+      >>> parse_arg("smoke,method=full", smoke=False, method="lora")
+      namespace(smoke=True, method='full')
+    """
+    options = dict(defaults)
+    for token in (arg or "").split(","):
+        token = token.strip()
+        if not token:
+            continue
+        name, has_value, text = token.partition("=")
+        name = name.strip()
+        if name not in defaults:
+            raise ConfigError(
+                f"unknown config arg {name!r} in {arg!r}: allowed are "
+                + ", ".join(f"{k}={v!r}" for k, v in defaults.items())
+            )
+        if not has_value:
+            if not isinstance(defaults[name], bool):
+                raise ConfigError(f"config arg {name!r} needs a value: write {name}=<value>")
+            options[name] = True
+        else:
+            options[name] = _cast(name, text.strip(), defaults[name])
+    return types.SimpleNamespace(**options)

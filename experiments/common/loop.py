@@ -1,0 +1,336 @@
+"""``fit``: a functional, resumable, data-parallel training loop (no Trainer class).
+
+An experiment builds its own pieces and hands them over::
+
+    state = {"params": trainable, "opt_state": tx.init(trainable), "step": 0}
+
+    def train_step(state, frozen, batch, key):       # pure; jitted by fit with donation
+        def loss_fn(params):
+            logits = model.apply({"params": {**frozen, **params}}, batch["x"])
+            return cross_entropy(logits, batch["y"])
+        loss, grads = jax.value_and_grad(loss_fn)(state["params"])
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        return {**state, "params": optax.apply_updates(state["params"], updates),
+                "opt_state": opt_state}, {"loss": loss}
+
+    result = fit(state, frozen, train_step, batches, key=jax.random.key(0), num_steps=1000,
+                 workdir=workdir, eval_fn=evaluate, eval_every=200)
+
+What ``fit`` does:
+
+* **sharding**: a 1-D ``"data"`` mesh over all devices; every batch is split along its leading
+  axis; ``state`` and ``frozen`` are replicated, or FSDP-sharded with ``fsdp=True``;
+* **the step**: ``jax.jit(..., donate_argnums=0)`` donates the train state (never ``frozen``); the
+  per-step key is ``fold_in(key, state["step"])`` and ``fit`` increments ``state["step"]`` itself;
+* **resume**: if ``<workdir>/checkpoints`` holds a checkpoint, the state, the data position
+  (``batches.state()``) and the key are restored and training continues from that step; rerunning
+  a finished run only re-evaluates;
+* **checkpoints** every ``ckpt_every`` steps and at the end; **Ctrl-C** (SIGINT) finishes the
+  current step, saves, and returns with ``interrupted=True`` (a second Ctrl-C aborts at once);
+* **outputs**: ``metrics.jsonl`` and TensorBoard (train metrics averaged over ``log_every`` steps,
+  ``eval_fn`` results every ``eval_every`` steps and at the end), a tqdm bar with rate and ETA.
+
+``batches`` is an iterator of host (numpy) batch pytrees with ``state()`` and ``restore(state)``
+(JSON-serialisable), such as ``lowrank_jax.data.BatchIterator``; wrap one with
+:class:`MapBatches` to tokenise or reshape on the fly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+
+from experiments.common import checkpoint as ckpt_lib
+from experiments.common import metrics as metrics_lib
+from experiments.common import sharding as sharding_lib
+
+__all__ = ["FitResult", "MapBatches", "ResumableIterator", "fit"]
+
+
+class ResumableIterator(Protocol):
+    """What :func:`fit` needs from a data source: batches, and a position it can save."""
+
+    def __next__(self) -> Any: ...
+
+    def state(self) -> Any: ...
+
+    def restore(self, state: Any) -> None: ...
+
+
+@dataclasses.dataclass
+class MapBatches:
+    """Applies ``fn`` to every batch of a resumable iterator, keeping ``state``/``restore``.
+
+    Example: ``MapBatches(BatchIterator(train, batch_size=32, seed=0), lambda b: {"x": b.x,
+    "y": b.y})``.
+    """
+
+    batches: Any
+    fn: Callable[[Any], Any]
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        return self.fn(next(self.batches))
+
+    def state(self) -> Any:
+        return self.batches.state()
+
+    def restore(self, state: Any) -> None:
+        self.batches.restore(state)
+
+
+@dataclasses.dataclass
+class FitResult:
+    """What :func:`fit` returns.
+
+    Attributes:
+      state: the final train state (on device, sharded as trained).
+      history: every record of ``metrics.jsonl`` (including those of earlier, resumed processes).
+      last_eval: the latest ``eval_fn`` result (empty without ``eval_fn`` or when interrupted
+        before any evaluation).
+      start_step: the step this process started from (> 0 when resumed).
+      interrupted: true if Ctrl-C stopped training early (a checkpoint was saved).
+      step_time_s: mean wall time of a training step in this process, excluding the first
+        (compilation) step and evaluation; NaN if fewer than two steps ran.
+    """
+
+    state: Any
+    history: list[dict[str, Any]]
+    last_eval: dict[str, float]
+    start_step: int
+    interrupted: bool
+    step_time_s: float
+
+
+class _SigintFlag:
+    """Turns the first Ctrl-C into a flag; a second one raises KeyboardInterrupt as usual."""
+
+    def __init__(self) -> None:
+        self.raised = False
+        self._previous = None
+
+    def _handler(self, signum, frame):
+        del signum, frame
+        if self.raised:
+            raise KeyboardInterrupt
+        self.raised = True
+        logging.warning("Ctrl-C: finishing this step and saving a checkpoint (again to abort).")
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+        return False
+
+
+def _key_to_json(key: jax.Array) -> dict[str, Any]:
+    typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+    data = jax.random.key_data(key) if typed else key
+    return {"typed": bool(typed), "data": np.asarray(data).tolist()}
+
+
+def _key_from_json(meta: Mapping[str, Any]) -> jax.Array:
+    data = jnp.asarray(np.asarray(meta["data"], np.uint32))
+    return jax.random.wrap_key_data(data) if meta["typed"] else data
+
+
+def _mean_metrics(window: list[Mapping[str, Any]]) -> dict[str, float]:
+    host = jax.device_get(window)
+    return {k: float(np.mean([np.asarray(m[k]) for m in host])) for k in host[0]}
+
+
+def fit(
+    state: dict[str, Any],
+    frozen: Any,
+    step_fn: Callable[[Any, Any, Any, jax.Array], tuple[Any, Mapping[str, Any]]],
+    batches: ResumableIterator,
+    *,
+    key: jax.Array,
+    num_steps: int,
+    workdir: str | os.PathLike,
+    eval_fn: Callable[[Any, Any], Mapping[str, Any]] | None = None,
+    eval_every: int = 0,
+    log_every: int = 50,
+    ckpt_every: int = 100,
+    max_to_keep: int = 2,
+    mesh: jax.sharding.Mesh | None = None,
+    fsdp: bool = False,
+    progress: bool = True,
+    description: str = "train",
+) -> FitResult:
+    """Trains ``state`` for ``num_steps`` steps, resuming from ``<workdir>/checkpoints``.
+
+    Args:
+      state: the trainable train state, a dict with an integer ``"step"`` entry (0 for a fresh
+        run) and whatever else the step needs (``"params"`` or ``"adapters"``, ``"opt_state"``).
+        It is donated to the jitted step: do not reuse the arrays passed in.
+      frozen: pytree of frozen arrays (base model parameters) passed to every step and to
+        ``eval_fn``; never donated (may be None).
+      step_fn: ``(state, frozen, batch, key) -> (new_state, metrics)``, pure and jittable;
+        ``metrics`` is a dict of scalars (``{"loss": ...}``) logged as ``train/<name>``. ``fit``
+        sets ``new_state["step"] = state["step"] + 1``.
+      batches: resumable iterator of host batches (pytrees of arrays with a leading batch axis
+        divisible by the number of devices); see :class:`ResumableIterator`.
+      key: base PRNG key; step ``t`` receives ``fold_in(key, t)``.
+      num_steps: total number of steps of the run (not of this process).
+      workdir: directory for ``checkpoints/``, ``metrics.jsonl`` and ``tensorboard/``.
+      eval_fn: ``(state, frozen) -> {"valid/accuracy": ..., ...}`` (keys ``"<split>/<name>"``),
+        called every ``eval_every`` steps and after the last step.
+      eval_every: evaluation interval in steps (0: only at the end).
+      log_every: interval in steps of the averaged ``train/*`` records.
+      ckpt_every: periodic checkpoint interval in steps; a run killed with SIGKILL loses at most
+        the steps since the last one.
+      max_to_keep: number of checkpoints kept.
+      mesh: device mesh (default: :func:`~experiments.common.sharding.make_mesh` over all
+        devices).
+      fsdp: shard ``state`` and ``frozen`` over the devices instead of replicating them.
+      progress: show a tqdm progress bar (process 0 only).
+      description: the progress bar's label.
+
+    Returns:
+      A :class:`FitResult`.
+
+    Raises:
+      ValueError: if ``num_steps``, ``log_every`` or ``ckpt_every`` is not positive, or
+        ``state`` has no ``"step"``.
+    """
+    if num_steps <= 0 or log_every <= 0 or ckpt_every <= 0 or eval_every < 0:
+        raise ValueError(
+            "num_steps, log_every and ckpt_every must be positive and eval_every >= 0, got "
+            f"{num_steps}, {log_every}, {ckpt_every}, {eval_every}"
+        )
+    if not isinstance(state, Mapping) or "step" not in state:
+        raise ValueError(
+            'state must be a dict with a "step" entry, e.g. {"params", "opt_state", "step"}'
+        )
+    workdir = os.fspath(workdir)
+    mesh = sharding_lib.make_mesh() if mesh is None else mesh
+    state = {**state, "step": jnp.asarray(state["step"], jnp.int32)}
+    state_sh = sharding_lib.param_sharding(mesh, state, fsdp=fsdp)
+    frozen_sh = sharding_lib.param_sharding(mesh, frozen, fsdp=fsdp)
+    state = jax.device_put(state, state_sh)
+    frozen = jax.device_put(frozen, frozen_sh)
+    rep = sharding_lib.replicated(mesh)
+
+    manager = ckpt_lib.make_manager(
+        os.path.join(workdir, "checkpoints"), every=ckpt_every, max_to_keep=max_to_keep
+    )
+    restored = ckpt_lib.restore_latest(manager, state)
+    if restored is not None:
+        state, meta = restored
+        batches.restore(meta["data"])
+        key = _key_from_json(meta["rng"])
+        logging.info("Resumed from %s at step %d.", manager.directory, int(state["step"]))
+    start = int(jax.device_get(state["step"]))
+    writer = metrics_lib.MetricWriter(workdir, start_step=start)
+
+    def wrapped(state, frozen, batch, key):
+        new_state, metrics = step_fn(state, frozen, batch, jax.random.fold_in(key, state["step"]))
+        return {**new_state, "step": state["step"] + 1}, metrics
+
+    jitted = jax.jit(
+        wrapped,
+        donate_argnums=(0,),
+        in_shardings=(state_sh, frozen_sh, sharding_lib.batch_sharding(mesh), rep),
+        out_shardings=(state_sh, rep),
+    )
+    key = jax.device_put(key, rep)
+
+    def meta():
+        return {"data": batches.state(), "rng": _key_to_json(key)}
+
+    def evaluate(step):
+        if step == start:  # a finished run, rerun: its records are already in metrics.jsonl
+            return metrics_lib.to_scalars(eval_fn(state, frozen))
+        scalars = writer.write(step, eval_fn(state, frozen))
+        logging.info("step %d: %s", step, scalars)
+        return scalars
+
+    last_eval: dict[str, float] = {}
+    last_eval_step = -1
+    window: list[Any] = []
+    timed_steps, timed_s, t_last = 0, 0.0, None
+    interrupted = False
+    bar = None
+    if progress and jax.process_index() == 0 and start < num_steps:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=num_steps, initial=start, desc=description, dynamic_ncols=True)
+    try:
+        with _SigintFlag() as sigint:
+            for step in range(start + 1, num_steps + 1):
+                batch = sharding_lib.shard_batch(mesh, next(batches))
+                state, step_metrics = jitted(state, frozen, batch, key)
+                window.append(step_metrics)
+                if t_last is None:
+                    jax.block_until_ready(state)
+                    t_last = time.perf_counter()
+                else:
+                    timed_steps += 1
+                if step % log_every == 0 or step == num_steps:
+                    train = writer.write(
+                        step, {f"train/{k}": v for k, v in _mean_metrics(window).items()}
+                    )
+                    window = []
+                    if bar is not None:
+                        bar.set_postfix({k.split("/")[-1]: f"{v:.4g}" for k, v in train.items()})
+                if eval_fn is not None and eval_every and step % eval_every == 0:
+                    jax.block_until_ready(state)
+                    t_eval = time.perf_counter()
+                    last_eval, last_eval_step = evaluate(step), step
+                    t_last += time.perf_counter() - t_eval
+                ckpt_lib.save(manager, step, state, meta=meta(), force=sigint.raised)
+                if bar is not None:
+                    bar.update(1)
+                if sigint.raised:
+                    interrupted = True
+                    logging.warning(
+                        "Interrupted at step %d of %d; checkpoint saved in %s. Rerun the same "
+                        "command to resume.",
+                        step,
+                        num_steps,
+                        manager.directory,
+                    )
+                    break
+        if timed_steps:
+            jax.block_until_ready(state)
+            timed_s = time.perf_counter() - t_last
+        end = int(jax.device_get(state["step"]))
+        if not interrupted:
+            ckpt_lib.save(manager, end, state, meta=meta(), force=True)
+            if eval_fn is not None and last_eval_step != end:
+                last_eval = evaluate(end)
+    finally:
+        if bar is not None:
+            bar.close()
+        with contextlib.suppress(Exception):
+            manager.wait_until_finished()
+        manager.close()
+        writer.close()
+    step_time = timed_s / timed_steps if timed_steps else math.nan
+    return FitResult(
+        state=state,
+        history=metrics_lib.read_metrics(workdir),
+        last_eval=last_eval,
+        start_step=start,
+        interrupted=interrupted,
+        step_time_s=step_time,
+    )

@@ -1,0 +1,105 @@
+"""PNG plots of training curves from ``metrics.jsonl`` records (matplotlib, Agg backend).
+
+Metric keys are ``"<split>/<name>"`` (``train/loss``, ``valid/accuracy``); :func:`plot_metrics`
+draws one PNG per ``<name>`` with one line per split::
+
+    paths = plot_metrics(workdir, read_metrics(workdir))   # -> [".../loss.png", ".../accuracy.png"]
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+
+__all__ = ["plot_curves", "plot_metrics"]
+
+
+def plot_curves(
+    path: str | os.PathLike,
+    curves: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    *,
+    title: str,
+    xlabel: str = "step",
+    ylabel: str = "",
+    logy: bool = False,
+) -> str:
+    """Draws ``{label: (xs, ys)}`` as lines into one PNG at ``path`` and returns the path.
+
+    Args:
+      path: output ``.png`` file.
+      curves: label -> (x values, y values).
+      title: plot title.
+      xlabel: x-axis label.
+      ylabel: y-axis label.
+      logy: logarithmic y axis (only if all values are positive).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    path = os.fspath(path)
+    if jax.process_index() != 0:
+        return path
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    positive = True
+    for label, (xs, ys) in curves.items():
+        marker = "o" if len(xs) <= 20 else None
+        ax.plot(xs, ys, label=label, marker=marker, markersize=3)
+        positive = positive and all(y > 0 for y in ys)
+    if logy and positive:
+        ax.set_yscale("log")
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if curves:
+        ax.legend()
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_metrics(
+    workdir: str | os.PathLike,
+    records: Sequence[Mapping[str, Any]],
+    *,
+    names: Sequence[str] | None = None,
+    title_prefix: str = "",
+) -> list[str]:
+    """Writes ``<workdir>/<name>.png`` for each metric name found in ``records``.
+
+    Args:
+      workdir: the run directory.
+      records: ``metrics.jsonl`` records (``{"step": int, "<split>/<name>": float, ...}``).
+      names: metric names to plot (default: every ``<name>`` that appears, except timings).
+      title_prefix: prepended to each plot title (e.g. the experiment name).
+
+    Returns:
+      The paths of the written PNG files.
+    """
+    series: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
+    for record in records:
+        for key, value in record.items():
+            if "/" not in key or not isinstance(value, int | float) or not math.isfinite(value):
+                continue
+            split, name = key.split("/", 1)
+            xs, ys = series.setdefault(name, {}).setdefault(split, ([], []))
+            xs.append(record["step"])
+            ys.append(value)
+    if names is None:
+        names = [n for n in series if not n.endswith("_s") and n not in ("learning_rate",)]
+    paths = []
+    for name in names:
+        if name not in series:
+            continue
+        title = f"{title_prefix}{name}"
+        path = os.path.join(os.fspath(workdir), f"{name.replace('/', '_')}.png")
+        paths.append(plot_curves(path, series[name], title=title, ylabel=name, logy=name == "loss"))
+    return paths

@@ -1,0 +1,333 @@
+"""Fine-tuning a classifier three ways: LoRA, full fine-tuning, or the head only.
+
+The family behind ``configs/lora_finetune.py`` (pretrained MiniLM on Shakespeare genre
+classification) and ``configs/digits_mlp.py`` (an MLP on sklearn digits, the fast config the
+machinery tests use). ``config.adapter.method`` picks what is trained:
+
+* ``"lora"``: LoRA factors on the kernels that match ``config.adapter.targets`` (full-match regexes
+  over '/'-joined parameter paths) plus the classifier head; the base model is frozen and the
+  adapted forward is computed factorised (``lowrank_jax.adapters.adapt``);
+* ``"full"``: every parameter;
+* ``"head"``: the classifier head only (``params/head/*``).
+
+The train state is ``{"params": trainable params, "adapters": LoRA factors (lora only),
+"opt_state", "step"}``; the frozen parameters are passed separately and never donated. The run
+reports test accuracy, the number of trained parameters and the mean step time, and writes
+``config.json``, ``metrics.jsonl``, TensorBoard events, checkpoints, ``loss.png``,
+``accuracy.png`` and ``results.md`` to the workdir.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import logging
+
+from experiments import common
+from lowrank_jax import adapters, data, models
+
+METHODS = ("lora", "full", "head")
+DATASETS = ("shakespeare_genre", "digits")
+MODELS = ("minilm", "mlp")
+OPTIMIZERS = ("adamw", "sgd")
+# Which model reads which dataset, and which batch entries it takes as inputs.
+_MODEL_DATA = {"minilm": ("shakespeare_genre",), "mlp": ("digits",)}
+_INPUTS = {"minilm": ("input_ids", "attention_mask"), "mlp": ("x",)}
+HEAD_PATTERN = r"params/head/.*"
+
+
+def check_config(config: Any) -> None:
+    """Validates ``config`` before anything is computed.
+
+    Raises:
+      experiments.common.ConfigError: naming the first bad key, its value and what is allowed.
+    """
+    c = common
+    c.check_nonnegative(config, "seed", integer=True)
+    name = c.check_choice(config, "data.name", DATASETS)
+    model = c.check_choice(config, "model.name", MODELS)
+    if name not in _MODEL_DATA[model]:
+        raise c.ConfigError(
+            f"config.data.name={name!r} does not fit config.model.name={model!r}: that model "
+            f"reads {', '.join(repr(d) for d in _MODEL_DATA[model])}"
+        )
+    c.check_positive(config, "data.batch_size", integer=True)
+    c.check_positive(config, "eval.batch_size", integer=True)
+    c.check_fraction(config, "data.valid_fraction", allow_zero=False)
+    c.check_fraction(config, "data.test_fraction", allow_zero=False)
+    if name == "shakespeare_genre":
+        c.check_positive(config, "data.passage_chars", integer=True)
+        c.check_positive(config, "data.max_passages_per_play", integer=True)
+        if c.check_positive(config, "data.max_len", integer=True) < 2:
+            raise c.ConfigError(
+                f"config.data.max_len={config.data.max_len} is invalid: must be >= 2"
+            )
+    method = c.check_choice(config, "adapter.method", METHODS)
+    if method == "lora":
+        c.check_positive(config, "adapter.rank", integer=True)
+        c.check_positive(config, "adapter.alpha")
+        c.check_fraction(config, "adapter.dropout")
+        targets = c.get_path(config, "adapter.targets")
+        if isinstance(targets, str) or not targets:
+            raise c.ConfigError(
+                f"config.adapter.targets={targets!r} is invalid: must be a non-empty tuple of "
+                "regexes, e.g. ('.*attention/(query|value)/kernel',)"
+            )
+        for t in targets:
+            try:
+                re.compile(t)
+            except re.error as e:
+                raise c.ConfigError(
+                    f"config.adapter.targets has an invalid regex {t!r}: {e}"
+                ) from e
+    if model == "mlp":
+        features = c.get_path(config, "model.features")
+        if any(not isinstance(f, int) or f < 1 for f in features):
+            raise c.ConfigError(
+                f"config.model.features={features!r} is invalid: must be positive ints"
+            )
+    c.check_choice(config, "optim.name", OPTIMIZERS)
+    c.check_positive(config, "optim.learning_rate")
+    c.check_nonnegative(config, "optim.weight_decay")
+    c.check_nonnegative(config, "optim.grad_clip")
+    steps = c.check_positive(config, "schedule.num_steps", integer=True)
+    warmup = c.check_nonnegative(config, "schedule.warmup_steps", integer=True)
+    if warmup >= steps:
+        raise c.ConfigError(
+            f"config.schedule.warmup_steps={warmup} is invalid: must be < schedule.num_steps={steps}"
+        )
+    c.check_nonnegative(config, "eval.every", integer=True)
+    c.check_positive(config, "ckpt.every", integer=True)
+    c.check_positive(config, "ckpt.max_to_keep", integer=True)
+    c.check_positive(config, "log.every", integer=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Data and model.
+
+
+def _load_data(config: Any) -> tuple[dict[str, dict[str, np.ndarray]], tuple[str, ...], Any]:
+    """Returns ``({"train"|"valid"|"test": {input arrays..., "y"}}, class names, tokenizer)``."""
+    if config.data.name == "digits":
+        dataset = data.load_digits()
+    else:
+        dataset = data.load_shakespeare(
+            label="genre",
+            passage_chars=config.data.passage_chars,
+            max_passages_per_play=config.data.max_passages_per_play,
+            seed=config.seed,
+        )
+    splits = data.split(
+        dataset,
+        seed=config.seed,
+        valid_fraction=config.data.valid_fraction,
+        test_fraction=config.data.test_fraction,
+    )
+    tokenizer = None
+    if config.model.name == "minilm":
+        _, _, tokenizer = models.load_minilm()
+    arrays = {}
+    for part in ("train", "valid", "test"):
+        ds = getattr(splits, part)
+        if tokenizer is not None:
+            inputs = models.tokenize(tokenizer, list(ds.x), max_len=config.data.max_len)
+        else:
+            inputs = {"x": np.asarray(ds.x, np.float32)}
+        arrays[part] = {**inputs, "y": ds.y}
+    return arrays, dataset.class_names, tokenizer
+
+
+def _build_model(config: Any, num_classes: int, key: jax.Array) -> tuple[Any, dict[str, Any]]:
+    """Returns ``(flax module, variables)``: pretrained MiniLM + fresh head, or a fresh MLP."""
+    if config.model.name == "minilm":
+        bert_config, encoder_variables, _ = models.load_minilm()
+        model = models.BertClassifier(bert_config, num_classes)
+        return model, models.classifier_variables(key, encoder_variables, num_classes=num_classes)
+    model = models.MLP(tuple(config.model.features), num_classes)
+    return model, model.init(key, jnp.zeros((1, 8, 8, 1), jnp.float32))
+
+
+def _model_kwargs(config: Any, *, train: bool, key: jax.Array | None) -> dict[str, Any]:
+    if config.model.name == "minilm":
+        kwargs: dict[str, Any] = {"deterministic": not train}
+        if train:
+            kwargs["rngs"] = {"dropout": key}
+        return kwargs
+    return {}
+
+
+def _optimizer(config: Any) -> optax.GradientTransformation:
+    schedule = optax.warmup_cosine_decay_schedule(
+        init_value=0.0,
+        peak_value=config.optim.learning_rate,
+        warmup_steps=config.schedule.warmup_steps,
+        decay_steps=config.schedule.num_steps,
+        end_value=0.0,
+    )
+    if config.optim.name == "adamw":
+        tx = optax.adamw(schedule, weight_decay=config.optim.weight_decay)
+    else:
+        tx = optax.sgd(schedule, momentum=0.9)
+    if config.optim.grad_clip:
+        tx = optax.chain(optax.clip_by_global_norm(config.optim.grad_clip), tx)
+    return tx
+
+
+def _lora_rules(config: Any) -> list[tuple[str, Any]]:
+    spec = adapters.lora(
+        rank=config.adapter.rank, alpha=config.adapter.alpha, dropout=config.adapter.dropout
+    )
+    return [(t, spec) for t in config.adapter.targets]
+
+
+# ----------------------------------------------------------------------------------------------
+# The run.
+
+
+def run(config: Any, workdir: str) -> dict[str, Any]:
+    """Trains and evaluates one method; returns the final metrics.
+
+    Returns:
+      ``{"method", "test/accuracy", "test/loss", "valid/accuracy", "valid/loss",
+      "trainable_params", "total_params", "step_time_s", "steps", "interrupted"}``.
+    """
+    check_config(config)
+    mesh = common.make_mesh()
+    for path in ("data.batch_size", "eval.batch_size"):
+        common.check_divisible(config, path, mesh.size, why=f"the {mesh.size} devices")
+    key = jax.random.key(config.seed)
+    init_key, adapter_key, train_key = jax.random.split(key, 3)
+
+    arrays, class_names, _ = _load_data(config)
+    model, variables = _build_model(config, len(class_names), init_key)
+    method = config.adapter.method
+    input_keys = _INPUTS[config.model.name]
+
+    if method == "full":
+        trainable, frozen = variables, None
+    else:
+        trainable, frozen = adapters.split_trainable(variables, (HEAD_PATTERN,))
+    state: dict[str, Any] = {"params": trainable}
+    apply = model.apply
+    if method == "lora":
+        state["adapters"] = adapters.init(adapter_key, variables, _lora_rules(config))
+        apply = adapters.adapt(model.apply)
+    tx = _optimizer(config)
+    trained = {k: v for k, v in state.items()}
+    state["opt_state"] = tx.init(trained)
+    state["step"] = 0
+    num_trained = adapters.count_params(trained)
+    num_total = adapters.count_params(variables)
+    logging.info("%s: training %d of %d parameters", method, num_trained, num_total)
+
+    def logits_fn(state, frozen, batch, *, train, key):
+        params = state["params"] if frozen is None else adapters.combine(state["params"], frozen)
+        inputs = [batch[k] for k in input_keys]
+        kwargs = _model_kwargs(config, train=train, key=key)
+        if "adapters" in state:
+            adapter_key = key if train and config.adapter.dropout else None
+            return apply(params, state["adapters"], *inputs, adapter_key=adapter_key, **kwargs)
+        return apply(params, *inputs, **kwargs)
+
+    def train_step(state, frozen, batch, key):
+        trained = {k: state[k] for k in state if k in ("params", "adapters")}
+
+        def loss_fn(trained):
+            logits = logits_fn({**state, **trained}, frozen, batch, train=True, key=key)
+            loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+            return loss, logits
+
+        (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(trained)
+        updates, opt_state = tx.update(grads, state["opt_state"], trained)
+        trained = optax.apply_updates(trained, updates)
+        accuracy = jnp.mean(jnp.argmax(logits, -1) == batch["y"])
+        return {**state, **trained, "opt_state": opt_state}, {"loss": loss, "accuracy": accuracy}
+
+    @jax.jit
+    def eval_sums(state, frozen, batch, weight):
+        logits = logits_fn(state, frozen, batch, train=False, key=None)
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"])
+        correct = (jnp.argmax(logits, -1) == batch["y"]).astype(jnp.float32)
+        return {"loss": jnp.sum(loss * weight), "correct": jnp.sum(correct * weight)}
+
+    def evaluate(state, frozen, split):
+        part = arrays[split]
+        n, b = len(part["y"]), config.eval.batch_size
+        totals = {"loss": 0.0, "correct": 0.0}
+        for start in range(0, n, b):
+            chunk = {k: v[start : start + b] for k, v in part.items()}
+            weight = np.ones(len(chunk["y"]), np.float32)
+            pad = b - len(weight)
+            if pad:
+                chunk = {
+                    k: np.concatenate([v, np.repeat(v[-1:], pad, 0)]) for k, v in chunk.items()
+                }
+                weight = np.concatenate([weight, np.zeros(pad, np.float32)])
+            sums = eval_sums(state, frozen, *common.shard_batch(mesh, (chunk, weight)))
+            for k in totals:
+                totals[k] += float(sums[k])
+        return {f"{split}/loss": totals["loss"] / n, f"{split}/accuracy": totals["correct"] / n}
+
+    batches = data.BatchIterator(
+        arrays["train"], batch_size=config.data.batch_size, seed=config.seed
+    )
+    result = common.fit(
+        state,
+        frozen,
+        train_step,
+        batches,
+        key=train_key,
+        num_steps=config.schedule.num_steps,
+        workdir=workdir,
+        eval_fn=lambda s, f: evaluate(s, f, "valid"),
+        eval_every=config.eval.every,
+        log_every=config.log.every,
+        ckpt_every=config.ckpt.every,
+        max_to_keep=config.ckpt.max_to_keep,
+        mesh=mesh,
+        fsdp=config.parallel.fsdp,
+        progress=config.log.progress,
+        description=f"{config.model.name}/{method}",
+    )
+    final = {
+        "method": method,
+        **result.last_eval,
+        "trainable_params": num_trained,
+        "total_params": num_total,
+        "step_time_s": result.step_time_s,
+        "steps": int(jax.device_get(result.state["step"])),
+        "interrupted": result.interrupted,
+    }
+    if result.interrupted:
+        return final
+    final.update(evaluate(result.state, frozen, "test"))
+    _write_outputs(config, workdir, final, result.history)
+    return final
+
+
+def _write_outputs(config: Any, workdir: str, final: Mapping[str, Any], history: list) -> None:
+    row = {
+        "method": final["method"],
+        "trained params": final["trainable_params"],
+        "% of model": 100.0 * final["trainable_params"] / final["total_params"],
+        "valid accuracy": final.get("valid/accuracy", math.nan),
+        "test accuracy": final["test/accuracy"],
+        "test loss": final["test/loss"],
+        "step time (s)": final["step_time_s"],
+        "steps": final["steps"],
+    }
+    title = f"{config.model.name} on {config.data.name}: {final['method']}"
+    notes = (
+        f"Batch {config.data.batch_size}, {jax.device_count()} device(s) "
+        f"({jax.devices()[0].platform}); step time is the mean wall time of a training step "
+        "after compilation, evaluation excluded."
+    )
+    common.write_results_md(workdir, [row], title=title, notes=notes)
+    common.plot_metrics(workdir, history, title_prefix=f"{config.data.name} {final['method']}: ")

@@ -1,0 +1,161 @@
+r"""The one entry point: ``python -m experiments.train --config=configs/<name>.py[:arg]``.
+
+Examples::
+
+    python -m experiments.train --config=configs/lora_finetune.py
+    python -m experiments.train --config=configs/lora_finetune.py:smoke,method=full \
+        --config.optim.learning_rate=3e-4 --workdir=/tmp/full
+
+``config.experiment`` names the module ``experiments/<experiment>.py``; its
+``check_config(config)`` (if any) validates the config before anything is computed and its
+``run(config, workdir)`` trains and returns the final metrics. ``--workdir`` defaults to
+``runs/<config-name>[_<arg>]``; rerunning the same command resumes from the latest checkpoint
+there, and Ctrl-C saves a checkpoint before exiting (exit status 130).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import logging as stdlib_logging
+import os
+import re
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from experiments.common import config_checks, metrics, sharding
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config",
+    None,
+    "Config file, e.g. configs/lora_finetune.py or configs/lora_finetune.py:smoke.",
+    lock_config=True,
+)
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "Run directory (default: runs/<config-name>[_<arg>]); reruns resume from it."
+)
+flags.mark_flags_as_required(["config"])
+
+
+def default_workdir(config_arg: str) -> str:
+    """``runs/<config file stem>[_<arg>]``, e.g. ``runs/lora_finetune_smoke_method=full``."""
+    path, _, arg = config_arg.partition(":")
+    name = os.path.splitext(os.path.basename(path))[0]
+    suffix = re.sub(r"[^A-Za-z0-9=.+-]+", "_", arg).strip("_")
+    return os.path.join("runs", f"{name}_{suffix}" if suffix else name)
+
+
+def _config_arg(argv: list[str]) -> str | None:
+    for i, a in enumerate(argv):
+        if a.startswith("--config="):
+            return a.split("=", 1)[1]
+        if a == "--config" and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
+
+
+def _explain_override_error(argv: list[str]) -> str | None:
+    """Names the bad ``--config.<key>`` override and the keys that exist, or None."""
+    spec = _config_arg(argv)
+    if spec is None:
+        return None
+    path, _, arg = spec.partition(":")
+    if not os.path.exists(path):
+        return f"--config={spec}: no such file {path!r}"
+    module_spec = importlib.util.spec_from_file_location("_config_for_errors", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    config = module.get_config(arg) if arg else module.get_config()
+    for a in argv:
+        if a.startswith("--config."):
+            key = a[len("--config.") :].split("=", 1)[0]
+            reason = config_checks.explain_unknown_key(config, key)
+            if reason is not None:
+                return f"--config.{key}: {reason}"
+    return None
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    """absl's parser, with a clear message for ``--config.<key>`` overrides of missing keys."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        sys.exit(
+            f"FATAL Flags parsing error: {e}\nPass --helpshort or --helpfull to see help on flags."
+        )
+    except (AttributeError, KeyError) as e:
+        reason = _explain_override_error(argv) or str(e)
+        sys.exit(f"FATAL Invalid config override: {reason}")
+
+
+def load_experiment(config):
+    """Imports ``experiments.<config.experiment>`` and checks ``config`` with its ``check_config``.
+
+    Raises:
+      config_checks.ConfigError: if the module does not exist or the config is invalid.
+    """
+    name = config_checks.get_path(config, "experiment")
+    here = os.path.dirname(os.path.abspath(__file__))
+    available = sorted(
+        f[:-3]
+        for f in os.listdir(here)
+        if f.endswith(".py") and f not in ("__init__.py", "train.py")
+    )
+    if name not in available:
+        raise config_checks.ConfigError(
+            f"config.experiment={name!r} is invalid: allowed values are {', '.join(available)}"
+        )
+    module = importlib.import_module(f"experiments.{name}")
+    if hasattr(module, "check_config"):
+        module.check_config(config)
+    return module
+
+
+def _check_workdir(workdir: str, config) -> None:
+    """Refuses to resume a workdir that holds a run of a different config."""
+    path = os.path.join(workdir, "config.json")
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        old = json.load(f)
+    new = json.loads(json.dumps(config.to_dict(), default=str))
+    diff = config_checks.config_differences(old, new)
+    if diff:
+        raise config_checks.ConfigError(
+            f"{workdir} holds a run of a different config (keys {', '.join(diff)} differ), so it "
+            "cannot be resumed: pass another --workdir or delete that directory"
+        )
+
+
+class _QuietLibraries(stdlib_logging.Filter):
+    """Drops INFO records of orbax (a dozen lines per checkpoint) so the progress bar stays legible."""
+
+    def filter(self, record: stdlib_logging.LogRecord) -> bool:
+        return record.levelno >= stdlib_logging.WARNING or "/orbax/" not in record.pathname
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    logging.get_absl_handler().addFilter(_QuietLibraries())
+    config = _CONFIG.value
+    workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
+    try:
+        module = load_experiment(config)
+        _check_workdir(workdir, config)
+    except config_checks.ConfigError as e:
+        sys.exit(f"FATAL Invalid config: {e}")
+    sharding.initialize_distributed(config)
+    logging.info("Experiment %s, workdir %s", config.experiment, workdir)
+    metrics.write_config_json(workdir, config)
+    result = module.run(config, workdir)
+    print(json.dumps({"workdir": workdir, **result}, indent=2, default=str))
+    if result.get("interrupted"):
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=_parse_flags)
