@@ -19,10 +19,14 @@ and the scale that maps the bound onto the FP8 range ``R`` (E4M3: 448, E5M2: 573
 with a calibration factor ``c`` (1 by default; the paper's burn-in "auto-α" would set it ≥ 1).
 ``σ_max(M)`` comes from :mod:`lowrank_jax.spectral.power_iteration`; nothing observes
 activations. Why ``γ``: for tokens uniform on the sphere, ``Var(x_iᵀMx_j) ≈ g⁴‖M‖_F²`` and
-``‖M‖_F² ≤ r σ²``; a Gaussian tail ``exp(−t²/2Var)`` for a flat spectrum needs ``γ = 2``, and
-``γ = 2 r_eff / r`` with the effective rank ``r_eff = ‖M‖_F²/σ²`` is enough in general. The
-default is the conservative ``γ = 2``; the diagonal ``i = j`` has mean ``g² tr(M)/√d_h``, which the
-isotropic model ignores (trained attention can have a large ``tr(M)``: keep a calibration margin).
+``‖M‖_F² ≤ r σ²``; a Gaussian tail ``exp(−t²/2Var)`` for a flat spectrum would need ``γ = 2``, but
+a bilinear form of two independent vectors is sub-exponential, so at the relevant ``t`` slightly
+more is needed: :func:`chernoff_gamma` gives the smallest ``γ`` (≈ 2.4–3.5) for which the bound is a
+valid Chernoff bound for *every* ``M`` of rank ``r`` (the flat spectrum is the worst case); it is
+the default (``gamma=None``). ``γ = 1, 2`` rely on a decaying spectrum (effective rank
+``‖M‖_F²/σ² < r``). The diagonal ``i = j`` has mean ``g² tr(M)/√d_h``, which the isotropic model
+ignores (trained attention can have a large ``tr(M)``), and real tokens are not isotropic: the
+deterministic ``B_wc`` is the only unconditional bound.
 
 Delayed scaling (Transformer Engine) keeps a rolling history of past ``amax`` values and uses
 ``s = R / max(history) / 2^margin`` computed from previous steps, which fails on transients.
@@ -53,6 +57,7 @@ __all__ = [
     "FP8_FORMATS",
     "fp8_max",
     "fp8_dtype",
+    "chernoff_gamma",
     "rank_aware_alpha",
     "rank_agnostic_alpha",
     "rank_aware_tail_bound",
@@ -110,7 +115,51 @@ def _log_term(seq_len: int, delta: float) -> float:
     return math.log(2.0 * float(seq_len) ** 2 / float(delta))
 
 
-def rank_aware_alpha(*, d: int, rank: int, seq_len: int, delta: float, gamma: float = 2.0) -> float:
+def chernoff_gamma(*, rank: int, seq_len: int, delta: float) -> float:
+    """Smallest ``γ`` making the rank-aware bound a Chernoff bound for every ``M`` of rank ``≤ r``.
+
+    For Gaussian-like isotropic tokens, ``x_iᵀ M x_j = g² Σ_k σ_k z_k z'_k`` with independent
+    standard normal ``z, z' ∈ R^r``; its moment generating function ``Π_k (1 − λ²σ_k²)^{−1/2}``
+    is largest for a flat spectrum ``σ_k = σ``. The Chernoff bound
+    ``P(z·z' > t) ≤ exp(−sup_λ [λt + (r/2) log(1 − λ²)])`` is sub-exponential (heavier than the
+    Gaussian ``exp(−t²/2r)``), so the Gaussian-form bound ``2n² exp(−d²α²/(γr))`` needs
+    ``γ = t*²/(r L)`` with ``L = log(2n²/δ)`` and ``t*`` solving ``sup_λ[…] = L``. Typical values:
+    ``γ ≈ 2.4`` for ``r = 128, n = 4096, δ = 10⁻⁶``; ``γ ≈ 3.5`` for ``r = 16, n = 64, δ = 10⁻³``.
+
+    Args:
+        rank: rank ``r`` of ``M``.
+        seq_len: sequence length ``n``.
+        delta: failure probability ``δ``.
+
+    Returns:
+        ``γ > 2`` (a Python float).
+
+    References:
+        This choice of ``γ`` is ours (P14 only says ``γ > 1``); part of the reconstruction.
+    """
+    _check_pos(rank=rank)
+    target = _log_term(seq_len, delta)
+    r = float(rank)
+
+    def exponent(lam: float) -> float:  # sup_λ value at the λ where t = rλ/(1 − λ²)
+        return r * lam**2 / (1 - lam**2) + 0.5 * r * math.log1p(-(lam**2))
+
+    lo, hi = 0.0, 1.0 - 1e-15
+    for _ in range(200):  # exponent() increases on (0, 1) from 0 to inf
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if exponent(mid) < target else (lo, mid)
+    lam = 0.5 * (lo + hi)
+    t = r * lam / (1 - lam**2)
+    return t**2 / (r * target)
+
+
+def _gamma(gamma: float | None, rank: int, seq_len: int, delta: float) -> float:
+    return chernoff_gamma(rank=rank, seq_len=seq_len, delta=delta) if gamma is None else gamma
+
+
+def rank_aware_alpha(
+    *, d: int, rank: int, seq_len: int, delta: float, gamma: float | None = None
+) -> float:
     """Rank-aware threshold ratio ``α(δ) = √(γ r log(2n²/δ)) / d`` (reconstruction).
 
     Args:
@@ -118,7 +167,8 @@ def rank_aware_alpha(*, d: int, rank: int, seq_len: int, delta: float, gamma: fl
         rank: rank ``r`` of ``M = W^Q W^{K⊤}`` (``d_h`` per head; an effective rank also works).
         seq_len: sequence length ``n``.
         delta: failure probability ``δ ∈ (0, 1)``.
-        gamma: typicality ``γ`` (``> 0``; 2 is the Gaussian constant for a flat spectrum).
+        gamma: typicality ``γ > 0``; ``None`` uses :func:`chernoff_gamma` (valid for every ``M``
+            of rank ``r`` under isotropic Gaussian-like tokens).
 
     Returns:
         ``α`` such that ``2n² exp(−d²α²/(γr)) = δ``.
@@ -129,6 +179,7 @@ def rank_aware_alpha(*, d: int, rank: int, seq_len: int, delta: float, gamma: fl
     References:
         P14 (arXiv 2602.18851); union-bound inversion of specs.md §14 [R].
     """
+    gamma = _gamma(gamma, rank, seq_len, delta)
     _check_pos(d=d, rank=rank, gamma=gamma)
     return math.sqrt(gamma * rank * _log_term(seq_len, delta)) / d
 
@@ -152,7 +203,7 @@ def rank_agnostic_alpha(*, d: int, seq_len: int, delta: float) -> float:
 
 
 def rank_aware_tail_bound(
-    alpha: jax.typing.ArrayLike, *, d: int, rank: int, seq_len: int, gamma: float = 2.0
+    alpha: jax.typing.ArrayLike, *, d: int, rank: int, seq_len: int, gamma: float
 ) -> jax.Array:
     """``P(max|S| > α B_wc) ≤ min(1, 2n² exp(−d²α²/(γ r)))`` (rank-aware, reconstruction).
 
@@ -248,7 +299,7 @@ def logit_bound(
     seq_len: int,
     norm_gain: jax.typing.ArrayLike = 1.0,
     delta: float = 1e-6,
-    gamma: float = 2.0,
+    gamma: float | None = None,
     rank: int | None = None,
     rank_aware: bool = True,
 ) -> jax.Array:
@@ -261,7 +312,7 @@ def logit_bound(
         seq_len: sequence length ``n``.
         norm_gain: effective gain ``g``.
         delta: failure probability.
-        gamma: typicality ``γ`` (rank-aware only).
+        gamma: typicality ``γ`` (rank-aware only; ``None``: :func:`chernoff_gamma`).
         rank: rank of ``M``; defaults to ``head_dim``.
         rank_aware: rank-aware (default) or rank-agnostic ``α``.
 
@@ -286,7 +337,7 @@ def geometry_aware_scale(
     seq_len: int,
     norm_gain: jax.typing.ArrayLike = 1.0,
     delta: float = 1e-6,
-    gamma: float = 2.0,
+    gamma: float | None = None,
     fmt: str = "e4m3",
     calibration: float = 1.0,
     rank: int | None = None,
@@ -303,7 +354,8 @@ def geometry_aware_scale(
         seq_len: sequence length ``n``.
         norm_gain: effective gain ``g`` (see :func:`norm_gain_bound`), broadcastable.
         delta: failure probability ``δ``.
-        gamma: typicality ``γ``.
+        gamma: typicality ``γ``; ``None`` (default): :func:`chernoff_gamma`, which makes the bound
+            hold for every ``M`` of rank ``r``; ``1`` or ``2`` are the paper-style choices.
         fmt: ``"e4m3"`` (``R = 448``) or ``"e5m2"`` (``R = 57344``).
         calibration: factor ``c > 0`` (``> 1`` raises utilisation, burn-in "auto-α").
         rank: rank of ``M`` (default ``head_dim``).
@@ -373,7 +425,7 @@ def attention_fp8_scales(
     seq_len: int,
     norm_gain: jax.typing.ArrayLike = 1.0,
     delta: float = 1e-6,
-    gamma: float = 2.0,
+    gamma: float | None = None,
     fmt: str = "e4m3",
     calibration: float = 1.0,
     num_iters: int = 1,
@@ -392,7 +444,7 @@ def attention_fp8_scales(
         seq_len: sequence length ``n``.
         norm_gain: effective gain of the norm feeding the attention, broadcastable to ``(H,)``.
         delta: failure probability ``δ``.
-        gamma: typicality ``γ``.
+        gamma: typicality ``γ`` (``None``: :func:`chernoff_gamma`).
         fmt: FP8 format.
         calibration: calibration factor ``c``.
         num_iters: power steps this call.
