@@ -15,6 +15,8 @@ from lowrank_jax.adapters.core import (
 )
 from lowrank_jax.adapters.kinds import AdapterKind, LoRA, lora
 from lowrank_jax.adapters.paths import match_rules, named_leaves
+from lowrank_jax.adapters.peft import load_peft, save_peft
+from lowrank_jax.adapters.sharding import partition_specs, shardings
 
 __all__ = [
     "Adapter",
@@ -27,10 +29,14 @@ __all__ = [
     "count_params",
     "delta",
     "init",
+    "load_peft",
     "lora",
     "match_rules",
     "merge",
     "named_leaves",
+    "partition_specs",
+    "save_peft",
+    "shardings",
     "split_trainable",
     "unmerge",
 ]

@@ -79,6 +79,18 @@ def _linen_delta(module: nn.Module, x: jax.Array, ads: list, keys: list, path: s
     return jnp.reshape(total, (*free, -1))
 
 
+def _is_stacked(adapter: Adapter, kernel_shape: tuple[int, ...]) -> bool:
+    """Whether the factors carry layer axes that the kernel seen by the layer does not."""
+    stack, n, m = adapter.matrix_shape(kernel_shape)
+    one = jax.eval_shape(
+        adapter.kind.init_factors, jax.random.key(0), jax.ShapeDtypeStruct((n, m), jnp.float32)
+    )
+    return any(
+        f.ndim != len(stack) + o.ndim
+        for f, o in zip(jax.tree.leaves(adapter.factors), jax.tree.leaves(one), strict=True)
+    )
+
+
 def _linen_apply(apply_fn, params, by_path, key, allow_dense, args, kwargs):
     if allow_dense:
         raise ValueError("allow_dense applies to backend='quax' only.")
@@ -95,7 +107,7 @@ def _linen_apply(apply_fn, params, by_path, key, allow_dense, args, kwargs):
         y = next_fun(*call_args, **call_kwargs)
         ads = by_path[path]
         shape = module.variables["params"]["kernel"].shape
-        if any(shape[: len(shape) - a.in_ndim - a.out_ndim] for a in ads):
+        if any(_is_stacked(a, shape) for a in ads):
             raise NotImplementedError(
                 f"{path!r} is a stacked kernel (nn.scan); use adapt(..., backend='quax')."
             )

@@ -9,6 +9,8 @@ Every kind works on the *matrix view* of a kernel: a kernel of shape ``(*stack, 
   computed factorised (``ΔW`` is never formed);
 * ``apply_delta_transposed(factors, y) -> (..., n)``: ``y @ ΔWᵀ`` (tied embeddings, ``x @ W.T``);
 * ``materialize(factors) -> (n, m)``: ``ΔW`` itself, for merging and export only;
+* ``factor_specs(in_spec, out_spec)``: each factor's partitioning given the mesh axes of the
+  kernel's input and output dimensions (for ``jax.sharding``);
 
 so new kinds (FrameFT, spectral SBVI adapters) slot in beside :class:`LoRA`.
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +45,8 @@ class AdapterKind(Protocol):
     def materialize(self, factors: dict[str, jax.Array]) -> jax.Array: ...
 
     def check_shape(self, n: int, m: int, path: str) -> None: ...
+
+    def factor_specs(self, in_spec: Any, out_spec: Any) -> dict[str, tuple[Any, ...]]: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +145,9 @@ class LoRA:
 
     def materialize(self, factors: dict[str, jax.Array]) -> jax.Array:
         return (factors["a"] @ factors["b"]) * jnp.asarray(self.scale, factors["a"].dtype)
+
+    def factor_specs(self, in_spec: Any, out_spec: Any) -> dict[str, tuple[Any, ...]]:
+        return {"a": (in_spec, None), "b": (None, out_spec)}
 
 
 def lora(

@@ -16,6 +16,7 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import quax
 from jax import lax
@@ -31,6 +32,7 @@ class AdaptedArray(quax.ArrayValue):
     keys: tuple[jax.Array | None, ...]
     path: str = eqx.field(static=True)
     allow_dense: bool = eqx.field(static=True)
+    transposed: bool = eqx.field(static=True, default=False)
 
     def aval(self) -> jax.core.ShapedArray:
         return jax.core.ShapedArray(self.w.shape, self.w.dtype)
@@ -43,14 +45,23 @@ class AdaptedArray(quax.ArrayValue):
                 "Target only kernels used in matmuls, or pass allow_dense=True to adapt(...) to "
                 "materialise W + ΔW for such operations (this forms the full-size update)."
             )
+        stack, first, second = self.blocks()
+        perm = (*range(stack), *second, *first) if self.transposed else tuple(range(self.ndim))
+        shape = tuple(self.w.shape[p] for p in perm)  # the kernel's shape before transposition
         total = self.w
         for a in self.adapters:
-            total = total + delta(a, self.w.shape).astype(self.w.dtype)
+            total = total + jnp.transpose(delta(a, shape), perm).astype(self.w.dtype)
         return total
 
-    def _layout(self) -> tuple[int, int, int]:
+    def blocks(self) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+        """Number of stacked axes, then the axes of the first and second block after them.
+
+        The first block holds the kernel's input axes, or its output axes when ``transposed``.
+        """
         a = self.adapters[0]
-        return self.w.ndim - a.in_ndim - a.out_ndim, a.in_ndim, a.out_ndim
+        stack = self.w.ndim - a.in_ndim - a.out_ndim
+        k = a.out_ndim if self.transposed else a.in_ndim
+        return stack, tuple(range(stack, stack + k)), tuple(range(stack + k, self.w.ndim))
 
 
 def _delta_matmul(
@@ -62,15 +73,13 @@ def _delta_matmul(
     xc, wc = (rc, lc) if w_is_lhs else (lc, rc)
     if lb or rb:
         return None
-    stack, i, o = w._layout()
-    in_axes = tuple(range(stack, stack + i))
-    out_axes = tuple(range(stack + i, stack + i + o))
+    stack, first, second = w.blocks()
     if stack:
         return None
-    if sorted(wc) == list(in_axes):
-        transposed, axes = False, in_axes
-    elif sorted(wc) == list(out_axes):
-        transposed, axes = True, out_axes
+    if sorted(wc) == list(first):
+        transposed, axes, result_axes = w.transposed, first, second
+    elif sorted(wc) == list(second):
+        transposed, axes, result_axes = not w.transposed, second, first
     else:
         return None
     # Put x's contracted axes last, in the kernel's axis order, and flatten them.
@@ -79,7 +88,6 @@ def _delta_matmul(
     x = jnp.moveaxis(x, x_contract, range(x.ndim - len(x_contract), x.ndim))
     free = x.shape[: x.ndim - len(x_contract)]
     x = jnp.reshape(x, (*free, -1))
-    result_axes = out_axes if not transposed else in_axes
     result_shape = tuple(w.w.shape[ax] for ax in result_axes)
     total = None
     for adapter, key in zip(w.adapters, w.keys, strict=True):
@@ -128,15 +136,31 @@ def _(x: AdaptedArray, *, new_dtype: Any, **params: Any) -> AdaptedArray:
     return AdaptedArray(cast(x.w), adapters, x.keys, x.path, x.allow_dense)
 
 
+@quax.register(lax.transpose_p)
+def _(x: AdaptedArray, *, permutation: tuple[int, ...]) -> Any:
+    stack, first, second = x.blocks()
+    if tuple(permutation) == tuple(range(x.ndim)):
+        return x
+    if tuple(permutation) == (*range(stack), *second, *first):
+        return AdaptedArray(
+            lax.transpose(x.w, permutation),
+            x.adapters,
+            x.keys,
+            x.path,
+            x.allow_dense,
+            not x.transposed,
+        )
+    return lax.transpose(x.materialise(), permutation)
+
+
 @quax.register(lax.copy_p)
 def _(x: AdaptedArray, **params: Any) -> AdaptedArray:
     return x
 
 
 def _checkpoint_rule(*args: Any, jaxpr: Any, prevent_cse: bool, policy: Any, **_: Any) -> Any:
-    fn = jax.checkpoint(
-        quax.quaxify(jax.core.jaxpr_as_fun(jaxpr)), prevent_cse=prevent_cse, policy=policy
-    )
+    body = jax.extend.core.jaxpr_as_fun(jax.extend.core.ClosedJaxpr(jaxpr, ()))
+    fn = jax.checkpoint(quax.quaxify(body), prevent_cse=prevent_cse, policy=policy)
     return fn(*args)
 
 
