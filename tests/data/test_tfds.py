@@ -10,6 +10,62 @@ from lowrank_jax.data import BatchIterator, load_tfds, resize_images
 
 tfds = pytest.importorskip("tensorflow_datasets")
 
+TINY_NAMES = ("cat", "dog", "emu")
+
+
+def _tiny_examples(split):
+    rng = np.random.default_rng(0 if split == "train" else 1)
+    n = 7 if split == "train" else 3
+    images = rng.integers(0, 256, size=(n, 4, 5, 3), dtype=np.uint8)
+    return images, np.arange(n) % 3
+
+
+class LowrankJaxTinyImages(tfds.core.GeneratorBasedBuilder):
+    """A real (not mocked) TFDS dataset, prepared in array_record format without TensorFlow."""
+
+    VERSION = tfds.core.Version("1.0.0")
+    code_path = None  # No checksums file to look up (finding one needs importlib_resources).
+
+    def _info(self):
+        features = {
+            "image": tfds.features.Tensor(shape=(4, 5, 3), dtype=np.uint8),
+            "label": tfds.features.ClassLabel(names=TINY_NAMES),
+        }
+        return tfds.core.DatasetInfo(
+            builder=self,
+            features=tfds.features.FeaturesDict(features),
+            disable_shuffling=True,  # Keep generation order, to compare with _tiny_examples.
+        )
+
+    def _split_generators(self, dl_manager):
+        return {split: self._generate_examples(split) for split in ("train", "test")}
+
+    def _generate_examples(self, split):
+        images, labels = _tiny_examples(split)
+        for i, (image, label) in enumerate(zip(images, labels, strict=True)):
+            yield i, {"image": image, "label": int(label)}
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    data_dir = str(tmp_path_factory.mktemp("tfds"))
+    LowrankJaxTinyImages(data_dir=data_dir, file_format="array_record").download_and_prepare()
+    return data_dir
+
+
+def test_prepared_array_record_dataset(tiny_dir):
+    for split in ("train", "test"):
+        ds = load_tfds("lowrank_jax_tiny_images", split=split, data_dir=tiny_dir)
+        images, labels = _tiny_examples(split)
+        assert ds.x.dtype == np.float32 and ds.y.dtype == np.int32
+        np.testing.assert_allclose(ds.x, images / 255.0, atol=1e-7)
+        np.testing.assert_array_equal(ds.y, labels)
+        assert ds.class_names == TINY_NAMES
+    few = load_tfds("lowrank_jax_tiny_images", split="train[2:5]", data_dir=tiny_dir)
+    np.testing.assert_array_equal(few.y, _tiny_examples("train")[1][2:5])
+    small = load_tfds("lowrank_jax_tiny_images", split="train", data_dir=tiny_dir, max_examples=2)
+    assert len(small) == 2
+
 
 def test_mock_cifar100():
     with tfds.testing.mock_data(num_examples=9):
