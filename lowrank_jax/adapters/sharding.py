@@ -40,9 +40,7 @@ def partition_specs(adapters: AdapterSet, param_specs: Any) -> AdapterSet:
       The adapter set's structure with a ``PartitionSpec`` in place of each factor.
     """
     specs = paths.named_leaves(
-        jax.tree.map(
-            lambda s: s, param_specs, is_leaf=lambda s: s is None or isinstance(s, PartitionSpec)
-        )
+        param_specs, is_leaf=lambda s: s is None or isinstance(s, PartitionSpec)
     )
     out = {}
     for path, adapter in adapters.items():

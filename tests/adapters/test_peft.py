@@ -1,0 +1,124 @@
+"""PEFT format: exact round trip, the layout PEFT expects, and (with the peers extra) PyTorch PEFT."""
+
+import importlib.util
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from lowrank_jax import adapters as A
+from tests.adapters.models import perturb
+
+PARAMS = {
+    "fc1": {"kernel": jax.random.normal(jax.random.key(0), (8, 16)), "bias": jnp.zeros(16)},
+    "fc2": {"kernel": jax.random.normal(jax.random.key(1), (16, 4)), "bias": jnp.zeros(4)},
+}
+RULES = [
+    (r"fc1/kernel", A.lora(4, alpha=8.0, dropout=0.1)),
+    (r"fc2/kernel", A.lora(2, dropout=0.1)),
+]
+module_name = lambda path: path.split("/")[0]
+path_for_module = lambda name: f"{name}/kernel"
+
+
+@pytest.fixture()
+def saved(tmp_path):
+    ad = perturb(A.init(jax.random.key(2), PARAMS, RULES), 0.05)
+    A.save_peft(tmp_path, ad, module_name=module_name, base_model="toy")
+    return tmp_path, ad
+
+
+def test_round_trip_is_exact(saved):
+    directory, ad = saved
+    back = A.load_peft(directory, PARAMS, path_for_module=path_for_module)
+    assert sorted(back) == sorted(ad)
+    for path in ad:
+        for k in ("a", "b"):
+            np.testing.assert_array_equal(back[path].factors[k], ad[path].factors[k])
+        assert back[path].kind.scale == ad[path].kind.scale
+        np.testing.assert_array_equal(
+            A.delta(back[path], PARAMS[path.split("/")[0]]["kernel"].shape),
+            A.delta(ad[path], PARAMS[path.split("/")[0]]["kernel"].shape),
+        )
+
+
+def test_layout_is_peft(saved):
+    directory, ad = saved
+    tensors = load_file(directory / "adapter_model.safetensors")
+    assert tensors["base_model.model.fc1.lora_A.weight"].shape == (4, 8)  # (r, in)
+    assert tensors["base_model.model.fc1.lora_B.weight"].shape == (16, 4)  # (out, r)
+    np.testing.assert_array_equal(
+        tensors["base_model.model.fc2.lora_A.weight"], np.asarray(ad["fc2/kernel"].factors["a"]).T
+    )
+    config = json.loads((directory / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["target_modules"] == ["fc1", "fc2"]
+    # One of the two ranks/alphas is the default, the other goes into the patterns.
+    ranks = {m: config["rank_pattern"].get(m, config["r"]) for m in ("fc1", "fc2")}
+    alphas = {m: config["alpha_pattern"].get(m, config["lora_alpha"]) for m in ("fc1", "fc2")}
+    assert ranks == {"fc1": 4, "fc2": 2} and alphas == {"fc1": 8.0, "fc2": 2.0}
+    assert config["lora_dropout"] == 0.1
+
+
+def test_load_checks_shapes(saved):
+    directory, _ = saved
+    wrong = {"fc1": {"kernel": jnp.zeros((9, 16))}, "fc2": {"kernel": jnp.zeros((16, 4))}}
+    with pytest.raises(ValueError, match="needs A"):
+        A.load_peft(directory, wrong, path_for_module=path_for_module)
+    with pytest.raises(ValueError, match="not in params"):
+        A.load_peft(directory, PARAMS, path_for_module=lambda n: f"encoder/{n}/kernel")
+
+
+def test_save_rejects_unequal_dropout(tmp_path):
+    rules = [(r"fc1/kernel", A.lora(2, dropout=0.1)), (r"fc2/kernel", A.lora(2))]
+    ad = A.init(jax.random.key(2), PARAMS, rules)
+    with pytest.raises(ValueError, match="lora_dropout"):
+        A.save_peft(tmp_path, ad, module_name=module_name)
+
+
+def test_save_rejects_stacked(tmp_path):
+    ad = A.init(
+        jax.random.key(0), {"w": jnp.ones((3, 4, 4))}, [("w", A.lora(2, in_ndim=1, out_ndim=1))]
+    )
+    with pytest.raises(ValueError, match="stacked"):
+        A.save_peft(tmp_path, ad, module_name=lambda p: p)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("peft") is None or importlib.util.find_spec("torch") is None,
+    reason="needs the peers extra (pip install -e '.[peers]')",
+)
+def test_pytorch_peft_loads_it_and_agrees(saved):
+    import torch
+    from peft import PeftModel
+
+    directory, ad = saved
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = torch.nn.Linear(8, 16)
+            self.fc2 = torch.nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.fc2(torch.relu(self.fc1(x)))
+
+    net = Net()
+    with torch.no_grad():
+        for name in ("fc1", "fc2"):
+            getattr(net, name).weight.copy_(
+                torch.from_numpy(np.asarray(PARAMS[name]["kernel"]).T.copy())
+            )
+            getattr(net, name).bias.zero_()
+    peft_model = PeftModel.from_pretrained(net, str(directory)).eval()
+    x = np.linspace(-1, 1, 24, dtype=np.float32).reshape(3, 8)
+    with torch.no_grad():
+        theirs = peft_model(torch.from_numpy(x)).numpy()
+
+    def ours(p, x):
+        h = jax.nn.relu(x @ p["fc1"]["kernel"] + p["fc1"]["bias"])
+        return h @ p["fc2"]["kernel"] + p["fc2"]["bias"]
+
+    np.testing.assert_allclose(A.adapt(ours)(PARAMS, ad, x), theirs, atol=1e-5)
