@@ -4,32 +4,28 @@ It reproduces HuggingFace `transformers.BertModel` (absolute positions, exact-er
 its safetensors weights with `convert_bert_weights`; `lowrank_jax.models.load_minilm` uses it for
 the pretrained all-MiniLM-L6-v2.
 
-Parameter paths of `BertEncoder` and the HuggingFace names they come from (L layers, i < L;
-HF `Linear.weight` (m, n) is stored here transposed as `kernel` (n, m)):
+Parameter paths of `BertEncoder` and the HuggingFace `BertModel` state-dict keys they come from
+(i = 0..L-1; a HF `Linear.weight` (m, n) is stored here transposed, as `kernel` (n, m)):
 
-================================================  ==============================================
-ours (`/`-joined path in the variables dict)       HuggingFace `BertModel` state-dict key
-================================================  ==============================================
-params/embeddings/word/embedding                   embeddings.word_embeddings.weight
-params/embeddings/position/embedding               embeddings.position_embeddings.weight
-params/embeddings/token_type/embedding             embeddings.token_type_embeddings.weight
-params/embeddings/ln/{scale,bias}                  embeddings.LayerNorm.{weight,bias}
-params/encoder/layer_i/attention/query/{kernel,bias}   encoder.layer.i.attention.self.query.*
-params/encoder/layer_i/attention/key/{kernel,bias}     encoder.layer.i.attention.self.key.*
-params/encoder/layer_i/attention/value/{kernel,bias}   encoder.layer.i.attention.self.value.*
-params/encoder/layer_i/attention/out/{kernel,bias}     encoder.layer.i.attention.output.dense.*
-params/encoder/layer_i/ln_attention/{scale,bias}   encoder.layer.i.attention.output.LayerNorm.*
-params/encoder/layer_i/mlp/fc1/{kernel,bias}       encoder.layer.i.intermediate.dense.*
-params/encoder/layer_i/mlp/fc2/{kernel,bias}       encoder.layer.i.output.dense.*
-params/encoder/layer_i/ln_mlp/{scale,bias}         encoder.layer.i.output.LayerNorm.*
-params/pooler/dense/{kernel,bias}                  pooler.dense.*
-(not a parameter: checked to equal arange)         embeddings.position_ids
-================================================  ==============================================
+    params/embeddings/word/embedding                      embeddings.word_embeddings.weight
+    params/embeddings/position/embedding                  embeddings.position_embeddings.weight
+    params/embeddings/token_type/embedding                embeddings.token_type_embeddings.weight
+    params/embeddings/ln/{scale,bias}                     embeddings.LayerNorm.{weight,bias}
+    params/encoder/layer_i/attention/query/{kernel,bias}  encoder.layer.i.attention.self.query.*
+    params/encoder/layer_i/attention/key/{kernel,bias}    encoder.layer.i.attention.self.key.*
+    params/encoder/layer_i/attention/value/{kernel,bias}  encoder.layer.i.attention.self.value.*
+    params/encoder/layer_i/attention/out/{kernel,bias}    encoder.layer.i.attention.output.dense.*
+    params/encoder/layer_i/ln_attention/{scale,bias}      encoder.layer.i.attention.output.LayerNorm.*
+    params/encoder/layer_i/mlp/fc1/{kernel,bias}          encoder.layer.i.intermediate.dense.*
+    params/encoder/layer_i/mlp/fc2/{kernel,bias}          encoder.layer.i.output.dense.*
+    params/encoder/layer_i/ln_mlp/{scale,bias}            encoder.layer.i.output.LayerNorm.*
+    params/pooler/dense/{kernel,bias}                     pooler.dense.*
+    (a buffer, not a parameter: checked to be arange)     embeddings.position_ids
 
 `BertClassifier` nests the encoder under `bert` (`params/bert/encoder/layer_0/...`), which maps
 to the HF names with a `bert.` prefix, as in `BertForSequenceClassification`.
-`peft_module_name` / `flax_path_from_peft` translate kernel paths of the seven `nn.Dense`
-projections per layer-family above (query, key, value, out, fc1, fc2, pooler) to HF/PEFT module
+`peft_module_name` / `flax_path_from_peft` translate the kernel paths of the `nn.Dense`
+projections (six per layer: query, key, value, out, fc1, fc2; and the pooler) to HF/PEFT module
 names and back; PEFT's adapter keys are `base_model.model.<module name>.lora_A.weight` etc.
 
 References:

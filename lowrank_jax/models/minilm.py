@@ -9,7 +9,7 @@ Example:
   >>> config, variables, tokenizer = load_minilm()  # doctest: +SKIP
   >>> batch = tokenize(tokenizer, ["To be, or not to be."], max_len=32)  # doctest: +SKIP
   >>> hidden = BertEncoder(config).apply(variables, **batch)  # (1, 32, 384)  # doctest: +SKIP
-  >>> emb = sentence_embedding(hidden, batch["attention_mask"])  # (1, 384), unit norm
+  >>> emb = sentence_embedding(hidden, batch["attention_mask"])  # (1, 384)  # doctest: +SKIP
 
 References:
   Reimers & Gurevych, "Sentence-BERT", EMNLP 2019; the model card of
@@ -51,7 +51,7 @@ def minilm_dir() -> pathlib.Path:
     return path
 
 
-def load_minilm(dtype: Any = jnp.float32) -> tuple[BertConfig, dict[str, Any], Any]:
+def load_minilm(*, dtype: Any = jnp.float32) -> tuple[BertConfig, dict[str, Any], Any]:
     """Loads the pretrained all-MiniLM-L6-v2 encoder and its tokenizer.
 
     Args:

@@ -231,7 +231,7 @@ def test_dropout_active_only_when_not_deterministic(minilm):
 
 def test_bfloat16_load_is_close(minilm, reference):
     config, _, tokenizer = minilm
-    _, variables, _ = models.load_minilm(jnp.bfloat16)
+    _, variables, _ = models.load_minilm(dtype=jnp.bfloat16)
     assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(variables))
     batch = models.tokenize(tokenizer, list(reference["sentences"]), max_len=24)
     hidden = jax.jit(models.BertEncoder(config).apply)(variables, **batch)
