@@ -26,6 +26,7 @@ from lowrank_jax.kge.graphs import (
     query_label_matrix,
 )
 from lowrank_jax.kge.metrics import (
+    as_partial,
     filtered_ranks,
     multi_hot,
     perfect_ranking,
@@ -57,6 +58,7 @@ __all__ = [
     "QueryTargets",
     "SyntheticKG",
     "add_inverse_triples",
+    "as_partial",
     "build_query_targets",
     "count_params",
     "filtered_ranks",

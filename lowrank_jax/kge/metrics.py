@@ -22,6 +22,7 @@ import numpy as np
 from lowrank_jax.kge.graphs import QueryTargets, add_inverse_triples, lookup_queries
 
 __all__ = [
+    "as_partial",
     "filtered_ranks",
     "multi_hot",
     "perfect_ranking",
@@ -95,6 +96,24 @@ def rank_metrics(ranks: np.ndarray | jax.Array, *, ks: Sequence[int] = (1, 3, 10
     return out
 
 
+def as_partial(score_fn: Callable) -> jax.tree_util.Partial:
+    """Wraps a score function as a ``jax.tree_util.Partial`` (a pytree that jit can take).
+
+    A ``Partial(fn, params)`` whose ``fn`` is the same object across calls reuses compilations;
+    a fresh lambda compiles anew.
+    """
+    if isinstance(score_fn, jax.tree_util.Partial):
+        return score_fn
+    return jax.tree_util.Partial(score_fn)
+
+
+@jax.jit
+def _rank_batch(score_fn, heads, relations, targets, filter_objects):
+    scores = score_fn(heads, relations)
+    log_p = jnp.take_along_axis(jax.nn.log_softmax(scores, axis=-1), targets[:, None], axis=1)
+    return (*filtered_ranks(scores, targets, filter_objects), log_p[:, 0])
+
+
 def rank_triples(
     score_fn: Callable[[jax.Array, jax.Array], jax.Array],
     triples: np.ndarray,
@@ -106,8 +125,9 @@ def rank_triples(
     """Filtered ranks of both sides of every triple.
 
     Args:
-      score_fn: ``(heads (b,), relations (b,)) -> (b, E)`` scores, relations ``2R``-indexed; jit it
-        (batches are padded to ``batch_size`` so it compiles once).
+      score_fn: ``(heads (b,), relations (b,)) -> (b, E)`` scores, relations ``2R``-indexed; traced
+        under jit (batches are padded to ``batch_size``). Pass a ``jax.tree_util.Partial`` of a
+        fixed function and the parameters to reuse the compilation across models.
       triples: ``(t, 3)`` int triples to rank, without inverses.
       known: index of *all* known triples (train + valid + test, inverses included) used for
         filtering, from ``build_query_targets``.
@@ -115,24 +135,23 @@ def rank_triples(
       batch_size: rows per call of ``score_fn``.
 
     Returns:
-      ``{"optimistic", "pessimistic", "realistic"}``: ``(2t,)`` float ranks, tail side first.
+      ``{"optimistic", "pessimistic", "realistic"}``: ``(2t,)`` float ranks, tail side first, and
+      ``"log_prob"``: ``(2t,)`` ``log_softmax(scores)`` at the true object (unfiltered; its mean
+      negated is the test NLL).
     """
     both = add_inverse_triples(triples, num_relations=num_relations)
     rows = lookup_queries(both[:, :2], known)
     filter_objects = known.objects[rows]
 
-    @jax.jit
-    def _ranks(h, r, t, f):
-        return filtered_ranks(score_fn(h, r), t, f)
-
+    score_fn = as_partial(score_fn)
     pad = (-len(both)) % batch_size
     both_p = np.concatenate([both, np.repeat(both[:1], pad, axis=0)])
     filt_p = np.concatenate([filter_objects, np.repeat(filter_objects[:1], pad, axis=0)])
-    out = [[], [], []]
+    out = [[], [], [], []]
     for i in range(0, len(both_p), batch_size):
         sl = slice(i, i + batch_size)
-        res = _ranks(both_p[sl, 0], both_p[sl, 1], both_p[sl, 2], filt_p[sl])
+        res = _rank_batch(score_fn, both_p[sl, 0], both_p[sl, 1], both_p[sl, 2], filt_p[sl])
         for acc, r in zip(out, res, strict=True):
             acc.append(np.asarray(r))
-    names = ("optimistic", "pessimistic", "realistic")
+    names = ("optimistic", "pessimistic", "realistic", "log_prob")
     return {n: np.concatenate(a)[: len(both)] for n, a in zip(names, out, strict=True)}

@@ -22,8 +22,8 @@ import numpy as np
 import optax
 
 from lowrank_jax.kge.graphs import QueryTargets, add_inverse_triples, build_query_targets
-from lowrank_jax.kge.metrics import multi_hot, perfect_ranking
-from lowrank_jax.kge.outputs import init_output, output_log_probs, output_loss, output_scores
+from lowrank_jax.kge.metrics import as_partial, multi_hot, perfect_ranking
+from lowrank_jax.kge.outputs import init_output, output_loss, output_scores
 from lowrank_jax.kge.scorers import init_scorer, query_embedding
 
 __all__ = [
@@ -154,28 +154,49 @@ def make_train_epoch(
     return epoch
 
 
+@partial(jax.jit, static_argnames=("num_entities",))
+def _fit_batch(score_fn, queries, objects, valid, *, num_entities):
+    scores = score_fn(queries[:, 0], queries[:, 1])
+    labels = multi_hot(objects, num_entities=num_entities)
+    log_p = jax.nn.log_softmax(scores, axis=-1)
+    nll = -jnp.sum(labels * log_p, axis=1)
+    perfect = perfect_ranking(scores, labels)
+    obj = jnp.minimum(objects, num_entities - 1)
+    present = (objects < num_entities) & valid[:, None]
+    z_o = jnp.take_along_axis(scores, obj, axis=1)  # (b, m)
+    negative = (labels == 0)[:, None, :]
+    greater = jnp.sum(negative & (scores[:, None, :] > z_o[:, :, None]), axis=2)
+    equal = jnp.sum(negative & (scores[:, None, :] == z_o[:, :, None]), axis=2)
+    rank = 1.0 + greater + 0.5 * equal
+    return (
+        jnp.sum(jnp.where(valid, nll, 0.0)),
+        jnp.sum(valid & perfect),
+        jnp.sum(jnp.where(present, 1.0 / rank, 0.0)),
+        jnp.sum(present & (rank <= 1.0)),
+        jnp.sum(present & (rank <= 10.0)),
+    )
+
+
 def train_fit_metrics(
-    params: dict,
+    score_fn: Callable[[jax.Array, jax.Array], jax.Array],
     targets: QueryTargets,
     *,
-    scorer: str,
-    output: str,
     num_entities: int,
     batch_size: int = 1024,
 ) -> dict[str, float]:
-    """How well the model fits the training set it was trained on.
+    """How well a model fits the training set it was trained on.
 
-    - ``nll``: mean over training triples (both sides) of ``-log P(o | s, r)``;
+    - ``nll``: mean over training triples (both sides) of ``-log P(o | s, r)`` with
+      ``log P = log_softmax(scores)``;
     - ``mrr``, ``hits@1``, ``hits@10``: realistic ranks of each true object among the entities
       that are not true objects of the same query (training-filtered);
     - ``perfect``: fraction of queries whose true objects all outrank all other entities (strictly),
       the ranking-reconstruction feasibility of P4.
 
     Args:
-      params: model parameters.
+      score_fn: ``(heads (b,), relations (b,)) -> (b, E)`` scores, traced under jit; a
+        ``jax.tree_util.Partial(fn, params)`` with a fixed ``fn`` reuses the compilation.
       targets: the training queries (inverses included) from ``build_query_targets``.
-      scorer: scorer kind.
-      output: output-layer kind.
       num_entities: ``E``.
       batch_size: queries per evaluation call.
 
@@ -183,28 +204,7 @@ def train_fit_metrics(
       A dict of floats.
     """
 
-    @jax.jit
-    def _batch(queries, objects, valid):
-        scores = kge_scores(params, queries[:, 0], queries[:, 1], scorer=scorer, output=output)
-        labels = multi_hot(objects, num_entities=num_entities)
-        log_p = output_log_probs(scores, output=output)
-        nll = -jnp.sum(labels * log_p, axis=1)
-        perfect = perfect_ranking(scores, labels)
-        obj = jnp.minimum(objects, num_entities - 1)
-        present = (objects < num_entities) & valid[:, None]
-        z_o = jnp.take_along_axis(scores, obj, axis=1)  # (b, m)
-        negative = (labels == 0)[:, None, :]
-        greater = jnp.sum(negative & (scores[:, None, :] > z_o[:, :, None]), axis=2)
-        equal = jnp.sum(negative & (scores[:, None, :] == z_o[:, :, None]), axis=2)
-        rank = 1.0 + greater + 0.5 * equal
-        return (
-            jnp.sum(jnp.where(valid, nll, 0.0)),
-            jnp.sum(valid & perfect),
-            jnp.sum(jnp.where(present, 1.0 / rank, 0.0)),
-            jnp.sum(present & (rank <= 1.0)),
-            jnp.sum(present & (rank <= 10.0)),
-        )
-
+    score_fn = as_partial(score_fn)
     q = len(targets.queries)
     bs = min(batch_size, q)
     pad = (-q) % bs
@@ -216,7 +216,8 @@ def train_fit_metrics(
     totals = np.zeros(5)
     for i in range(0, len(queries), bs):
         sl = slice(i, i + bs)
-        totals += np.array([float(x) for x in _batch(queries[sl], objects[sl], valid[sl])])
+        res = _fit_batch(score_fn, queries[sl], objects[sl], valid[sl], num_entities=num_entities)
+        totals += np.array([float(x) for x in res])
     n_triples = float(targets.counts.sum())
     return {
         "nll": totals[0] / n_triples,

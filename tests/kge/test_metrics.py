@@ -81,3 +81,35 @@ def test_perfect_ranking():
     labels = jnp.array([[1, 1, 0], [1, 1, 0], [1, 0, 0]], jnp.float32)
     # row 1: true object 1 ties with false 2 -> not perfect; row 2: tie with false 1.
     np.testing.assert_array_equal(perfect_ranking(scores, labels), [True, False, False])
+
+
+def test_rank_triples_log_prob_and_train_fit_metrics_match_brute_force():
+    from lowrank_jax.kge import train_fit_metrics
+
+    rng = np.random.default_rng(3)
+    table = rng.integers(0, 4, size=(E, 2 * R, E)).astype(np.float32)
+    score_fn = lambda h, r: jnp.asarray(table)[h, r]
+    both = add_inverse_triples(TRAIN, num_relations=R)
+    train_index = build_query_targets(both, num_entities=E)
+    ranks = rank_triples(score_fn, TRAIN, train_index, num_relations=R, batch_size=3)
+    log_p = np.array([_log_softmax64(table[s, r])[o] for s, r, o in both])
+    np.testing.assert_allclose(ranks["log_prob"], log_p, atol=1e-5)
+    fit = train_fit_metrics(score_fn, train_index, num_entities=E, batch_size=4)
+    ref = _brute_force_ranks(
+        {(s, r): table[s, r] for s in range(E) for r in range(2 * R)}, TRAIN, TRAIN
+    )
+    np.testing.assert_allclose(fit["mrr"], np.mean(1.0 / ref[:, 2]), atol=1e-6)
+    np.testing.assert_allclose(fit["hits@1"], np.mean(ref[:, 2] <= 1), atol=1e-12)
+    np.testing.assert_allclose(fit["nll"], -np.mean(log_p), atol=1e-5)
+    perfect = []
+    for (s, r), objs in zip(train_index.queries, train_index.objects, strict=True):
+        objs = [o for o in objs if o < E]
+        z = table[s, r]
+        others = [e for e in range(E) if e not in objs]
+        perfect.append(not others or min(z[objs]) > max(z[others]))
+    np.testing.assert_allclose(fit["perfect"], np.mean(perfect), atol=1e-12)
+
+
+def _log_softmax64(x):
+    x = np.asarray(x, np.float64)
+    return x - x.max() - np.log(np.exp(x - x.max()).sum())

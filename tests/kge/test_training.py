@@ -95,7 +95,8 @@ def test_tiny_graph_fits_perfectly_at_sufficient_dimension():
         log_every=100,
     )
     assert losses[-1] < losses[0]
-    fit = train_fit_metrics(params, t, scorer="complex", output="softmax", num_entities=e)
+    score_fn = lambda h, r: kge_scores(params, h, r, scorer="complex", output="softmax")
+    fit = train_fit_metrics(score_fn, t, num_entities=e)
     assert fit["perfect"] == 1.0
     np.testing.assert_allclose(fit["mrr"], 1.0, atol=1e-6)
     assert count_params(params) == (e + 2 * r) * 16  # entities + relations with inverses
