@@ -599,8 +599,26 @@ def fp8_quantize_dequantize(
 
 
 def fp8_overflow_count(
-    x: jax.typing.ArrayLike, scale: jax.typing.ArrayLike, *, fmt: str = "e4m3"
+    x: jax.typing.ArrayLike,
+    scale: jax.typing.ArrayLike,
+    *,
+    fmt: str = "e4m3",
+    rtol: float = 0.0,
+    axis: int | tuple[int, ...] | None = None,
 ) -> jax.Array:
-    """Number of entries with ``|x · s| > R`` (they saturate or become NaN), int32 scalar."""
+    """Number of entries with ``|x · s| > R (1 + rtol)`` (they saturate or become NaN).
+
+    Args:
+        x: values.
+        scale: scales broadcastable to ``x``.
+        fmt: FP8 format giving ``R``.
+        rtol: relative tolerance, e.g. ``1e-5`` so that ``s = R/amax`` (current scaling) does not
+            count its own maximum, which lands on ``R`` up to float32 rounding.
+        axis: axes to count over (default all).
+
+    Returns:
+        int32 counts (scalar, or the remaining axes).
+    """
     x = jnp.asarray(x)
-    return jnp.sum(jnp.abs(x * jnp.asarray(scale, x.dtype)) > fp8_max(fmt), dtype=jnp.int32)
+    over = jnp.abs(x * jnp.asarray(scale, x.dtype)) > fp8_max(fmt) * (1.0 + rtol)
+    return jnp.sum(over, axis=axis, dtype=jnp.int32)

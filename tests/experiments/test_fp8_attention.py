@@ -1,0 +1,71 @@
+"""End-to-end smoke run of the FP8 attention experiment (P14) and its building blocks."""
+
+import json
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from configs.fp8_attention import get_config
+from experiments import common, fp8_attention
+
+
+def test_smoke_run_writes_results_and_shows_the_trend(tmp_path):
+    config = get_config("smoke")
+    result = fp8_attention.run(config, str(tmp_path))
+    for name in ("config.json", "metrics.jsonl", "results.md", "results.json", "overflow.png"):
+        assert os.path.exists(tmp_path / name), name
+    records = common.read_metrics(tmp_path)
+    assert len(records) == config.schedule.num_steps
+    assert {"delayed:16/overflow", "rank_aware:auto/bound_ratio"} <= set(records[0])
+    text = (tmp_path / "results.md").read_text()
+    assert "rank_aware:auto" in text and "Llama-2-70B" in text
+    # The trend of P14: delayed scaling overflows right after the W^Q spike, the geometry-aware
+    # scale never does, and the empirical max logit stays below the rank-aware bound.
+    assert result["delayed_overflows_after_q_spike"] > 0
+    assert result["geometry_overflows"] == 0
+    assert 0 < result["max_bound_ratio"] < 1
+    err = result["steady_softmax_error"]
+    assert err["rank_aware:auto"] <= 1.5 * err["delayed:16"]
+    assert all(math.isfinite(v) for v in result["final_loss"].values())
+    # Rerunning resumes: finished policies are read back, not retrained.
+    again = fp8_attention.run(config, str(tmp_path))
+    assert again["delayed_overflows"] == result["delayed_overflows"]
+    with open(tmp_path / "results.json") as f:
+        assert len(json.load(f)["rows"]) == len(config.policies)
+
+
+def test_parse_policy():
+    assert fp8_attention.parse_policy("delayed:1024").history_len == 1024
+    assert fp8_attention.parse_policy("rank_aware:2").gamma == 2.0
+    assert fp8_attention.parse_policy("rank_aware:auto").gamma is None
+    for bad in ("delayed", "rank_aware:x", "amax", "current:3"):
+        with pytest.raises(common.ConfigError):
+            fp8_attention.parse_policy(bad)
+
+
+def test_fp8_attention_exact_without_quantisation_and_close_with_it():
+    model = fp8_attention.Fp8SelfAttention(num_heads=2)
+    x = jax.random.normal(jax.random.key(0), (2, 8, 16))
+    variables = model.init(jax.random.key(1), x, None)
+    exact = fp8_attention.Fp8SelfAttention(num_heads=2, quantize=False)
+    y0, stats0 = exact.apply(variables, x, jnp.ones(2))
+    assert float(jnp.max(stats0["softmax_error"])) == 0.0
+    y1, stats1 = model.apply(variables, x, None)  # current scaling
+    np.testing.assert_allclose(np.asarray(stats1["utilisation"]), 1.0, rtol=1e-5)
+    assert int(stats1["overflow"].sum()) == 0
+    assert float(jnp.max(stats1["softmax_error"])) < 0.1
+    np.testing.assert_allclose(np.asarray(y1), np.asarray(y0), atol=0.1)
+    # a scale far too large saturates and is counted
+    _, stats2 = model.apply(variables, x, jnp.full(2, 1e4))
+    assert int(stats2["overflow"].sum()) > 0
+
+
+def test_config_validation():
+    config = get_config("smoke")
+    config.policies = ("delayed:0",)
+    with pytest.raises(common.ConfigError):
+        fp8_attention.check_config(config)
