@@ -1,0 +1,192 @@
+r"""Gradient recycling (P2 GR-LoRA, reconstruction): keep the orthogonal part, recycle the rest.
+
+Orthogonal-projection continual learning (GPM, InfLoRA) throws away the component of each update
+that lies in the subspace memory ``M`` of old-task inputs. Over a long task stream ``M`` fills the
+input space and the kept part shrinks to nothing: the shared adapter loses its plasticity.
+GR-LoRA *recycles* the discarded part into a task-specific lightweight module. For a shared
+input-side factor update ``u: (n, r)``,
+
+.. math::
+
+    u_\perp = (I - M M^\top)\, u \;\; \text{(applied to the shared adapter)}, \qquad
+    u_\parallel = M M^\top u \;\; \text{(applied to the current task's module)},
+
+and ``u_⊥ + u_∥ = u`` exactly. When the module's factor ``Ã_t`` sits beside the shared ``A_t``
+in the forward pass (``x (A_t + Ã_t) B_t``), the pair receives the full, unprojected update while
+the shared adapter stays interference-free for old tasks; the module is active only when task
+``t`` is selected (entropy-based selection in :mod:`lowrank_jax.continual`).
+
+The updates pytree is a dict with two entries: ``shared`` (the shared adapter, whose targeted
+leaves are projected) and ``module`` (the task module, whose leaf at the same sub-path receives
+the recycled part in place of its own update). Other entries and leaves pass unchanged::
+
+    params = {"shared": adapter_set, "module": module_set, "head": head}
+    tx = optax.chain(optax.scale_by_adam(), scale_by_gradient_recycling(memory),
+                     optax.scale(-1e-3))
+
+References:
+  P2 GR-LoRA (abstract only; the split above is the reconstruction of specs.md §2, step 2–3).
+  Saha et al. 2021 (GPM) for the memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from lowrank_jax.adapters import paths
+from lowrank_jax.optim.projection import (
+    SubspaceMemory,
+    _init_memories,
+    project_off,
+    project_onto,
+)
+
+__all__ = ["GradientRecyclingState", "scale_by_gradient_recycling", "split_update"]
+
+
+def split_update(memory: SubspaceMemory, u: jax.typing.ArrayLike) -> tuple[jax.Array, jax.Array]:
+    r"""``(u_⊥, u_∥) = ((I − MMᵀ)u, MMᵀu)``; ``u_⊥ + u_∥ = u``.
+
+    Args:
+      memory: basis ``M: (*stack, n, k)``.
+      u: ``(*stack, n, r)``.
+
+    Returns:
+      ``(kept, recycled)``, each of the shape of ``u``.
+    """
+    recycled = project_onto(memory, u)
+    return jnp.asarray(u) - recycled, recycled
+
+
+class GradientRecyclingState(NamedTuple):
+    """State of :func:`scale_by_gradient_recycling`.
+
+    Attributes:
+      count: number of updates so far (int32).
+      memory: ``{path: SubspaceMemory}`` keyed by '/'-joined paths of the shared leaves (e.g.
+        ``"shared/params/dense_0/kernel/factors/a"``).
+      recycled_fraction: ``Σ‖u_∥‖² / Σ‖u‖²`` of the last update over all shared targeted leaves
+        (0: nothing recycled, 1: the projection would have discarded everything).
+    """
+
+    count: jax.Array
+    memory: dict[str, SubspaceMemory]
+    recycled_fraction: jax.Array
+
+
+def scale_by_gradient_recycling(
+    memory: Mapping[str, SubspaceMemory] | None = None,
+    *,
+    shared: str = "shared",
+    module: str = "module",
+    targets: str | Sequence[str] | None = None,
+    capacity: int | None = None,
+    recycle_scale: float = 1.0,
+) -> optax.GradientTransformation:
+    r"""Splits shared-adapter updates into the kept orthogonal part and the recycled part.
+
+    For every targeted leaf ``u`` under ``updates[shared]`` at sub-path ``p``:
+    ``updates[shared][p] ← (I − MMᵀ) u`` and ``updates[module][p] ← recycle_scale · MMᵀ u``
+    (the module's own update at ``p`` is replaced). ``recycle_scale = 0`` is pure projection
+    (GPM/InfLoRA-style); ``1`` gives the pair ``(shared + module)`` the unprojected update.
+
+    Args:
+      memory: ``{path: SubspaceMemory}`` for shared leaves (full '/'-joined paths starting with
+        ``shared``), an explicit argument stored in the state; ``None`` creates empty memories
+        for the targeted leaves (fill them with :func:`~lowrank_jax.optim.extend_subspace_memory`
+        and ``optax.tree_utils.tree_set``).
+      shared: top-level key of the shared adapter in the params/updates dict.
+      module: top-level key of the current task's module; must hold, for every targeted shared
+        leaf, a leaf of the same shape at the same sub-path.
+      targets: regexes for ``memory=None`` (default ``"<shared>/.*/a"``: every LoRA ``a`` factor).
+      capacity: basis columns per empty memory (default: ``n``).
+      recycle_scale: multiplier of the recycled part (keep knob for the paper's exact form).
+
+    Returns:
+      An ``optax.GradientTransformation`` with state :class:`GradientRecyclingState`.
+
+    Raises:
+      ValueError (in ``init``): params are not a dict with ``shared`` and ``module`` entries, a
+        targeted shared leaf has no module counterpart of the same shape, or a memory does not fit.
+
+    References:
+      P2 GR-LoRA (reconstruction, specs §2); Saha et al. 2021 (GPM).
+
+    Example:
+      >>> tx = optax.chain(optax.scale_by_adam(), scale_by_gradient_recycling(mem),
+      ...                  optax.scale(-1e-3))
+    """
+    if not recycle_scale >= 0.0:
+        raise ValueError(f"recycle_scale must be >= 0, got {recycle_scale!r}.")
+    targets = f"{shared}/.*/a" if targets is None else targets
+    prefix = shared + "/"
+
+    def _counterpart(path: str) -> str:
+        return module + "/" + path[len(prefix) :]
+
+    def init_fn(params):
+        if not isinstance(params, Mapping) or shared not in params or module not in params:
+            raise ValueError(
+                f"gradient recycling needs params as a dict with entries {shared!r} (the shared "
+                f"adapter) and {module!r} (the task module); got "
+                f"{list(params) if isinstance(params, Mapping) else type(params).__name__}."
+            )
+        memories = _init_memories(params, memory, targets, capacity)
+        leaves = paths.named_leaves(params)
+        for path in memories:
+            if not path.startswith(prefix):
+                raise ValueError(f"memory path {path!r} is not under the shared entry {shared!r}.")
+            other = _counterpart(path)
+            if other not in leaves or leaves[other].shape != leaves[path].shape:
+                raise ValueError(
+                    f"{path!r} has no module counterpart {other!r} of shape "
+                    f"{leaves[path].shape}: give the task module the same factor layout."
+                )
+        return GradientRecyclingState(
+            count=jnp.zeros([], jnp.int32),
+            memory=memories,
+            recycled_fraction=jnp.zeros([], jnp.float32),
+        )
+
+    def update_fn(updates, state, params=None):
+        del params
+        recycled: dict[str, jax.Array] = {}
+        kept_sq, recycled_sq = jnp.zeros([]), jnp.zeros([])
+
+        def shared_leaf(keypath, u):
+            nonlocal kept_sq, recycled_sq
+            path = paths.path_to_str(keypath)
+            if path not in state.memory:
+                return u
+            k, r = project_off(state.memory[path], u), project_onto(state.memory[path], u)
+            recycled[_counterpart(path)] = r
+            kept_sq = kept_sq + jnp.sum(jnp.square(k))
+            recycled_sq = recycled_sq + jnp.sum(jnp.square(r))
+            return k
+
+        def module_leaf(keypath, u):
+            path = paths.path_to_str(keypath)
+            if path not in recycled:
+                return u
+            return (recycle_scale * recycled[path]).astype(u.dtype)
+
+        new_shared = jax.tree_util.tree_map_with_path(shared_leaf, {shared: updates[shared]})[
+            shared
+        ]
+        new_module = jax.tree_util.tree_map_with_path(module_leaf, {module: updates[module]})[
+            module
+        ]
+        out = {**updates, shared: new_shared, module: new_module}
+        fraction = recycled_sq / jnp.maximum(kept_sq + recycled_sq, 1e-30)
+        return out, GradientRecyclingState(
+            count=optax.safe_increment(state.count),
+            memory=state.memory,
+            recycled_fraction=fraction.astype(jnp.float32),
+        )
+
+    return optax.GradientTransformation(init_fn, update_fn)
