@@ -13,6 +13,7 @@ from lowrank_jax.adapters.core import (
     split_trainable,
     unmerge,
 )
+from lowrank_jax.adapters.frameft import FrameFT, frame_positions, frameft
 from lowrank_jax.adapters.kinds import AdapterKind, LoRA, lora
 from lowrank_jax.adapters.paths import match_rules, named_leaves
 from lowrank_jax.adapters.peft import load_peft, save_peft
@@ -22,12 +23,15 @@ __all__ = [
     "Adapter",
     "AdapterKind",
     "AdapterSet",
+    "FrameFT",
     "LoRA",
     "adapt",
     "as_sets",
     "combine",
     "count_params",
     "delta",
+    "frame_positions",
+    "frameft",
     "init",
     "load_peft",
     "lora",

@@ -1,4 +1,4 @@
-"""lowrank_jax.spectral: power iteration, randomised SVD, FP8 scales."""
+"""lowrank_jax.spectral: power iteration, randomised SVD, FP8 scales, tight fusion frames."""
 
 from lowrank_jax.spectral.fp8 import (
     FP8_FORMATS,
@@ -22,6 +22,18 @@ from lowrank_jax.spectral.fp8 import (
     rank_aware_tightness,
     update_delayed_scaling,
     worst_case_logit_bound,
+)
+from lowrank_jax.spectral.frames import (
+    BASES,
+    frame_analysis,
+    frame_basis,
+    frame_nnz,
+    frame_synthesis,
+    real_tight_fusion_frame,
+    realify,
+    spectral_tetris,
+    tight_fusion_frame,
+    tight_fusion_frame_exists,
 )
 from lowrank_jax.spectral.power_iteration import (
     PowerIterationState,
@@ -56,6 +68,17 @@ __all__ = [
     "rank_aware_tightness",
     "update_delayed_scaling",
     "worst_case_logit_bound",
+    # tight fusion frames
+    "BASES",
+    "frame_analysis",
+    "frame_basis",
+    "frame_nnz",
+    "frame_synthesis",
+    "real_tight_fusion_frame",
+    "realify",
+    "spectral_tetris",
+    "tight_fusion_frame",
+    "tight_fusion_frame_exists",
     # power iteration
     "PowerIterationState",
     "attention_group_power_iteration",

@@ -1,0 +1,194 @@
+"""Tight fusion frames and the FrameFT adapter: orthogonality, FFT paths, factorised == merged."""
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lowrank_jax import adapters as A
+from lowrank_jax import spectral
+
+ATOL = 1e-5  # float32 FFTs and matmuls of width <= 64
+
+
+# --- frames ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("dim", "l"), [(16, 2), (24, 4), (16, 8), (64, 8), (10, 2), (96, 6)])
+def test_frame_basis_is_exactly_orthogonal(dim, l):  # noqa: E741
+    phi = spectral.frame_basis(dim, l=l)
+    assert phi.shape == (dim, dim) and phi.dtype == np.float64
+    np.testing.assert_allclose(phi @ phi.T, np.eye(dim), atol=1e-12)
+    np.testing.assert_allclose(phi.T @ phi, np.eye(dim), atol=1e-12)
+
+
+def test_frame_basis_is_cached_read_only_and_sparser_for_larger_l():
+    assert spectral.frame_basis(64, l=8) is spectral.frame_basis(64, l=8)
+    assert not spectral.frame_basis(64, l=8).flags.writeable
+    # L = 2 is a realified DFT of size N/2; larger L is block-diagonal with ~2/L non-zeros.
+    assert spectral.frame_nnz(64, l=8) <= 2 * 64 // 8
+    assert spectral.frame_nnz(64, l=8) < spectral.frame_nnz(64, l=2) <= 64
+
+
+def test_frame_l2_is_a_realified_dft():
+    n = 8
+    phi = spectral.frame_basis(2 * n, l=2)
+    dft = np.exp(2j * np.pi * np.outer(np.arange(n), np.arange(n)) / n) / math.sqrt(n)
+    np.testing.assert_allclose(phi, spectral.realify(dft), atol=1e-12)
+
+
+@pytest.mark.parametrize(("k", "l", "n"), [(5, 2, 7), (4, 3, 7), (6, 4, 10)])
+def test_spectral_tetris_gives_a_tight_fusion_frame(k, l, n):  # noqa: E741
+    t = spectral.spectral_tetris(l=l, n=n)
+    np.testing.assert_allclose(t @ t.T, (n / l) * np.eye(l), atol=1e-12)
+    np.testing.assert_allclose(np.sum(t**2, axis=0), np.ones(n), atol=1e-12)
+    assert spectral.tight_fusion_frame_exists(k=k, l=l, n=n)
+    f = spectral.tight_fusion_frame(k=k, l=l, n=n)  # (k, l, n)
+    # Σ_k P_{W_k} = (k l / n) I: a tight fusion frame; the stack is Parseval.
+    projectors = sum(
+        np.linalg.pinv(fk) @ fk for fk in f
+    )  # orthogonal projector onto the row space of each F_k
+    np.testing.assert_allclose(projectors, (k * l / n) * np.eye(n), atol=1e-10)
+    real = spectral.real_tight_fusion_frame(k=k, l=l, n=n).reshape(-1, 2 * n)
+    np.testing.assert_allclose(real.T @ real, np.eye(2 * n), atol=1e-12)
+
+
+def test_frame_errors_say_what_to_do():
+    with pytest.raises(ValueError, match="even l that divides"):
+        spectral.frame_basis(10, l=4)
+    with pytest.raises(ValueError, match="k >= "):
+        spectral.tight_fusion_frame(k=3, l=2, n=5)
+    with pytest.raises(ValueError, match="basis must be one of"):
+        spectral.frame_basis(8, basis="dct")
+    assert not spectral.tight_fusion_frame_exists(k=3, l=2, n=5)
+
+
+@pytest.mark.parametrize(("dim", "l"), [(16, 2), (24, 4), (64, 8)])
+def test_fft_analysis_and_synthesis_match_the_basis(dim, l):  # noqa: E741
+    x = np.random.default_rng(0).standard_normal((3, 2, dim))
+    phi = spectral.frame_basis(dim, l=l)
+    np.testing.assert_allclose(
+        jax.jit(lambda v: spectral.frame_analysis(v, l=l))(x.astype(np.float32)),
+        x @ phi.T,
+        atol=1e-5,
+    )
+    np.testing.assert_allclose(
+        spectral.frame_synthesis(x.astype(np.float32), l=l), x @ phi, atol=1e-5
+    )
+
+
+# --- FrameFT ----------------------------------------------------------------------------------------
+
+
+def _reference_delta(kind, coeffs, n, m):
+    """float64 NumPy ΔW = (scale/√(nm)) Φ_inᵀ S Φ_out."""
+    rows, cols = A.frame_positions(
+        n, m, n_coeff=kind.n_coeff, seed=kind.entry_seed, num_blocks=kind.num_blocks
+    )
+    s = np.zeros((n, m))
+    s[rows, cols] = np.asarray(coeffs, np.float64)
+    p_in = spectral.frame_basis(n, l=kind.l, basis=kind.basis, seed=kind.basis_seed)
+    l_out = kind.l if kind.l_out is None else kind.l_out
+    p_out = spectral.frame_basis(m, l=l_out, basis=kind.basis, seed=kind.basis_seed)
+    return p_in.T @ s @ p_out * kind.scale / math.sqrt(n * m)
+
+
+KINDS = [
+    A.frameft(40, l=2),
+    A.frameft(40, l=4, l_out=8),
+    A.frameft(40, basis="random", strategy="gather"),
+    A.frameft(40, basis="random", strategy="dense"),
+    A.frameft(40, basis="identity"),
+    A.frameft(40, l=8, strategy="gather", num_blocks=2),
+]
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: f"{k.basis}-l{k.l}-{k.strategy}")
+def test_frameft_factorised_equals_materialised_equals_reference(kind):
+    n, m = 24, 16
+    kernel = jnp.zeros((n, m))
+    f = kind.init_factors(jax.random.key(0), kernel)
+    assert jax.tree.map(jnp.shape, f) == {"coeffs": (40,), "shape": {"24x16": {}}}
+    ref = _reference_delta(kind, f["coeffs"], n, m)
+    np.testing.assert_allclose(kind.materialize(f), ref, atol=ATOL)
+    x = np.random.default_rng(1).standard_normal((5, n)).astype(np.float32)
+    y = np.random.default_rng(2).standard_normal((5, m)).astype(np.float32)
+    np.testing.assert_allclose(jax.jit(kind.apply_delta)(f, x), x @ ref, atol=ATOL)
+    np.testing.assert_allclose(jax.jit(kind.apply_delta_transposed)(f, y), y @ ref.T, atol=ATOL)
+
+
+def test_frameft_strategies_have_equal_gradients():
+    n, m = 16, 24
+    f = A.frameft(30, l=4).init_factors(jax.random.key(3), jnp.zeros((n, m)))
+    x = jax.random.normal(jax.random.key(4), (6, n))
+
+    def grad(strategy):
+        kind = A.frameft(30, l=4, strategy=strategy)
+        loss = lambda c: jnp.sum(kind.apply_delta({**f, "coeffs": c}, x) ** 2)
+        return jax.jit(jax.grad(loss))(f["coeffs"])
+
+    ref = grad("dense")
+    for s in ("fft", "gather"):
+        np.testing.assert_allclose(grad(s), ref, rtol=1e-4, atol=1e-5)
+
+
+class _MLP(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        x = nn.relu(nn.Dense(32, name="fc1")(x))
+        return nn.Dense(8, name="fc2")(x)
+
+
+def test_frameft_through_adapt_merge_and_unmerge():
+    model = _MLP()
+    x = jax.random.normal(jax.random.key(0), (4, 16))
+    variables = model.init(jax.random.key(1), x)
+    rules = [(r".*fc1/kernel", A.frameft(64, l=4)), (r".*fc2/kernel", A.frameft(20))]
+    ad = A.init(jax.random.key(2), variables, rules)
+    assert A.count_params(ad) == 64 + 20
+    fwd = jax.jit(A.adapt(model.apply))
+    np.testing.assert_allclose(
+        fwd(variables, ad, x), model.apply(A.merge(variables, ad), x), atol=ATOL
+    )
+    back = A.unmerge(A.merge(variables, ad), ad)
+    for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(variables), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    zero = A.init(jax.random.key(2), variables, [(r".*fc1/kernel", A.frameft(64, init_std=0.0))])
+    np.testing.assert_allclose(fwd(variables, zero, x), model.apply(variables, x), atol=1e-6)
+    g = jax.jit(jax.grad(lambda a: jnp.sum(fwd(variables, a, x) ** 2)))(ad)
+    assert jax.tree.map(jnp.shape, g["params/fc1/kernel"].factors)["coeffs"] == (64,)
+
+
+def test_frameft_shares_positions_and_bases_across_layers():
+    kind = A.frameft(50, l=4)
+    f1 = kind.init_factors(jax.random.key(0), jnp.zeros((16, 16)))
+    f2 = kind.init_factors(jax.random.key(1), jnp.zeros((16, 16)))
+    r1 = A.frame_positions(16, 16, n_coeff=50)
+    r2 = A.frame_positions(16, 16, n_coeff=50)
+    assert r1[0] is r2[0]  # one cached copy per shape
+    assert len(set(zip(*r1, strict=True))) == 50  # distinct positions
+    assert not np.allclose(f1["coeffs"], f2["coeffs"])
+
+
+def test_frameft_flops_shrink_with_l():
+    n = m = 64
+    f2 = A.frameft(256, l=2).delta_flops(n, m)
+    f8 = A.frameft(256, l=8).delta_flops(n, m)
+    assert f8 < f2 / 2
+
+
+def test_frameft_errors():
+    with pytest.raises(ValueError, match="positive int"):
+        A.frameft(0)
+    with pytest.raises(ValueError, match="basis"):
+        A.frameft(4, basis="dct")
+    with pytest.raises(ValueError, match="needs basis='frame'"):
+        A.frameft(4, basis="random", strategy="fft")
+    variables = {"params": {"w": {"kernel": jnp.zeros((10, 6))}}}
+    with pytest.raises(ValueError, match="exceeds the 60 positions"):
+        A.init(jax.random.key(0), variables, [(r".*kernel", A.frameft(61))])
+    with pytest.raises(ValueError, match="must be even and divide"):
+        A.init(jax.random.key(0), variables, [(r".*kernel", A.frameft(8, l=4))])
