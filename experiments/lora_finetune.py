@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -188,6 +188,111 @@ def _lora_rules(config: Any) -> list[tuple[str, Any]]:
 
 
 # ----------------------------------------------------------------------------------------------
+# The method: what is trained, and the forward pass that uses it.
+
+
+def init_state(
+    config: Any, model: Any, variables: dict[str, Any], key: jax.Array
+) -> tuple[dict[str, Any], Any, Callable[..., jax.Array], optax.GradientTransformation]:
+    """The train state, the frozen parameters, the forward pass and the optimizer of a method.
+
+    Args:
+      config: the experiment config (``adapter``, ``optim``, ``schedule``, ``model`` sections).
+      model: the flax module whose ``apply`` computes the logits.
+      variables: its (pretrained) variables ``{"params": ...}``.
+      key: PRNG key for the LoRA factors.
+
+    Returns:
+      ``(state, frozen, logits_fn, tx)``: ``state = {"params": trained params (``None`` where
+      frozen), "adapters": LoRA factors (lora only), "opt_state", "step": 0}``; ``frozen``, the
+      complementary params (``None`` for ``full``); ``logits_fn(state, frozen, batch, *, train,
+      key) -> (b, num_classes)`` logits; the optax transformation.
+    """
+    method = config.adapter.method
+    if method == "full":
+        trainable, frozen = variables, None
+    else:
+        trainable, frozen = adapters.split_trainable(variables, (HEAD_PATTERN,))
+    state: dict[str, Any] = {"params": trainable}
+    apply = model.apply
+    if method == "lora":
+        state["adapters"] = adapters.init(key, variables, _lora_rules(config))
+        apply = adapters.adapt(model.apply)
+    tx = _optimizer(config)
+    state["opt_state"] = tx.init(_trained(state))
+    state["step"] = 0
+    input_keys = _INPUTS[config.model.name]
+
+    def logits_fn(state, frozen, batch, *, train, key):
+        params = state["params"] if frozen is None else adapters.combine(state["params"], frozen)
+        inputs = [batch[k] for k in input_keys]
+        kwargs = _model_kwargs(config, train=train, key=key)
+        if "adapters" in state:
+            adapter_key = key if train and config.adapter.dropout else None
+            return apply(params, state["adapters"], *inputs, adapter_key=adapter_key, **kwargs)
+        return apply(params, *inputs, **kwargs)
+
+    return state, frozen, logits_fn, tx
+
+
+def _trained(state: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: state[k] for k in ("params", "adapters") if k in state}
+
+
+def make_train_step(logits_fn: Callable[..., jax.Array], tx: optax.GradientTransformation):
+    """``train_step(state, frozen, batch, key) -> (state, {"loss", "accuracy"})`` for ``fit``."""
+
+    def train_step(state, frozen, batch, key):
+        def loss_fn(trained):
+            logits = logits_fn({**state, **trained}, frozen, batch, train=True, key=key)
+            loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+            return loss, logits
+
+        trained = _trained(state)
+        (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(trained)
+        updates, opt_state = tx.update(grads, state["opt_state"], trained)
+        trained = optax.apply_updates(trained, updates)
+        accuracy = jnp.mean(jnp.argmax(logits, -1) == batch["y"])
+        return {**state, **trained, "opt_state": opt_state}, {"loss": loss, "accuracy": accuracy}
+
+    return train_step
+
+
+def make_evaluate(logits_fn: Callable[..., jax.Array], mesh: Any, *, batch_size: int):
+    """``evaluate(state, frozen, arrays, prefix) -> {"<prefix>/loss", "<prefix>/accuracy"}``.
+
+    Runs over all examples of ``arrays`` (a dict of ``(N, ...)`` host arrays with ``"y"``) in
+    sharded batches of ``batch_size``, padding the last one with zero-weight rows.
+    """
+
+    @jax.jit
+    def sums(state, frozen, batch, weight):
+        logits = logits_fn(state, frozen, batch, train=False, key=None)
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"])
+        correct = (jnp.argmax(logits, -1) == batch["y"]).astype(jnp.float32)
+        return {"loss": jnp.sum(loss * weight), "correct": jnp.sum(correct * weight)}
+
+    def evaluate(state, frozen, arrays, prefix):
+        n = len(arrays["y"])
+        totals = {"loss": 0.0, "correct": 0.0}
+        for start in range(0, n, batch_size):
+            chunk = {k: v[start : start + batch_size] for k, v in arrays.items()}
+            weight = np.ones(len(chunk["y"]), np.float32)
+            pad = batch_size - len(weight)
+            if pad:
+                chunk = {
+                    k: np.concatenate([v, np.repeat(v[-1:], pad, 0)]) for k, v in chunk.items()
+                }
+                weight = np.concatenate([weight, np.zeros(pad, np.float32)])
+            out = sums(state, frozen, *common.shard_batch(mesh, (chunk, weight)))
+            for k in totals:
+                totals[k] += float(out[k])
+        return {f"{prefix}/loss": totals["loss"] / n, f"{prefix}/accuracy": totals["correct"] / n}
+
+    return evaluate
+
+
+# ----------------------------------------------------------------------------------------------
 # The run.
 
 
@@ -202,78 +307,16 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
     mesh = common.make_mesh()
     for path in ("data.batch_size", "eval.batch_size"):
         common.check_divisible(config, path, mesh.size, why=f"the {mesh.size} devices")
-    key = jax.random.key(config.seed)
-    init_key, adapter_key, train_key = jax.random.split(key, 3)
+    init_key, adapter_key, train_key = jax.random.split(jax.random.key(config.seed), 3)
 
     arrays, class_names, _ = _load_data(config)
     model, variables = _build_model(config, len(class_names), init_key)
     method = config.adapter.method
-    input_keys = _INPUTS[config.model.name]
-
-    if method == "full":
-        trainable, frozen = variables, None
-    else:
-        trainable, frozen = adapters.split_trainable(variables, (HEAD_PATTERN,))
-    state: dict[str, Any] = {"params": trainable}
-    apply = model.apply
-    if method == "lora":
-        state["adapters"] = adapters.init(adapter_key, variables, _lora_rules(config))
-        apply = adapters.adapt(model.apply)
-    tx = _optimizer(config)
-    trained = {k: v for k, v in state.items()}
-    state["opt_state"] = tx.init(trained)
-    state["step"] = 0
-    num_trained = adapters.count_params(trained)
+    state, frozen, logits_fn, tx = init_state(config, model, variables, adapter_key)
+    num_trained = adapters.count_params(_trained(state))
     num_total = adapters.count_params(variables)
     logging.info("%s: training %d of %d parameters", method, num_trained, num_total)
-
-    def logits_fn(state, frozen, batch, *, train, key):
-        params = state["params"] if frozen is None else adapters.combine(state["params"], frozen)
-        inputs = [batch[k] for k in input_keys]
-        kwargs = _model_kwargs(config, train=train, key=key)
-        if "adapters" in state:
-            adapter_key = key if train and config.adapter.dropout else None
-            return apply(params, state["adapters"], *inputs, adapter_key=adapter_key, **kwargs)
-        return apply(params, *inputs, **kwargs)
-
-    def train_step(state, frozen, batch, key):
-        trained = {k: state[k] for k in state if k in ("params", "adapters")}
-
-        def loss_fn(trained):
-            logits = logits_fn({**state, **trained}, frozen, batch, train=True, key=key)
-            loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
-            return loss, logits
-
-        (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(trained)
-        updates, opt_state = tx.update(grads, state["opt_state"], trained)
-        trained = optax.apply_updates(trained, updates)
-        accuracy = jnp.mean(jnp.argmax(logits, -1) == batch["y"])
-        return {**state, **trained, "opt_state": opt_state}, {"loss": loss, "accuracy": accuracy}
-
-    @jax.jit
-    def eval_sums(state, frozen, batch, weight):
-        logits = logits_fn(state, frozen, batch, train=False, key=None)
-        loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"])
-        correct = (jnp.argmax(logits, -1) == batch["y"]).astype(jnp.float32)
-        return {"loss": jnp.sum(loss * weight), "correct": jnp.sum(correct * weight)}
-
-    def evaluate(state, frozen, split):
-        part = arrays[split]
-        n, b = len(part["y"]), config.eval.batch_size
-        totals = {"loss": 0.0, "correct": 0.0}
-        for start in range(0, n, b):
-            chunk = {k: v[start : start + b] for k, v in part.items()}
-            weight = np.ones(len(chunk["y"]), np.float32)
-            pad = b - len(weight)
-            if pad:
-                chunk = {
-                    k: np.concatenate([v, np.repeat(v[-1:], pad, 0)]) for k, v in chunk.items()
-                }
-                weight = np.concatenate([weight, np.zeros(pad, np.float32)])
-            sums = eval_sums(state, frozen, *common.shard_batch(mesh, (chunk, weight)))
-            for k in totals:
-                totals[k] += float(sums[k])
-        return {f"{split}/loss": totals["loss"] / n, f"{split}/accuracy": totals["correct"] / n}
+    evaluate = make_evaluate(logits_fn, mesh, batch_size=config.eval.batch_size)
 
     batches = data.BatchIterator(
         arrays["train"], batch_size=config.data.batch_size, seed=config.seed
@@ -281,12 +324,12 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
     result = common.fit(
         state,
         frozen,
-        train_step,
+        make_train_step(logits_fn, tx),
         batches,
         key=train_key,
         num_steps=config.schedule.num_steps,
         workdir=workdir,
-        eval_fn=lambda s, f: evaluate(s, f, "valid"),
+        eval_fn=lambda s, f: evaluate(s, f, arrays["valid"], "valid"),
         eval_every=config.eval.every,
         log_every=config.log.every,
         ckpt_every=config.ckpt.every,
@@ -307,7 +350,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
     }
     if result.interrupted:
         return final
-    final.update(evaluate(result.state, frozen, "test"))
+    final.update(evaluate(result.state, frozen, arrays["test"], "test"))
     _write_outputs(config, workdir, final, result.history)
     return final
 

@@ -114,15 +114,23 @@ def load_experiment(config):
     return module
 
 
+_FREE = ("log", "ckpt", "parallel")
+
+
 def _check_workdir(workdir: str, config) -> None:
-    """Refuses to resume a workdir that holds a run of a different config."""
+    """Refuses to resume a workdir that holds a run of a different config.
+
+    Differences in the ``log``, ``ckpt`` and ``parallel`` sections are allowed: they change how a
+    run is logged, saved and laid out over devices, not what it computes.
+    """
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path):
         return
     with open(path) as f:
         old = json.load(f)
     new = json.loads(json.dumps(config.to_dict(), default=str))
-    diff = config_checks.config_differences(old, new)
+    # Logging, checkpoint frequency and device layout may change between runs; nothing else.
+    diff = [k for k in config_checks.config_differences(old, new) if k.split(".")[0] not in _FREE]
     if diff:
         raise config_checks.ConfigError(
             f"{workdir} holds a run of a different config (keys {', '.join(diff)} differ), so it "

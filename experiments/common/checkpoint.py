@@ -46,8 +46,13 @@ def make_manager(
     """
     if every <= 0:
         raise ValueError(f"checkpoint interval must be a positive number of steps, got {every}")
+    policies = ocp.checkpoint_managers
     options = ocp.CheckpointManagerOptions(
-        save_interval_steps=every,
+        # Every `every` steps, and when a multi-host job is being preempted; no orbax default of
+        # also saving the first step.
+        save_decision_policy=policies.AnySavePolicy(
+            [policies.FixedIntervalPolicy(every), policies.PreemptionCheckpointingPolicy()]
+        ),
         max_to_keep=max_to_keep,
         create=True,
         cleanup_tmp_directories=True,

@@ -152,9 +152,13 @@ def _key_from_json(meta: Mapping[str, Any]) -> jax.Array:
     return jax.random.wrap_key_data(data) if meta["typed"] else data
 
 
+def _host_window(window: list[Mapping[str, Any]]) -> list[dict[str, float]]:
+    return [{k: float(np.asarray(v)) for k, v in m.items()} for m in jax.device_get(window)]
+
+
 def _mean_metrics(window: list[Mapping[str, Any]]) -> dict[str, float]:
-    host = jax.device_get(window)
-    return {k: float(np.mean([np.asarray(m[k]) for m in host])) for k in host[0]}
+    host = _host_window(window)
+    return {k: float(np.mean(np.asarray([m[k] for m in host], np.float64))) for k in host[0]}
 
 
 def fit(
@@ -228,16 +232,27 @@ def fit(
     frozen_sh = sharding_lib.param_sharding(mesh, frozen, fsdp=fsdp)
     state = jax.device_put(state, state_sh)
     frozen = jax.device_put(frozen, frozen_sh)
+    leaves = jax.tree.leaves((state_sh, frozen_sh))
+    logging.info(
+        "Mesh of %d devices; batches split over 'data'; %d of %d parameter/state arrays sharded "
+        "(fsdp=%s), the rest replicated.",
+        mesh.size,
+        sum(not s.is_fully_replicated for s in leaves),
+        len(leaves),
+        fsdp,
+    )
     rep = sharding_lib.replicated(mesh)
 
     manager = ckpt_lib.make_manager(
         os.path.join(workdir, "checkpoints"), every=ckpt_every, max_to_keep=max_to_keep
     )
+    window: list[Any] = []
     restored = ckpt_lib.restore_latest(manager, state)
     if restored is not None:
         state, meta = restored
         batches.restore(meta["data"])
         key = _key_from_json(meta["rng"])
+        window = list(meta.get("window", []))  # train metrics since the last log record
         logging.info("Resumed from %s at step %d.", manager.directory, int(state["step"]))
     start = int(jax.device_get(state["step"]))
     writer = metrics_lib.MetricWriter(workdir, start_step=start)
@@ -255,7 +270,7 @@ def fit(
     key = jax.device_put(key, rep)
 
     def meta():
-        return {"data": batches.state(), "rng": _key_to_json(key)}
+        return {"data": batches.state(), "rng": _key_to_json(key), "window": _host_window(window)}
 
     def evaluate(step):
         if step == start:  # a finished run, rerun: its records are already in metrics.jsonl
@@ -266,7 +281,6 @@ def fit(
 
     last_eval: dict[str, float] = {}
     last_eval_step = -1
-    window: list[Any] = []
     timed_steps, timed_s, t_last = 0, 0.0, None
     interrupted = False
     bar = None

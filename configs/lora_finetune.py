@@ -1,0 +1,82 @@
+r"""LoRA fine-tuning of pretrained MiniLM on Shakespeare genre classification, with baselines.
+
+The task: which genre of the First Folio (comedy, history, tragedy) a passage of a play comes
+from. The model: all-MiniLM-L6-v2 (a real pretrained 6-layer BERT, 22.7M parameters) with mean
+pooling and a fresh linear head. Three ways to train it, same data, steps and evaluation:
+
+* ``method=lora`` (default): LoRA (rank 8, alpha 16) on every attention and MLP kernel, plus
+  the head; the 22.7M base parameters stay frozen;
+* ``method=full``: every parameter (the full fine-tuning baseline);
+* ``method=head``: the head only (the linear-probe baseline).
+
+Commands (``:smoke`` for a one-minute check; overrides such as ``--config.adapter.rank=4``)::
+
+    python -m experiments.train --config=configs/lora_finetune.py
+    python -m experiments.train --config=configs/lora_finetune.py:method=full
+    python -m experiments.train --config=configs/lora_finetune.py:method=head
+    python -m experiments.train --config=configs/lora_finetune.py:smoke
+
+Runtime and expected result: see ``get_config`` below and the README's results section
+(measured numbers, with the command, in ``.notes/runner.md``).
+"""
+
+import ml_collections
+
+from experiments.common.config_args import parse_arg
+
+# Peak learning rates per method (small lookups only): the pretrained body needs a small one.
+LEARNING_RATES = {"lora": 1e-3, "full": 1e-4, "head": 3e-3}
+
+
+def get_config(arg=None):
+    """``arg``: ``"smoke"``, ``"method=lora|full|head"``, comma-separated (``"smoke,method=full"``)."""
+    arg = parse_arg(arg, smoke=False, method="lora")
+    c = ml_collections.ConfigDict()
+    c.experiment = "lora_finetune"
+    c.seed = 0
+
+    c.data = ml_collections.ConfigDict()
+    c.data.name = "shakespeare_genre"
+    c.data.passage_chars = 256
+    c.data.max_passages_per_play = 20 if arg.smoke else 80
+    c.data.max_len = 64
+    c.data.batch_size = 16
+    c.data.valid_fraction = 0.1
+    c.data.test_fraction = 0.2
+
+    c.model = ml_collections.ConfigDict()
+    c.model.name = "minilm"
+
+    c.adapter = ml_collections.ConfigDict()
+    c.adapter.method = arg.method
+    c.adapter.rank = 8
+    c.adapter.alpha = 16.0
+    c.adapter.dropout = 0.0
+    c.adapter.targets = (r".*/attention/(query|key|value|out)/kernel", r".*/mlp/(fc1|fc2)/kernel")
+
+    c.optim = ml_collections.ConfigDict()
+    c.optim.name = "adamw"
+    c.optim.learning_rate = LEARNING_RATES.get(arg.method, 1e-3)
+    c.optim.weight_decay = 0.0
+    c.optim.grad_clip = 1.0
+
+    c.schedule = ml_collections.ConfigDict()
+    c.schedule.num_steps = 10 if arg.smoke else 240
+    c.schedule.warmup_steps = 2 if arg.smoke else 24
+
+    c.eval = ml_collections.ConfigDict()
+    c.eval.every = 0 if arg.smoke else 80
+    c.eval.batch_size = 64
+
+    c.ckpt = ml_collections.ConfigDict()
+    c.ckpt.every = 10 if arg.smoke else 40
+    c.ckpt.max_to_keep = 2
+
+    c.log = ml_collections.ConfigDict()
+    c.log.every = 5 if arg.smoke else 10
+    c.log.progress = True
+
+    c.parallel = ml_collections.ConfigDict()
+    c.parallel.fsdp = False
+    c.parallel.distributed = False
+    return c

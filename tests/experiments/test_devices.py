@@ -1,0 +1,57 @@
+"""Data parallelism: 8 fake CPU devices (replicated or FSDP parameters) give the losses of 1 device."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from experiments import common
+from tests.experiments.test_train_cli import final_metrics, run_cli
+
+# Hidden layers of 256 make kernels large enough (>= 2**14 entries) for FSDP to shard them.
+ARGS = (
+    "--config=configs/digits_mlp.py:smoke",
+    "--config.model.features=(256, 256)",
+    "--config.log.every=2",
+    "--config.log.progress=False",
+)
+
+
+def _run(workdir, devices: int, *extra: str):
+    env = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    proc = run_cli(*ARGS, *extra, workdir=workdir, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc, final_metrics(proc.stdout), common.read_metrics(workdir)
+
+
+def _sharded_arrays(stderr: str, devices: int) -> int:
+    """How many state arrays ``fit`` reports as sharded over the mesh."""
+    match = re.search(rf"Mesh of {devices} devices;.*; (\d+) of \d+ parameter", stderr)
+    assert match, stderr[-2000:]
+    return int(match.group(1))
+
+
+def _assert_close(records, reference, tol=1e-5):
+    assert [r["step"] for r in records] == [r["step"] for r in reference]
+    for got, want in zip(records, reference, strict=True):
+        assert got.keys() == want.keys()
+        for key in got:
+            assert got[key] == pytest.approx(want[key], abs=tol), (got["step"], key)
+
+
+def test_eight_devices_give_the_losses_of_one(tmp_path):
+    one_proc, one, one_records = _run(tmp_path / "one", 1)
+    assert _sharded_arrays(one_proc.stderr, 1) == 0
+
+    eight_proc, eight, eight_records = _run(tmp_path / "eight", 8)
+    assert _sharded_arrays(eight_proc.stderr, 8) == 0  # parameters replicated, batch split
+    _assert_close(eight_records, one_records)
+    for key in ("test/loss", "test/accuracy"):
+        assert eight[key] == pytest.approx(one[key], abs=1e-5)
+
+    fsdp_proc, fsdp, fsdp_records = _run(tmp_path / "fsdp", 8, "--config.parallel.fsdp=True")
+    # The two hidden kernels (64 x 256, 256 x 256) and their two Adam moments each are split.
+    assert _sharded_arrays(fsdp_proc.stderr, 8) == 6
+    _assert_close(fsdp_records, one_records)
+    assert fsdp["test/loss"] == pytest.approx(one["test/loss"], abs=1e-5)
