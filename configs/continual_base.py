@@ -1,0 +1,99 @@
+"""The shared builder of ``configs/saber.py`` and ``configs/gr_lora.py`` (small lookups only).
+
+Not a config to run by itself: it has no ``get_config``.
+"""
+
+import ml_collections
+
+from experiments.common.config_args import parse_arg
+from experiments.common.config_checks import ConfigError
+
+METHODS = ("saber", "gr_lora", "seq_lora", "o_lora", "inflora", "gpm_lora", "sd_lora", "joint")
+BENCHMARKS = ("split_digits", "digits_cil", "long_stream")
+
+# Per benchmark: tasks, backbone, steps per task (full / smoke).
+_BENCH = {
+    "split_digits": dict(num_tasks=5, features=(128, 128), pretrain=300, steps=300, smoke_tasks=3),
+    "digits_cil": dict(num_tasks=5, features=(128, 128), pretrain=0, steps=200, smoke_tasks=3),
+    "long_stream": dict(num_tasks=20, features=(256, 256), pretrain=0, steps=200, smoke_tasks=4),
+}
+
+
+def build(arg, *, comparison, benchmark):
+    """``arg``: ``smoke``, ``method=<name>|all``, ``benchmark=<name>``, ``seeds=<count>``."""
+    arg = parse_arg(arg, smoke=False, method="all", benchmark=benchmark, seeds=1)
+    if arg.benchmark not in BENCHMARKS:
+        raise ConfigError(
+            f"config arg benchmark={arg.benchmark!r} is invalid: allowed values are "
+            + ", ".join(BENCHMARKS)
+        )
+    if arg.method != "all" and arg.method not in METHODS:
+        raise ConfigError(
+            f"config arg method={arg.method!r} is invalid: allowed values are all, "
+            + ", ".join(METHODS)
+        )
+    if arg.seeds < 1:
+        raise ConfigError(f"config arg seeds={arg.seeds} is invalid: must be >= 1")
+    b = _BENCH[arg.benchmark]
+    c = ml_collections.ConfigDict()
+    c.experiment = "continual"
+    c.seed = 0
+    c.seeds = tuple(range(arg.seeds))
+    c.methods = tuple(comparison) if arg.method == "all" else (arg.method,)
+
+    c.data = ml_collections.ConfigDict()
+    c.data.benchmark = arg.benchmark
+    c.data.num_tasks = b["smoke_tasks"] if arg.smoke else b["num_tasks"]
+    c.data.batch_size = 64
+    # long_stream only (specs §2 (4)): classes per task, input dim, shared subspace, sizes
+    c.data.classes_per_task = 5
+    c.data.dim = 64
+    c.data.subspace_dim = 32
+    c.data.train_per_class = 100
+    c.data.test_per_class = 50
+
+    c.model = ml_collections.ConfigDict()
+    c.model.name = "mlp"
+    c.model.features = b["features"]
+    c.model.pretrain_steps = min(b["pretrain"], 100) if arg.smoke else b["pretrain"]
+
+    c.adapter = ml_collections.ConfigDict()
+    c.adapter.rank = 4
+    c.adapter.alpha = 8.0
+    c.adapter.targets = (r"params/dense_\d+/kernel",)
+
+    c.optim = ml_collections.ConfigDict()
+    c.optim.learning_rate = 3e-3
+    c.optim.grad_clip = 1.0
+
+    c.schedule = ml_collections.ConfigDict()
+    c.schedule.steps_per_task = 30 if arg.smoke else b["steps"]
+
+    c.method = ml_collections.ConfigDict()
+    c.method.memory_threshold = 0.97  # GPM energy threshold (inflora, gpm_lora, gr_lora)
+    c.method.memory_examples = 512  # examples per task whose layer inputs build the memories
+    c.method.o_lora = ml_collections.ConfigDict()
+    c.method.o_lora.lambda_orth = 0.5
+    c.method.saber = ml_collections.ConfigDict()
+    c.method.saber.shared_threshold = 0.95
+    c.method.saber.specific_threshold = 0.99
+    c.method.saber.lambda_align = 1.0
+    c.method.saber.gamma = 0.5
+    c.method.saber.min_weight = 0.25
+    c.method.saber.shared_mode = "balanced"
+    c.method.gr_lora = ml_collections.ConfigDict()
+    c.method.gr_lora.recycle_scale = 1.0
+    c.method.gr_lora.lambda_local = 0.5
+    c.method.gr_lora.lambda_global = 0.5
+    c.method.gr_lora.ood_batch = 64
+
+    c.eval = ml_collections.ConfigDict()
+    c.eval.batch_size = 256
+
+    c.ckpt = ml_collections.ConfigDict()
+    c.ckpt.max_to_keep = 1
+
+    c.log = ml_collections.ConfigDict()
+    c.log.every = 10 if arg.smoke else 50
+    c.log.progress = True
+    return c

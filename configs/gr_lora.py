@@ -1,0 +1,33 @@
+r"""GR-LoRA (P2, reconstruction) against pure projection and LoRA baselines, in one command.
+
+Runs ``experiments/continual.py`` on a class-incremental stream (no task id at test time):
+GR-LoRA (projected shared adapter + recycled task modules selected by entropy, with synthetic-OOD
+mismatch suppression), GPM-projected LoRA (the same without recycling), InfLoRA, O-LoRA,
+SD-LoRA, sequential LoRA and joint training.
+
+Commands::
+
+    python -m experiments.train --config=configs/gr_lora.py              # the default table
+    python -m experiments.train --config=configs/gr_lora.py:smoke        # < 1 min check
+    python -m experiments.train --config=configs/gr_lora.py:benchmark=digits_cil
+    # ablation: entropy selection without mismatch suppression
+    python -m experiments.train --config=configs/gr_lora.py:method=gr_lora \
+        --config.method.gr_lora.lambda_local=0 --config.method.gr_lora.lambda_global=0
+
+Options as in ``configs/saber.py`` (``method=all`` here: GR-LoRA, GPM-LoRA, InfLoRA, O-LoRA,
+SD-LoRA, sequential LoRA, joint).
+
+Default: ``long_stream`` (specs §2 (4)): 20 tasks × 5 Gaussian classes with means in a shared
+32-d subspace of R^64; frozen random-feature MLP 64→256→256; LoRA rank 4; 200 Adam steps/task.
+
+Runtime and expected result: see ``.notes/continual.md`` (measured, with the command).
+"""
+
+from configs.continual_base import build
+
+COMPARISON = ("gr_lora", "gpm_lora", "inflora", "o_lora", "sd_lora", "seq_lora", "joint")
+
+
+def get_config(arg=None):
+    """``arg``: ``smoke``, ``method=...``, ``benchmark=...``, ``seeds=N``, comma-separated."""
+    return build(arg, comparison=COMPARISON, benchmark="long_stream")
