@@ -54,18 +54,22 @@ def init_output(
     output: str,
     dim: int,
     num_components: int = 1,
+    proj_init: str = "random",
     dtype: jnp.dtype = jnp.float32,
 ) -> dict[str, jax.Array]:
     """Parameters of an output layer (empty for the linear ones).
 
-    Mixture layers: ``proj_kernel (K, d, d)`` from ``N(0, 1/d)``, ``proj_bias (K, d)`` zeros,
-    ``prior_kernel (d, K)`` zeros (uniform mixture weights at initialisation).
+    Mixture layers: ``proj_kernel (K, d, d)``, ``proj_bias (K, d)`` zeros, ``prior_kernel (d, K)``
+    zeros (uniform mixture weights at initialisation). ``proj_init="random"`` draws the kernels
+    from ``N(0, 1/d)`` (Yang et al.); ``"identity"`` uses ``I + N(0, 0.01/d)``, so that at
+    initialisation every component is ``tanh(h)``, close to the linear model for small ``h``.
 
     Args:
       key: PRNG key.
       output: one of ``"softmax"``, ``"sigmoid"``, ``"mos"``, ``"mol"``.
       dim: ``d``, the size of the query embeddings.
       num_components: ``K`` for the mixtures (must be 1 for the linear layers).
+      proj_init: ``"random"`` or ``"identity"`` (mixtures only).
       dtype: parameter dtype.
 
     Returns:
@@ -78,8 +82,12 @@ def init_output(
         if num_components != 1:
             raise ValueError(f"the linear {output!r} layer has one component; use 'mos' for K > 1.")
         return {}
+    if proj_init not in ("random", "identity"):
+        raise ValueError(f"proj_init must be 'random' or 'identity'; got {proj_init!r}.")
+    noise = jax.random.normal(key, (num_components, dim, dim), dtype) / jnp.sqrt(dim)
+    kernel = noise if proj_init == "random" else jnp.eye(dim, dtype=dtype) + 0.1 * noise
     return {
-        "proj_kernel": jax.random.normal(key, (num_components, dim, dim), dtype) / jnp.sqrt(dim),
+        "proj_kernel": kernel,
         "proj_bias": jnp.zeros((num_components, dim), dtype),
         "prior_kernel": jnp.zeros((dim, num_components), dtype),
     }

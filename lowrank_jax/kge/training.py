@@ -46,6 +46,7 @@ def init_kge(
     dim: int,
     num_components: int = 1,
     init_std: float | None = None,
+    proj_init: str = "random",
 ) -> dict[str, dict[str, jax.Array]]:
     """Parameters ``{"scorer": ..., "output": ...}`` of a KGE with ``2 R`` relation ids.
 
@@ -58,6 +59,7 @@ def init_kge(
       dim: ``d``.
       num_components: ``K`` (mixtures only).
       init_std: embedding standard deviation (see :func:`~lowrank_jax.kge.scorers.init_scorer`).
+      proj_init: mixture projection init (see :func:`~lowrank_jax.kge.outputs.init_output`).
 
     Returns:
       The parameter pytree.
@@ -72,7 +74,9 @@ def init_kge(
             dim=dim,
             init_std=init_std,
         ),
-        "output": init_output(k_o, output=output, dim=dim, num_components=num_components),
+        "output": init_output(
+            k_o, output=output, dim=dim, num_components=num_components, proj_init=proj_init
+        ),
     }
 
 
