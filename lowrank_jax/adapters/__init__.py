@@ -13,6 +13,7 @@ from lowrank_jax.adapters.core import (
     split_trainable,
     unmerge,
 )
+from lowrank_jax.adapters.fourierft import FourierFT, fourier_frequencies, fourierft
 from lowrank_jax.adapters.frameft import FrameFT, frame_positions, frameft
 from lowrank_jax.adapters.initializers import (
     KFACStats,
@@ -27,20 +28,27 @@ from lowrank_jax.adapters.kinds import AdapterKind, LoRA, lora
 from lowrank_jax.adapters.paths import match_rules, named_leaves
 from lowrank_jax.adapters.peft import load_peft, save_peft
 from lowrank_jax.adapters.sharding import partition_specs, shardings
+from lowrank_jax.adapters.spectral import Spectral, random_stiefel, spectral
+from lowrank_jax.adapters.vera import VeRA, vera, vera_projections
 
 __all__ = [
     "Adapter",
     "AdapterKind",
     "AdapterSet",
+    "FourierFT",
     "FrameFT",
     "KFACStats",
     "LoRA",
+    "Spectral",
+    "VeRA",
     "adapt",
     "as_sets",
     "combine",
     "count_params",
     "delta",
     "eva",
+    "fourier_frequencies",
+    "fourierft",
     "frame_positions",
     "frameft",
     "init",
@@ -55,8 +63,12 @@ __all__ = [
     "named_leaves",
     "partition_specs",
     "pissa",
+    "random_stiefel",
     "save_peft",
     "shardings",
+    "spectral",
     "split_trainable",
     "unmerge",
+    "vera",
+    "vera_projections",
 ]

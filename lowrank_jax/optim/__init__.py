@@ -1,5 +1,12 @@
 """lowrank_jax.optim."""
 
+from lowrank_jax.optim.adalora import (
+    AdaLoRAState,
+    adalora_budget,
+    adalora_orthogonality,
+    adalora_ranks,
+    scale_by_adalora,
+)
 from lowrank_jax.optim.projection import (
     OrthogonalProjectionState,
     SubspaceMemory,
@@ -15,17 +22,36 @@ from lowrank_jax.optim.recycling import (
     scale_by_gradient_recycling,
     split_update,
 )
+from lowrank_jax.optim.sbvi import (
+    SBVIState,
+    is_spectral_triple,
+    qr_retraction,
+    sbvi_ranks,
+    scale_by_sbvi,
+    stiefel_project,
+)
 
 __all__ = [
+    "AdaLoRAState",
     "GradientRecyclingState",
     "OrthogonalProjectionState",
+    "SBVIState",
     "SubspaceMemory",
+    "adalora_budget",
+    "adalora_orthogonality",
+    "adalora_ranks",
     "captured_energy",
     "extend_subspace_memory",
     "init_subspace_memory",
+    "is_spectral_triple",
     "project_off",
     "project_onto",
+    "qr_retraction",
+    "sbvi_ranks",
+    "scale_by_adalora",
     "scale_by_gradient_recycling",
     "scale_by_orthogonal_projection",
+    "scale_by_sbvi",
     "split_update",
+    "stiefel_project",
 ]
