@@ -311,7 +311,8 @@ def fit(
                     t_eval = time.perf_counter()
                     last_eval, last_eval_step = evaluate(step), step
                     t_last += time.perf_counter() - t_eval
-                ckpt_lib.save(manager, step, state, meta=meta(), force=sigint.raised)
+                if sigint.raised or manager.should_save(step):  # (meta() waits for the step)
+                    ckpt_lib.save(manager, step, state, meta=meta(), force=True)
                 if bar is not None:
                     bar.update(1)
                 if sigint.raised:
