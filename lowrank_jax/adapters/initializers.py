@@ -39,6 +39,7 @@ References:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -167,6 +168,32 @@ def _num_examples(batch: Any) -> int:
     return sizes.pop()
 
 
+def _accumulate_impl(params, probes, chunks, weights, *, apply_fn, loss_fn):
+    """Weighted sums over examples of the probes' per-example gradients (scan over chunks)."""
+    adapted = adapt(apply_fn)
+
+    def one(example):
+        example = jax.tree.map(lambda a: a[None], example)
+
+        def loss(pr):
+            return loss_fn(lambda *a, **k: adapted(params, pr, *a, **k), example)
+
+        return jax.grad(loss)(probes)
+
+    def body(acc, xs):
+        ex, w = xs
+        per = jax.vmap(one)(ex)
+        summed = jax.tree.map(lambda p: jnp.tensordot(w, p, axes=1), per)
+        return jax.tree.map(jnp.add, acc, summed), None
+
+    zero = jax.tree.map(jnp.zeros_like, probes)
+    acc, _ = jax.lax.scan(body, zero, (chunks, weights))
+    return acc
+
+
+_accumulate = jax.jit(_accumulate_impl, static_argnames=("apply_fn", "loss_fn"))
+
+
 def kfac_statistics(
     params: Any,
     rules: paths.Rules,
@@ -209,16 +236,6 @@ def kfac_statistics(
         for regex, spec in _lora_rules(rules)
     ]
     probes = init_adapters(jax.random.key(0), params, probe_rules)
-    adapted = adapt(apply_fn)
-
-    def one(example):
-        example = jax.tree.map(lambda a: a[None], example)
-
-        def loss(pr):
-            return loss_fn(lambda *a, **k: adapted(params, pr, *a, **k), example)
-
-        return jax.grad(loss)(probes)
-
     num_chunks = -(-s // chunk)
     used = jax.tree.map(lambda a: jnp.asarray(a)[:s], batch)
     pad = num_chunks * chunk - s
@@ -229,20 +246,13 @@ def kfac_statistics(
         ),
         used,
     )
-
-    @jax.jit
-    def accumulate(chunks, weights):
-        def body(acc, xs):
-            ex, w = xs
-            per = jax.vmap(one)(ex)
-            summed = jax.tree.map(lambda p: jnp.tensordot(w, p, axes=1), per)
-            return jax.tree.map(jnp.add, acc, summed), None
-
-        zero = jax.tree.map(jnp.zeros_like, probes)
-        acc, _ = jax.lax.scan(body, zero, (chunks, weights))
-        return acc
-
-    acc = accumulate(chunks, weights)
+    try:
+        acc = _accumulate(params, probes, chunks, weights, apply_fn=apply_fn, loss_fn=loss_fn)
+    except TypeError as e:  # unhashable apply_fn/loss_fn: no compilation cache, same result
+        if "hash" not in str(e):
+            raise
+        fn = functools.partial(_accumulate_impl, apply_fn=apply_fn, loss_fn=loss_fn)
+        acc = jax.jit(fn)(params, probes, chunks, weights)
     out = {}
     for path, ad in acc.items():
         f = ad.factors
