@@ -503,9 +503,15 @@ class Learner:
             shared = _replace_a(
                 lora, {k: lj_optim.project_off(self.memory[k], a) for k, a in a_full.items()}
             )
-            module = _replace_a(
-                lora, {k: lj_optim.project_onto(self.memory[k], a) for k, a in a_full.items()}
-            )
+            module = {  # the module's own b is unused (it reads the shared b): a fresh buffer
+                k: ad.replace(
+                    factors={
+                        "a": lj_optim.project_onto(self.memory[k], ad.factors["a"]),
+                        "b": jnp.zeros_like(ad.factors["b"]),
+                    }
+                )
+                for k, ad in lora.items()
+            }
             memory = {f"shared/{k}/factors/a": self.memory[k] for k in self.kernels}
             tx = _optimizer(
                 c,
@@ -685,7 +691,9 @@ def _train_task(
 ) -> dict[str, Any]:
     c = learner.config
     tx = task.tx
-    state = {"trainable": task.trainable, "opt_state": tx.init(task.trainable), "step": 0}
+    state = {"trainable": task.trainable, "opt_state": tx.init(task.trainable)}
+    # fit donates the state: copy it so the learner's arrays (memories, heads) stay alive
+    state = {**jax.tree.map(jnp.copy, state), "step": 0}
     if learner.method == "gr_lora" and learner.stats is not None:
         task.frozen["stats"] = continual.ClassStatistics(*(jnp.asarray(a) for a in learner.stats))
     forward = learner._forward
@@ -920,7 +928,7 @@ def _plots(workdir: str, records: dict[str, list[dict]]) -> None:
     import matplotlib.pyplot as plt
 
     for method, outs in records.items():
-        r = np.nanmean(np.stack([o["R"] for o in outs]), axis=0)
+        r = np.mean(np.stack([o["R"] for o in outs]), axis=0)  # NaN above the diagonal
         fig, ax = plt.subplots(figsize=(4, 3.5), dpi=100)
         im = ax.imshow(r, vmin=0, vmax=1, cmap="viridis")
         ax.set_xlabel("evaluated task j")
