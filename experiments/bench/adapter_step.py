@@ -47,6 +47,7 @@ import optax
 
 from experiments.bench import common
 from lowrank_jax import adapters
+from lowrank_jax.adapters import LoRA
 from lowrank_jax.models.layers import PreLNBlock
 
 TARGETS = ("query", "key", "value", "out", "fc1", "fc2")
@@ -67,6 +68,22 @@ class Method:
     loss0: float | None = None  # loss at the initial parameters, when not from the first run
 
 
+@dataclasses.dataclass(frozen=True)
+class FlatLoRA(LoRA):
+    """Diagnostic only (``--probe-flat``): LoRA whose rank-r matmuls see ``x`` as one 2-D
+    ``(tokens, n)`` matrix instead of ``(b, t, n)``.
+
+    Same maths and factors as :class:`~lowrank_jax.adapters.LoRA`; it shows what flattening the
+    free axes before the low-rank products (a proposed change in ``lowrank_jax.adapters``) does to
+    the step: with 3-D ``x``, ``∂L/∂B = (x·A)ᵀ·∂L/∂y`` contracts over two axes, and XLA:CPU
+    transposes the (tokens × m) cotangent in a slow strided fusion to canonicalise that dot.
+    """
+
+    def apply_delta(self, factors, x, *, key=None):
+        y = super().apply_delta(factors, jnp.reshape(x, (-1, x.shape[-1])), key=key)
+        return jnp.reshape(y, (*x.shape[:-1], y.shape[-1]))
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m experiments.bench.adapter_step",
@@ -85,6 +102,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-peft", action="store_true", help="skip PyTorch PEFT even if installed")
+    p.add_argument(
+        "--probe-flat",
+        action="store_true",
+        help="also time 'lora-quax-2d': factorised LoRA with x flattened to (tokens, n) before "
+        "the rank-r matmuls (a diagnostic of a proposed library change)",
+    )
     p.add_argument(
         "--quick", action="store_true", help="tiny shape (d=64, batch 3×16, 2 rounds) for tests"
     )
@@ -158,9 +181,12 @@ def _jax_method(
 
 
 def build_jax_methods(
-    args: argparse.Namespace, model: PreLNBlock, variables: Any, ad: Any, x, y
+    args: argparse.Namespace, model: PreLNBlock, variables: Any, ad: Any, x, y, ad_flat=None
 ) -> list[Method]:
-    """The four JAX methods over the same block, batch and (zero-initialised) adapters."""
+    """The JAX methods over the same block, batch and (zero-initialised) adapters.
+
+    ``ad_flat``: adapters of kind :class:`FlatLoRA` with the same factors, for ``--probe-flat``.
+    """
     optimizer = optax.adam(args.lr)
     weight_shapes = [
         tuple(leaf.shape)
@@ -175,6 +201,8 @@ def build_jax_methods(
         "lora-quax": (lambda a, v, x, y: _mse(quax_fwd(v, a, x), y), ad, variables),
         "lora-linen": (lambda a, v, x, y: _mse(linen_fwd(v, a, x), y), ad, variables),
     }
+    if ad_flat is not None:
+        losses["lora-quax-2d"] = (lambda a, v, x, y: _mse(quax_fwd(v, a, x), y), ad_flat, variables)
     methods = []
     for name, (loss_fn, train, frozen) in losses.items():
         t0 = time.perf_counter()
@@ -301,12 +329,16 @@ def report(
     """The markdown table and the headline JSON dict."""
     by = {m.name: m for m in methods}
     med = {n: timings[n].median for n in timings}
+    cpu = {n: timings[n].cpu_median for n in timings}
     full, peft = med["full"], med.get("peft")
     header = [
         "method",
         "step s (median)",
         "× full",
         "× PEFT",
+        "CPU s/step",
+        "CPU × full",
+        "CPU × PEFT",
         "GFLOP/step (XLA)",
         "weight-shaped dots",
         "XLA temp MB",
@@ -327,6 +359,9 @@ def report(
                 med[m.name],
                 _ratio(med[m.name], full),
                 _ratio(med[m.name], peft),
+                cpu[m.name],
+                _ratio(cpu[m.name], cpu["full"]),
+                _ratio(cpu[m.name], cpu.get("peft")),
                 None if s is None else s.flops / 1e9,
                 "n/a" if m.weight_dots is None else len(m.weight_dots),
                 None if s is None else s.temp / MB,
@@ -345,6 +380,8 @@ def report(
         "linen_vs_full_step": _ratio(med["lora-linen"], full),
         "merge_vs_full_step": _ratio(med["merge"], full),
         "lora_vs_peft_step": _ratio(med["lora-quax"], peft),
+        "lora_vs_full_cpu": _ratio(cpu["lora-quax"], cpu["full"]),
+        "lora_vs_peft_cpu": _ratio(cpu["lora-quax"], cpu.get("peft")),
         "linen_vs_peft_step": _ratio(med["lora-linen"], peft),
         "lora_vs_full_flops": _ratio(lora.stats.flops, by["full"].stats.flops),
         "lora_vs_full_xla_bytes": _ratio(lora.stats.total, by["full"].stats.total),
@@ -355,6 +392,8 @@ def report(
         "full_state_bytes": by["full"].state_bytes,
         "peft_state_bytes": by["peft"].state_bytes if "peft" in by else None,
         "step_s": {n: med[n] for n in med},
+        "cpu_s": {n: cpu[n] for n in cpu},
+        "all_step_s": {n: [round(t, 4) for t in timings[n].times] for n in timings},
         "loss0_spread": max(loss0.values()) - min(loss0.values()),
         "shape": {
             "batch": args.batch,
@@ -378,8 +417,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     variables = model.init(kp, x[:1])
     rules = [(RULES_PATTERN, adapters.lora(rank=args.rank, alpha=args.alpha))]
     ad = adapters.init(ka, variables, rules)
+    ad_flat = None
+    if args.probe_flat:
+        flat = FlatLoRA(rank=args.rank, alpha=args.alpha)
+        ad_flat = adapters.init(ka, variables, [(RULES_PATTERN, flat)])
 
-    methods = build_jax_methods(args, model, variables, ad, x, y)
+    methods = build_jax_methods(args, model, variables, ad, x, y, ad_flat)
     use_peft = not args.no_peft and _peft_available()
     if use_peft:
         methods.append(build_peft_method(args, variables, ad, x, y))

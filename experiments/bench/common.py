@@ -91,7 +91,7 @@ class PeakRSS:
     on top of what was resident before (parameters, other methods' state, the compiled code).
     """
 
-    def __init__(self, interval: float = 0.002):
+    def __init__(self, interval: float = 0.005):
         self.interval = interval
         self.start = self.peak = 0
         self._stop = threading.Event()
@@ -126,6 +126,7 @@ class Timing:
     """Per-method results of :func:`run_rounds`: step times (s) and RSS (bytes) of timed rounds."""
 
     times: list[float] = dataclasses.field(default_factory=list)
+    cpu_times: list[float] = dataclasses.field(default_factory=list)
     peak_rss: int = 0
     rss_rise: int = 0
     first_result: Any = None
@@ -133,6 +134,12 @@ class Timing:
     @property
     def median(self) -> float:
         return statistics.median(self.times) if self.times else math.nan
+
+    @property
+    def cpu_median(self) -> float:
+        """Median CPU seconds (all threads of the process) per step: less sensitive than wall
+        time to other jobs on a shared machine, which delay a step without adding CPU time."""
+        return statistics.median(self.cpu_times) if self.cpu_times else math.nan
 
 
 def run_rounds(
@@ -142,7 +149,8 @@ def run_rounds(
 
     Each callable runs one complete step and must block until it is done (call
     ``jax.block_until_ready`` inside). Warm-up rounds are not timed; RSS is sampled in timed
-    rounds only. ``first_result`` keeps what each method returned the first time it ran.
+    rounds only. Wall and process CPU time are both recorded (CPU time includes the RSS
+    sampler's, a few ms per second). ``first_result`` keeps what each method returned the first time it ran.
 
     Args:
       methods: ``{name: run_one_step}``.
@@ -161,14 +169,15 @@ def run_rounds(
         for name in names[shift:] + names[:shift]:
             timed = i >= warmup
             with PeakRSS() as rss:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 result = methods[name]()
-                dt = time.perf_counter() - t0
+                dt, dc = time.perf_counter() - t0, time.process_time() - c0
             rec = out[name]
             if i == 0:
                 rec.first_result = result
             if timed:
                 rec.times.append(dt)
+                rec.cpu_times.append(dc)
                 rec.peak_rss = max(rec.peak_rss, rss.peak)
                 rec.rss_rise = max(rec.rss_rise, rss.rise)
     return out

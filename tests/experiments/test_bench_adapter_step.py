@@ -16,9 +16,11 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from experiments.bench import adapter_step, common
+from lowrank_jax import adapters
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 KEYS = {
@@ -27,6 +29,8 @@ KEYS = {
     "merge_vs_full_step",
     "lora_vs_peft_step",
     "linen_vs_peft_step",
+    "lora_vs_full_cpu",
+    "lora_vs_peft_cpu",
     "lora_vs_full_flops",
     "lora_vs_full_xla_bytes",
     "lora_vs_full_rss_rise",
@@ -36,6 +40,8 @@ KEYS = {
     "full_state_bytes",
     "peft_state_bytes",
     "step_s",
+    "cpu_s",
+    "all_step_s",
     "loss0_spread",
     "shape",
 }
@@ -114,6 +120,20 @@ def test_weight_shaped_dots_finds_the_weight_gradient_only():
     assert dots(dense, w, x) == ["(64, 32) <- contract 48"]
     assert dots(merged, a, b, w, x) == ["(64, 32) <- contract 48"]  # ∂L/∂(W + AB), then ·Bᵀ
     assert dots(factorised, a, b, w, x) == []
+
+
+def test_flat_probe_is_the_same_lora():
+    key = jax.random.key(0)
+    x = jax.random.normal(key, (3, 5, 16))
+    w = jax.random.normal(jax.random.fold_in(key, 1), (16, 12))
+    lora = adapters.lora(rank=4, alpha=8.0)
+    flat = adapter_step.FlatLoRA(rank=4, alpha=8.0)
+    factors = lora.init_factors(jax.random.fold_in(key, 2), w)
+    factors["b"] = jax.random.normal(jax.random.fold_in(key, 3), factors["b"].shape)
+    assert flat.init_factors(jax.random.fold_in(key, 2), w)["a"].shape == (16, 4)
+    np.testing.assert_allclose(
+        flat.apply_delta(factors, x), lora.apply_delta(factors, x), rtol=1e-6, atol=1e-6
+    )
 
 
 def test_run_rounds_interleaves_and_keeps_the_first_result():
