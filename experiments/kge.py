@@ -605,6 +605,26 @@ def _results_md(config, graphs, results, bounds, checks) -> str:
         g = graphs[r["dataset"]]
         r["extra_pct"] = 100.0 * (r["params"] - _base_params(g, r["d"])) / _base_params(g, r["d"])
     sweep = [r for r in results if r["group"] == "sweep"]
+    parts += ["", "## Summary: linear (K=1) vs best mixture (K>1) per d", ""]
+    parts.append(
+        "Each cell: K=1 value / best K>1 value (that K). NLL: lower is better; MRR: higher."
+    )
+    for metric, better in (("train_nll", min), ("train_mrr", max), ("test_mrr", max)):
+        rows = []
+        for ds, sc in dict.fromkeys((r["dataset"], r["scorer"]) for r in sweep):
+            row = {"graph": f"{ds} / {sc}"}
+            for d in config.model.dims:
+                cands = [
+                    r for r in sweep if r["dataset"] == ds and r["scorer"] == sc and r["d"] == d
+                ]
+                lin = [r for r in cands if r["K"] == 1]
+                mix = [r for r in cands if r["K"] > 1]
+                if lin and mix:
+                    best = better(mix, key=lambda r, m=metric: r[m])
+                    row[f"d={d}"] = f"{lin[0][metric]:.3f} / {best[metric]:.3f} (K={best['K']})"
+            rows.append(row)
+        cols = [("graph", "graph")] + [(f"d={d}", f"d={d}") for d in config.model.dims]
+        parts += ["", f"**{metric}**", "", _table(rows, cols)]
     parts += [
         "",
         "## d x K sweep (K=1: linear softmax, K>1: mixture of softmaxes)",
@@ -644,6 +664,36 @@ def _results_md(config, graphs, results, bounds, checks) -> str:
     ]
     syn = [r for r in results if r["group"] == "synthetic"]
     if syn:
+        ks = config.model.synthetic_components
+        rows = []
+        for name in dict.fromkeys(r["dataset"] for r in syn):
+            row = {
+                "graph": name,
+                "density": bounds[name]["density"],
+                "bound": bounds[name]["sign_rank_bound"],
+            }
+            for d in config.model.dims:
+                vals = []
+                for k in ks:
+                    hit = [r for r in syn if r["dataset"] == name and r["d"] == d and r["K"] == k]
+                    vals.append(f"{hit[0]['train_mrr']:.3f}" if hit else "")
+                row[f"d={d}"] = " / ".join(vals)
+            for k in ks:
+                row[f"d* K={k}"] = _d_star(
+                    [r for r in syn if r["dataset"] == name and r["K"] == k], config.eval.fit_mrr
+                )
+            rows.append(row)
+        cols = [("graph", "graph"), ("density", "density"), ("bound", "bound")]
+        cols += [(f"d={d}", f"d={d}") for d in config.model.dims]
+        cols += [(f"d* K={k}", f"d* K={k}") for k in ks]
+        parts += [
+            "",
+            "## Synthetic control: training MRR per d (K = "
+            + " / ".join(str(k) for k in ks)
+            + f"), d* = smallest d with training MRR >= {config.eval.fit_mrr}",
+            "",
+            _table(rows, cols),
+        ]
         parts += [
             "",
             f"## Synthetic control ({config.model.synthetic_scorer}, random graphs, "
