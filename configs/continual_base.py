@@ -81,6 +81,8 @@ def build(arg, *, comparison, benchmark):
     c.method.saber.gamma = 0.5
     c.method.saber.min_weight = 0.25
     c.method.saber.shared_mode = "balanced"
+    c.method.saber.energy_strength = 4.0  # κ of the direction-wise balancing (0: spec literal)
+    c.method.saber.recalibrate_steps = 100  # head refit after recomposition (0: none)
     c.method.gr_lora = ml_collections.ConfigDict()
     c.method.gr_lora.recycle_scale = 1.0
     c.method.gr_lora.lambda_local = 0.5

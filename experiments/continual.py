@@ -112,6 +112,8 @@ def check_config(config: Any) -> None:
             f"config.method.saber.min_weight={m.saber.min_weight!r} is invalid: in (0, 1]"
         )
     c.check_choice(config, "method.saber.shared_mode", ("balanced", "mean"))
+    c.check_nonnegative(config, "method.saber.energy_strength")
+    c.check_nonnegative(config, "method.saber.recalibrate_steps", integer=True)
     c.check_nonnegative(config, "method.gr_lora.lambda_local")
     c.check_nonnegative(config, "method.gr_lora.lambda_global")
     c.check_nonnegative(config, "method.gr_lora.recycle_scale")
@@ -375,6 +377,7 @@ class Learner:
         self.spec_mem = dict(self.memory)
         self.saber_parts = {k: ([], []) for k in self.kernels}
         self.saber_weights: dict[str, Any] = {}
+        self.old_cov = {k: jnp.zeros((self.w0[k].shape[0],) * 2) for k in self.kernels}
         self.modules: list[dict[str, Any]] = []
         self.stats: continual.ClassStatistics | None = None
         self.recycled_fraction: list[float] = []
@@ -569,9 +572,17 @@ class Learner:
                 fixed = ad.replace(factors={"a": a[k], "b": trained["b"][k]})
                 deltas[k] = adapters.delta(fixed, self.w0[k].shape)
         if m == "saber":
+            sab = c.method.saber
+            before = self._layer_inputs(self.stream.tasks[t]["train"]["x"])  # inputs ΔW_t saw
             for k in self.kernels:
                 dw = deltas[k] + adapters.delta(trained["specific"][k], self.w0[k].shape)
                 s, d = continual.decompose_update(dw, self.shared_mem[k], self.spec_mem[k])
+                x = before[k]
+                new_cov = x.T @ x / x.shape[0]
+                s = continual.balance_by_input_energy(
+                    s, self.old_cov[k], new_cov, strength=sab.energy_strength
+                )
+                self.old_cov[k] = self.old_cov[k] + new_cov
                 self.saber_parts[k][0].append(s)
                 self.saber_parts[k][1].append(d)
                 total, lam, beta = continual.recompose(
@@ -611,6 +622,8 @@ class Learner:
                 }
             )
         self.params = params
+        if m == "saber" and c.method.saber.recalibrate_steps:
+            self.params = _with_head(self.params, self._recalibrate_head(t))
         if m in _MEMORY_METHODS or m == "saber":
             inputs = self._layer_inputs(self.stream.tasks[t]["train"]["x"])
             for k in self.kernels:
@@ -631,6 +644,33 @@ class Learner:
             self.stats = continual.class_statistics(
                 tr["x"], tr["y"], self.stream.num_classes, previous=self.stats
             )
+
+    def _recalibrate_head(self, t: int) -> Any:
+        """Refits the head on task ``t`` over the recomposed (frozen) features; deterministic."""
+        c = self.config
+        arrays = _task_arrays(self.stream, [t])
+        params = self.params
+        tx = optax.adam(c.optim.learning_rate)
+        head = jax.tree.map(jnp.asarray, params["params"]["head"])
+        opt_state = tx.init(head)
+
+        @jax.jit
+        def step(head, opt_state, x, y, mask):
+            def loss_fn(h):
+                return _masked_ce(self.model.apply(_with_head(params, h), x), y, mask)
+
+            grads = jax.grad(loss_fn)(head)
+            updates, opt_state = tx.update(grads, opt_state, head)
+            return optax.apply_updates(head, updates), opt_state
+
+        rng = np.random.default_rng([c.seeds[0], t, 17])
+        n, bs = len(arrays["y"]), min(c.data.batch_size, len(arrays["y"]))
+        for _ in range(c.method.saber.recalibrate_steps):
+            idx = rng.choice(n, bs, replace=False)
+            head, opt_state = step(
+                head, opt_state, arrays["x"][idx], arrays["y"][idx], arrays["mask"][idx]
+            )
+        return jax.device_get(head)
 
     # -- evaluation ----------------------------------------------------------------------
 

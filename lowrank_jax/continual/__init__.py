@@ -31,6 +31,7 @@ from lowrank_jax.continual.metrics import (
 )
 from lowrank_jax.continual.saber import (
     alignment_penalty,
+    balance_by_input_energy,
     balance_weights,
     decompose_update,
     recompose,
@@ -41,6 +42,7 @@ __all__ = [
     "ClassStatistics",
     "alignment_penalty",
     "average_incremental_accuracy",
+    "balance_by_input_energy",
     "backward_transfer",
     "balance_weights",
     "class_statistics",
