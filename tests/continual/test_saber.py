@@ -100,3 +100,30 @@ def test_errors():
         continual.recompose(np.ones((2, 3, 3)), np.ones((3, 3, 3)))
     with pytest.raises(ValueError, match="shared_mode"):
         continual.recompose(np.ones((2, 3, 3)), np.ones((2, 3, 3)), shared_mode="sum")
+
+
+def test_balance_by_input_energy_gains_per_direction():
+    rng = np.random.default_rng(4)
+    n = 5
+    v, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    c = np.array([4.0, 1.0, 0.0, 2.0, 0.0])
+    a = np.array([1.0, 1.0, 3.0, 0.0, 0.0])
+    old_cov, new_cov = v @ np.diag(c) @ v.T, v @ np.diag(a) @ v.T
+    delta = rng.standard_normal((n, 3))
+    out = np.asarray(
+        continual.balance_by_input_energy(
+            jnp.asarray(delta, jnp.float32), old_cov, new_cov, strength=2.0
+        ),
+        np.float64,
+    )
+    rho = np.array([1 / (1 + 8), 1 / (1 + 2), 1.0, 0.0, 1.0])
+    np.testing.assert_allclose(out, v @ np.diag(rho) @ v.T @ delta, atol=1e-4)
+    # no old tasks or strength 0: unchanged
+    same = continual.balance_by_input_energy(delta, np.zeros((n, n)), new_cov, strength=2.0)
+    np.testing.assert_allclose(same, delta, atol=1e-5)
+    same = continual.balance_by_input_energy(delta, old_cov, new_cov, strength=0.0)
+    np.testing.assert_allclose(same, delta, atol=1e-4)
+    # the change seen by old inputs never grows
+    assert np.trace(out.T @ old_cov @ out) <= np.trace(delta.T @ old_cov @ delta) + 1e-6
+    with pytest.raises(ValueError, match="strength"):
+        continual.balance_by_input_energy(delta, old_cov, new_cov, strength=-1.0)
