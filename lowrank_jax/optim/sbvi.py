@@ -19,6 +19,9 @@ public. Each spectral adapter ``ΔW = U diag(σ) Vᵀ`` (:func:`lowrank_jax.adap
   friction, ``|E ∂_{σ_i} L| ≳ λ γ_i σ_i``; with ``L ≈ ½c(σ − σ*)²`` the fixed point exists iff
   ``σ*² ≥ 4λ/c`` (``τ → 0``): weak (noise) modes collapse, strong ones are amplified — the
   *spectral bifurcation*.
+* **Friction warm-up** (a choice of this reconstruction): ``λ`` ramps up linearly over
+  ``friction_warmup`` steps, so that modes can grow and ``U``, ``V`` rotate towards the task
+  before the friction competes (from a random start the task force on every mode is weak).
 * **Temperature annealing** ``T_k = T₀ · max(0, 1 − k / anneal_steps)``, so the flow ends as a MAP
   estimate.
 * **Pruning**: from ``prune_start`` on, every ``eb_every`` steps a mode with
@@ -127,6 +130,7 @@ def scale_by_sbvi(
     learning_rate: float,
     factor_learning_rate: float | None = None,
     friction: float = 1e-3,
+    friction_warmup: int = 0,
     temperature: float = 1e-6,
     anneal_steps: int = 1000,
     eb_every: int = 10,
@@ -146,6 +150,8 @@ def scale_by_sbvi(
       learning_rate: ``η`` of the singular-value SDE.
       factor_learning_rate: step of the retracted Riemannian Adam on ``U``, ``V`` (default ``η``).
       friction: ``λ``, the weight of the ARD prior against the task loss.
+      friction_warmup: steps over which ``λ`` ramps up linearly from 0, so that modes can grow
+        and ``U``, ``V`` align with the task before the bifurcation sets in (0: no ramp).
       temperature: ``T₀``, the initial temperature of the Langevin noise.
       anneal_steps: steps over which ``T`` decays linearly to 0.
       eb_every: ``K``, steps between Empirical-Bayes friction updates (and pruning checks).
@@ -174,6 +180,7 @@ def scale_by_sbvi(
     checks = {
         "learning_rate": learning_rate > 0,
         "friction": friction >= 0,
+        "friction_warmup": friction_warmup >= 0,
         "temperature": temperature >= 0,
         "anneal_steps": anneal_steps >= 1,
         "eb_every": eb_every >= 1,
@@ -217,6 +224,7 @@ def scale_by_sbvi(
         key, sub = jax.random.split(state.key)
         t = count.astype(jnp.float32)
         temp = temperature * jnp.maximum(0.0, 1.0 - (t - 1.0) / anneal_steps)
+        lam = friction * jnp.minimum(1.0, t / max(friction_warmup, 1))
         eb_step = (count % eb_every) == 0
         prune_step = eb_step & (count >= prune_start)
         bc1, bc2 = 1 - b1**t, 1 - b2**t
@@ -229,7 +237,7 @@ def scale_by_sbvi(
             gs = jnp.where(mask, g["s"], 0.0)
             nu_s = b2 * mom["nu_s"] + (1 - b2) * gs**2
             pre = 1.0 / (jnp.sqrt(nu_s / bc2) + eps)
-            drift = gs + friction * gamma * s
+            drift = gs + lam * gamma * s
             noise = jnp.sqrt(2 * learning_rate * pre * temp) * jax.random.normal(
                 key, s.shape, s.dtype
             )
