@@ -12,19 +12,10 @@ import jax
 import jax.numpy as jnp
 import quax
 
-from lowrank_jax.adapters import paths
-from lowrank_jax.adapters.core import Adapter, as_sets
+from lowrank_jax.adapters.core import Adapter, group_by_path, map_adapted
 from lowrank_jax.adapters.quax_backend import wrap_kernel
 
 Backend = Literal["quax", "linen"]
-
-
-def _group(adapters: Any) -> dict[str, list[Adapter]]:
-    by_path: dict[str, list[Adapter]] = {}
-    for s in as_sets(adapters):
-        for path, a in s.items():
-            by_path.setdefault(path, []).append(a)
-    return by_path
 
 
 def _dropout_keys(key: jax.Array | None, path: str, adapters: list[Adapter], shape: tuple) -> list:
@@ -38,20 +29,11 @@ def _dropout_keys(key: jax.Array | None, path: str, adapters: list[Adapter], sha
     return out
 
 
-def _wrap_params(params: Any, by_path: dict, key: jax.Array | None, allow_dense: bool) -> Any:
-    found = set()
-
-    def wrap(keypath, leaf):
-        path = paths.path_to_str(keypath)
-        if path not in by_path:
-            return leaf
-        found.add(path)
-        ads = by_path[path]
+def _wrap_params(params: Any, adapters: Any, key: jax.Array | None, allow_dense: bool) -> Any:
+    def wrap(path, leaf, ads):
         return wrap_kernel(leaf, ads, _dropout_keys(key, path, ads, leaf.shape), path, allow_dense)
 
-    out = jax.tree_util.tree_map_with_path(wrap, params)
-    _check_found(by_path, found, "are not in params")
-    return out
+    return map_adapted(params, adapters, wrap)
 
 
 def _check_found(by_path: dict, found: set, what: str) -> None:
@@ -165,10 +147,10 @@ def adapt(
 
     @functools.wraps(apply_fn)
     def adapted(params, adapters, *args, adapter_key=None, **kwargs):
-        by_path = _group(adapters)
         if backend == "linen":
+            by_path = group_by_path(adapters)
             return _linen_apply(apply_fn, params, by_path, adapter_key, allow_dense, args, kwargs)
-        wrapped = _wrap_params(params, by_path, adapter_key, allow_dense)
+        wrapped = _wrap_params(params, adapters, adapter_key, allow_dense)
         return quax.quaxify(apply_fn)(wrapped, *args, **kwargs)
 
     return adapted

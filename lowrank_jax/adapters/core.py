@@ -143,11 +143,22 @@ def delta(adapter: Adapter, kernel_shape: Sequence[int]) -> jax.Array:
     return jnp.reshape(jax.vmap(adapter.kind.materialize)(flat), tuple(kernel_shape))
 
 
-def _apply_to_kernels(params: Any, adapters: Any, sign: float) -> Any:
+def group_by_path(adapters: Any) -> dict[str, list[Adapter]]:
+    """``{path: [adapter, ...]}`` over all sets of ``adapters`` (see :func:`as_sets`)."""
     by_path: dict[str, list[Adapter]] = {}
     for s in as_sets(adapters):
         for path, adapter in s.items():
             by_path.setdefault(path, []).append(adapter)
+    return by_path
+
+
+def map_adapted(params: Any, adapters: Any, fn: Callable[[str, Any, list[Adapter]], Any]) -> Any:
+    """Replaces each adapted leaf of ``params`` by ``fn(path, leaf, its_adapters)``.
+
+    Raises:
+      ValueError: some adapters refer to paths that ``params`` does not have.
+    """
+    by_path = group_by_path(adapters)
     found = set()
 
     def update(keypath, leaf):
@@ -155,14 +166,23 @@ def _apply_to_kernels(params: Any, adapters: Any, sign: float) -> Any:
         if path not in by_path:
             return leaf
         found.add(path)
-        total = sum(delta(a, leaf.shape) for a in by_path[path])
-        return (leaf + sign * total.astype(leaf.dtype)).astype(leaf.dtype)
+        return fn(path, leaf, by_path[path])
 
     out = jax.tree_util.tree_map_with_path(update, params)
     missing = sorted(set(by_path) - found)
     if missing:
-        raise ValueError(f"adapters refer to paths that are not in params: {missing}.")
+        raise ValueError(
+            f"adapters for {missing} are not in params; were they made for these params?"
+        )
     return out
+
+
+def _apply_to_kernels(params: Any, adapters: Any, sign: float) -> Any:
+    def update(path, leaf, ads):
+        total = sum(delta(a, leaf.shape) for a in ads)
+        return (leaf + sign * total.astype(leaf.dtype)).astype(leaf.dtype)
+
+    return map_adapted(params, adapters, update)
 
 
 def merge(params: Any, adapters: Any) -> Any:
