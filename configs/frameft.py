@@ -5,7 +5,7 @@ An MLP 64-256-256-10 pre-trained on sklearn digits (source) is adapted to 90°-r
 the head stays frozen. Budgets of 64, 256 and 1024 trainable coefficients per layer for FrameFT
 (frame bases ``L = 2`` and ``L = 8``, and the random-orthogonal and identity ablations) and
 FourierFT; VeRA with ``r`` = budget (``r + m`` parameters); LoRA at ranks 1 and 4; full FT. Each
-method's learning rate is chosen on a validation split (seed 0) from ``optim.learning_rates``, then
+method's learning rate is chosen on a validation split (seed 0) from the ``optim.lr_grid_*``, then
 5 seeds run on the test split.
 
 Command::
@@ -50,7 +50,10 @@ def get_config(arg=None):
     c.adapter.fourier_scale = 150.0
 
     c.optim = ml_collections.ConfigDict()
-    c.optim.learning_rates = (1e-2,) if arg.smoke else (3e-3, 1e-2, 3e-2)
+    # Learning-rate grids, picked per method on the validation split (seed 0).
+    c.optim.lr_grid_coeff = (1e-1,) if arg.smoke else (1e-2, 3e-2, 1e-1, 3e-1)  # FrameFT, ...
+    c.optim.lr_grid_lora = (1e-2,) if arg.smoke else (1e-3, 3e-3, 1e-2, 3e-2)
+    c.optim.lr_grid_full = (1e-3,) if arg.smoke else (1e-4, 3e-4, 1e-3, 3e-3)
 
     c.schedule = ml_collections.ConfigDict()
     c.schedule.num_steps = 40 if arg.smoke else 190  # 20 epochs of 300 examples, batch 32
