@@ -540,10 +540,9 @@ def minilm_scales(config) -> list[dict[str, Any]]:
                 "rank-aware bound": float(bound.max()),
                 "rank-agnostic bound": float(bound_agn.max()),
                 "B_wc": float(b_wc.max()),
-                "max_h |S|/bound": float((emp / bound).max()),
+                "max_h |S|/bound (= utilisation)": float((emp / bound).max()),
                 "min scale": float(scale.min()),
                 "overflowing heads": int(jnp.sum(emp * scale > r)),
-                "utilisation": float(jnp.max(emp * scale) / r),
             }
         )
     return rows

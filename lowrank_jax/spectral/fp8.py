@@ -429,6 +429,7 @@ def attention_fp8_scales(
     fmt: str = "e4m3",
     calibration: float = 1.0,
     num_iters: int = 1,
+    method: str = "power",
     rank_aware: bool = True,
 ) -> tuple[jax.Array, PowerIterationState]:
     """Per-head FP8 logit scales of one attention layer from its weights (one call per step).
@@ -448,6 +449,7 @@ def attention_fp8_scales(
         fmt: FP8 format.
         calibration: calibration factor ``c``.
         num_iters: power steps this call.
+        method: ``"power"`` (warm-started tracking) or ``"lanczos"`` (cold starts).
         rank_aware: rank-aware (default) or rank-agnostic bound.
 
     Returns:
@@ -458,7 +460,7 @@ def attention_fp8_scales(
         P14 (arXiv 2602.18851); reconstruction in specs.md §14.
     """
     w_q = jnp.asarray(w_q)
-    sigma, state = attention_power_iteration(w_q, w_k, state, num_iters=num_iters)
+    sigma, state = attention_power_iteration(w_q, w_k, state, num_iters=num_iters, method=method)
     d, _, dh = w_q.shape
     kw = dict(d=d, head_dim=dh, seq_len=seq_len, norm_gain=norm_gain, delta=delta, fmt=fmt)
     if rank_aware:

@@ -69,3 +69,22 @@ def test_config_validation():
     config.policies = ("delayed:0",)
     with pytest.raises(common.ConfigError):
         fp8_attention.check_config(config)
+
+
+def test_benchmark_reference_and_tiny_run(capsys):
+    from experiments.bench import fp8_scales
+
+    rng = np.random.default_rng(0)
+    wq = rng.standard_normal((48, 4, 6)).astype(np.float32)
+    wk = rng.standard_normal((48, 2, 6)).astype(np.float32)
+    ref = fp8_scales.reference_sigma(wq, wk)
+    svd = [
+        np.linalg.svd(wq[:, h].astype(np.float64) @ wk[:, h // 2].T, compute_uv=False)[0]
+        for h in range(4)
+    ]
+    np.testing.assert_allclose(ref, svd, rtol=1e-5)
+    args = ["--layers", "2", "--d", "64", "--heads", "4", "--kv-heads", "2", "--head-dim", "8"]
+    headline = fp8_scales.main([*args, "--iters", "200", "--explicit-heads", "2"])
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert json.loads(last) == headline
+    assert headline["heads"] == 8 and headline["max_rel_err"] < 1e-4

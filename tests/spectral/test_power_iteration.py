@@ -199,3 +199,51 @@ def test_randomized_svd_bad_inputs():
         randomized_svd(jax.random.key(0), jnp.ones((2, 4, 3)), rank=1)
     with pytest.raises(TypeError, match="floating"):
         randomized_svd(jax.random.key(0), jnp.ones((4, 3), jnp.int32), rank=1)
+
+
+@pytest.mark.parametrize("gap", [1e-3, 0.0])
+def test_lanczos_matches_numpy_in_few_steps_on_clustered_spectra(gap):
+    rng = np.random.default_rng(9)
+    s = np.concatenate([[1.0, 1.0 - gap], np.linspace(0.98, 0.1, 10)])
+    a = (_orthonormal(rng, 60, 12) * s).astype(np.float32)
+    b = _orthonormal(rng, 50, 12).astype(np.float32)
+    v0 = jnp.asarray(rng.standard_normal(50), jnp.float32)
+    fn = jax.jit(lambda a, b, v: product_power_iteration(a, b, v, num_iters=12, method="lanczos"))
+    sigma, v = fn(a, b, v0 / jnp.linalg.norm(v0))
+    np.testing.assert_allclose(float(sigma), _top_sv(a, b), rtol=1e-5)
+    np.testing.assert_allclose(float(jnp.linalg.norm(v)), 1.0, rtol=1e-5)
+    # the Ritz vector is a good warm start: ||M v|| is within 1e-4 of sigma
+    m = a.astype(np.float64) @ b.astype(np.float64).T
+    np.testing.assert_allclose(
+        np.linalg.norm(m @ np.asarray(v, np.float64)), _top_sv(a, b), rtol=1e-4
+    )
+    # the power iteration with the same number of products is far off on this spectrum
+    sigma_pow, _ = product_power_iteration(a, b, v0 / jnp.linalg.norm(v0), num_iters=12)
+    assert abs(float(sigma_pow) - _top_sv(a, b)) > 10 * abs(float(sigma) - _top_sv(a, b))
+
+
+def test_lanczos_gqa_equals_expanded_keys():
+    rng = np.random.default_rng(10)
+    d, h, g, dh = 64, 4, 2, 8
+    wq = rng.standard_normal((d, h, dh)).astype(np.float32)
+    wk = rng.standard_normal((d, g, dh)).astype(np.float32)
+    state = init_attention_power_iteration(jax.random.key(4), wq)
+    fn = jax.jit(lambda q, k, s: attention_power_iteration(q, k, s, num_iters=8, method="lanczos"))
+    sigma_gqa, _ = fn(wq, wk, state)
+    sigma_mha, _ = fn(wq, np.repeat(wk, h // g, axis=1), state)
+    np.testing.assert_allclose(np.asarray(sigma_gqa), np.asarray(sigma_mha), rtol=1e-6)
+    ref = [_top_sv(wq[:, i], wk[:, i // 2]) for i in range(h)]
+    np.testing.assert_allclose(np.asarray(sigma_gqa), ref, rtol=1e-4)
+    with pytest.raises(ValueError, match="method"):
+        product_power_iteration(wq[:, 0], wk[:, 0], jnp.ones(d), method="krylov")
+
+
+def test_lanczos_more_steps_than_rank_is_stable():
+    rng = np.random.default_rng(11)
+    a = rng.standard_normal((40, 3)).astype(np.float32)
+    b = rng.standard_normal((30, 3)).astype(np.float32)
+    sigma, v = product_power_iteration(
+        a, b, jnp.ones(30) / np.sqrt(30.0), num_iters=20, method="lanczos"
+    )
+    assert np.all(np.isfinite(np.asarray(v)))
+    np.testing.assert_allclose(float(sigma), _top_sv(a, b), rtol=1e-5)
