@@ -624,15 +624,18 @@ def _sbvi_cell(config, method: str, seed: int) -> dict:
     key = jax.random.key(seed)
     if method.startswith("lora_r"):
         r = int(method[len("lora_r") :])
-        rules = [(targets, adapters.lora(min(r, 10), alpha=2.0 * min(r, 10)))]
+        head = min(r, config.model.num_outputs)  # the head is 128x10: its rank is capped at 10
+        rules = [
+            (r"params/head/kernel", adapters.lora(head, alpha=2.0 * head)),
+            (targets, adapters.lora(r, alpha=2.0 * r)),
+        ]
         ad = adapters.init(key, teacher, rules)
-        # the head is 128x10: its rank is capped at 10
         tx, loss = _adam(o.lora_lr), _mse_loss(model)
     elif method == "adalora":
         r0 = config.adapter.r_max
         rules = [
-            (r"params/head/kernel", adapters.spectral(min(r0, 10), init="adalora", scale=1.0)),
-            (targets, adapters.spectral(r0, init="adalora", scale=1.0)),
+            (r"params/head/kernel", adapters.spectral(min(r0, 10), init="adalora")),
+            (targets, adapters.spectral(r0, init="adalora")),
         ]
         ad = adapters.init(key, teacher, rules)
         tx = optim.scale_by_adalora(
