@@ -16,8 +16,11 @@ Commands (``:smoke`` for a one-minute check; overrides such as ``--config.adapte
     python -m experiments.train --config=configs/lora_finetune.py:method=head
     python -m experiments.train --config=configs/lora_finetune.py:smoke
 
-Runtime and expected result: see ``get_config`` below and the README's results section
-(measured numbers, with the command, in ``.notes/runner.md``).
+Data: 256-character passages, 80 per play (2,800; 1,960 train / 280 valid / 560 test, stratified),
+64 tokens; batch 16, 240 AdamW steps. Runtime, measured on a 2-core CPU shared with other jobs
+(load average ~10): LoRA 10 min, full 13 min, head 4 min (about half that on an idle machine);
+``:smoke`` 35 s. Expected test accuracy: LoRA 0.67, full fine-tuning 0.71, head only 0.62
+(always "comedy": 0.40); LoRA trains 332,931 of 22,714,371 parameters (1.5%).
 """
 
 import ml_collections
