@@ -5,8 +5,10 @@ from __future__ import annotations
 import re
 
 import pytest
+from jax.sharding import PartitionSpec as P
 
 from experiments import common
+from experiments.common import sharding
 from tests.experiments.test_train_cli import final_metrics, run_cli
 
 # Hidden layers of 256 make kernels large enough (>= 2**14 entries) for FSDP to shard them.
@@ -55,3 +57,19 @@ def test_eight_devices_give_the_losses_of_one(tmp_path):
     assert _sharded_arrays(fsdp_proc.stderr, 8) == 6
     _assert_close(fsdp_records, one_records)
     assert fsdp["test/loss"] == pytest.approx(one["test/loss"], abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("shape", "spec"),
+    [
+        ((64, 256), P(None, "data")),  # the larger axis that 8 divides
+        ((30522, 384), P(None, "data")),  # MiniLM's word embeddings: 30522 is not divisible by 8
+        ((1536, 384), P("data", None)),
+        ((100, 10), P()),  # below min_size: replicated
+        ((16385,), P()),  # large, but no axis divisible by 8
+        ((), P()),
+    ],
+)
+def test_fsdp_splits_the_largest_divisible_axis(shape, spec):
+    assert sharding._fsdp_spec(shape, 8, 2**14) == spec
+    assert sharding._fsdp_spec(shape, 1, 2**14) == P()

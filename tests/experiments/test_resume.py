@@ -109,3 +109,16 @@ def test_ctrl_c_saves_and_exits_cleanly_then_rerun_resumes(tmp_path, reference):
     assert again.returncode == 0, again.stderr[-4000:]
     _assert_same_run(final_metrics(again.stdout), common.read_metrics(tmp_path), reference)
     assert json.loads((tmp_path / "config.json").read_text())["schedule"]["num_steps"] == NUM_STEPS
+
+
+def test_metric_writer_drops_records_after_the_restored_step(tmp_path):
+    writer = common.MetricWriter(tmp_path, tensorboard=False)
+    for step in range(1, 6):
+        writer.write(step, {"train/loss": 1.0 / step})
+    writer.close()
+    # A run killed after step 5 but resumed from the checkpoint of step 3 rewrites steps 4, 5.
+    writer = common.MetricWriter(tmp_path, start_step=3, tensorboard=False)
+    assert [r["step"] for r in common.read_metrics(tmp_path)] == [1, 2, 3]
+    writer.write(4, {"train/loss": 0.5})
+    writer.close()
+    assert common.read_metrics(tmp_path)[-1] == {"step": 4, "train/loss": 0.5}
