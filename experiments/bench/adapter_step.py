@@ -105,8 +105,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--probe-flat",
         action="store_true",
-        help="also time 'lora-quax-2d': factorised LoRA with x flattened to (tokens, n) before "
-        "the rank-r matmuls (a diagnostic of a proposed library change)",
+        help="also time 'lora-quax-2d' and 'lora-linen-2d': factorised LoRA with x flattened to "
+        "(tokens, n) before the rank-r matmuls (a diagnostic of a proposed library change)",
     )
     p.add_argument(
         "--quick", action="store_true", help="tiny shape (d=64, batch 3×16, 2 rounds) for tests"
@@ -203,6 +203,11 @@ def build_jax_methods(
     }
     if ad_flat is not None:
         losses["lora-quax-2d"] = (lambda a, v, x, y: _mse(quax_fwd(v, a, x), y), ad_flat, variables)
+        losses["lora-linen-2d"] = (
+            lambda a, v, x, y: _mse(linen_fwd(v, a, x), y),
+            ad_flat,
+            variables,
+        )
     methods = []
     for name, (loss_fn, train, frozen) in losses.items():
         t0 = time.perf_counter()

@@ -1,4 +1,4 @@
-"""``python -m experiments.bench.adapter_step --quick``: runs end to end, prints the JSON headline.
+"""``python -m experiments.bench.adapter_step --quick --probe-flat``: runs end to end, prints JSON.
 
 No timing assertions (speed is what the benchmark reports); what is checked are identities: every
 method starts from the same function (equal first losses), the factorised LoRA step has no
@@ -52,7 +52,7 @@ HAS_PEFT = all(importlib.util.find_spec(m) is not None for m in ("torch", "peft"
 def quick():
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3"}
     proc = subprocess.run(
-        [sys.executable, "-m", "experiments.bench.adapter_step", "--quick"],
+        [sys.executable, "-m", "experiments.bench.adapter_step", "--quick", "--probe-flat"],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -81,7 +81,8 @@ def test_last_line_is_the_json_headline(quick):
 def test_table_lists_every_method(quick):
     lines = quick.splitlines()
     assert any(line.startswith("| method | step s (median) | × full | × PEFT") for line in lines)
-    methods = ["full", "merge", "lora-quax", "lora-linen"] + (["peft"] if HAS_PEFT else [])
+    methods = ["full", "merge", "lora-quax", "lora-linen", "lora-quax-2d", "lora-linen-2d"]
+    methods += ["peft"] if HAS_PEFT else []
     for name in methods:
         assert any(line.startswith(f"| {name} |") for line in lines), name
 
