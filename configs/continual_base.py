@@ -20,16 +20,16 @@ _BENCH = {
 
 
 def build(arg, *, comparison, benchmark):
-    """``arg``: ``smoke``, ``method=<name>|all``, ``benchmark=<name>``, ``seeds=<count>``."""
+    """``arg``: ``smoke``, ``method=<name>|all|every``, ``benchmark=<name>``, ``seeds=<count>``."""
     arg = parse_arg(arg, smoke=False, method="all", benchmark=benchmark, seeds=1)
     if arg.benchmark not in BENCHMARKS:
         raise ConfigError(
             f"config arg benchmark={arg.benchmark!r} is invalid: allowed values are "
             + ", ".join(BENCHMARKS)
         )
-    if arg.method != "all" and arg.method not in METHODS:
+    if arg.method not in ("all", "every") and arg.method not in METHODS:
         raise ConfigError(
-            f"config arg method={arg.method!r} is invalid: allowed values are all, "
+            f"config arg method={arg.method!r} is invalid: allowed values are all, every, "
             + ", ".join(METHODS)
         )
     if arg.seeds < 1:
@@ -39,7 +39,8 @@ def build(arg, *, comparison, benchmark):
     c.experiment = "continual"
     c.seed = 0
     c.seeds = tuple(range(arg.seeds))
-    c.methods = tuple(comparison) if arg.method == "all" else (arg.method,)
+    # all: this config's comparison; every: all eight methods (the sweep); else one method
+    c.methods = {"all": tuple(comparison), "every": METHODS}.get(arg.method, (arg.method,))
 
     c.data = ml_collections.ConfigDict()
     c.data.benchmark = arg.benchmark
@@ -51,6 +52,7 @@ def build(arg, *, comparison, benchmark):
     c.data.subspace_dim = 32
     c.data.train_per_class = 100
     c.data.test_per_class = 50
+    c.data.separation = 6.0  # norm of the class means (within-class sd 1 per subspace dim)
 
     c.model = ml_collections.ConfigDict()
     c.model.name = "mlp"

@@ -84,6 +84,7 @@ def check_config(config: Any) -> None:
     c.check_positive(config, "data.num_tasks", integer=True)
     if benchmark == "long_stream":
         c.check_positive(config, "data.classes_per_task", integer=True)
+        c.check_positive(config, "data.separation")
     feats = c.get_path(config, "model.features")
     if isinstance(feats, int) or any(not isinstance(f, int) or f < 1 for f in feats):
         raise c.ConfigError(f"config.model.features={feats!r} is invalid: a tuple of positive ints")
@@ -182,6 +183,7 @@ def load_stream(config: Any, seed: int) -> Stream:
             subspace_dim=config.data.subspace_dim,
             train_per_class=config.data.train_per_class,
             test_per_class=config.data.test_per_class,
+            separation=config.data.separation,
         )
         k = config.data.classes_per_task
         tasks = [

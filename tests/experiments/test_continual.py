@@ -28,13 +28,14 @@ def _tiny(arg: str):
 def test_config_args_fail_early_with_allowed_values():
     with pytest.raises(common.ConfigError, match="allowed values are .*split_digits"):
         saber_config.get_config("benchmark=cifar")
-    with pytest.raises(common.ConfigError, match="allowed values are all, saber"):
+    with pytest.raises(common.ConfigError, match="allowed values are all, every, saber"):
         saber_config.get_config("method=ewc")
     config = saber_config.get_config("smoke")
     config.methods = ("saber", "nope")
     with pytest.raises(common.ConfigError, match="nope"):
         continual.check_config(config)
     assert saber_config.get_config("method=o_lora").methods == ("o_lora",)
+    assert len(saber_config.get_config("method=every").methods) == 8
     assert gr_config.get_config("seeds=3").seeds == (0, 1, 2)
     for arg in ("smoke", "smoke,benchmark=long_stream", "smoke,benchmark=digits_cil"):
         continual.check_config(saber_config.get_config(arg))
