@@ -402,6 +402,14 @@ def _lora_da_inits(config) -> list[tuple[str, Callable]]:
     rows += [("lora_one", adapters.lora_one), ("eva", adapters.eva)]
     for beta in d.betas:
         rows.append((f"lora_da_b{beta}", functools.partial(adapters.lora_da, beta=beta)))
+    for g in d.extra_gammas:  # the recipe's γ = 1024 scales the initial factors down by 1/√γ
+        rows.append(
+            (
+                f"lora_da_b{d.default_beta}_g{g:g}",
+                functools.partial(adapters.lora_da, beta=d.default_beta, gamma=g),
+            )
+        )
+        rows.append((f"lora_one_g{g:g}", functools.partial(adapters.lora_one, gamma=g)))
     for beta in d.small_sample_betas:
         rows.append(
             (
