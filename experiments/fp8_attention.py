@@ -579,8 +579,11 @@ def _plot_timelines(
                 ax.text(x, ax.get_ylim()[1], label, fontsize=7, va="top")
         if name == "bound_ratio":
             ax.axhline(1.0, color="r", lw=0.8)
-        if name in ("softmax_error", "loss") or (cumulative and ax.get_ylim()[1] > 10):
-            ax.set_yscale("symlog" if cumulative else "log")
+        if cumulative:
+            ax.set_yscale("symlog", linthresh=1.0)
+            ax.set_ylim(bottom=0)
+        elif name in ("softmax_error", "loss"):
+            ax.set_yscale("log")
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.legend(fontsize=7)
