@@ -113,8 +113,10 @@ def check_config(config: Any) -> None:
 # Data and model.
 
 
-def _load_data(config: Any) -> tuple[dict[str, dict[str, np.ndarray]], tuple[str, ...], Any]:
-    """Returns ``({"train"|"valid"|"test": {input arrays..., "y"}}, class names, tokenizer)``."""
+def _load_data(
+    config: Any, tokenizer: Any = None
+) -> tuple[dict[str, dict[str, np.ndarray]], tuple[str, ...]]:
+    """``({"train"|"valid"|"test": {input arrays..., "y"}}, class names)``; text is tokenised."""
     if config.data.name == "digits":
         dataset = data.load_digits()
     else:
@@ -130,9 +132,6 @@ def _load_data(config: Any) -> tuple[dict[str, dict[str, np.ndarray]], tuple[str
         valid_fraction=config.data.valid_fraction,
         test_fraction=config.data.test_fraction,
     )
-    tokenizer = None
-    if config.model.name == "minilm":
-        _, _, tokenizer = models.load_minilm()
     arrays = {}
     for part in ("train", "valid", "test"):
         ds = getattr(splits, part)
@@ -141,17 +140,20 @@ def _load_data(config: Any) -> tuple[dict[str, dict[str, np.ndarray]], tuple[str
         else:
             inputs = {"x": np.asarray(ds.x, np.float32)}
         arrays[part] = {**inputs, "y": ds.y}
-    return arrays, dataset.class_names, tokenizer
+    return arrays, dataset.class_names
 
 
-def _build_model(config: Any, num_classes: int, key: jax.Array) -> tuple[Any, dict[str, Any]]:
-    """Returns ``(flax module, variables)``: pretrained MiniLM + fresh head, or a fresh MLP."""
+def _build_model(
+    config: Any, num_classes: int, key: jax.Array, *, pretrained: Any = None, train: Any = None
+) -> tuple[Any, dict[str, Any]]:
+    """``(flax module, variables)``: MiniLM (``pretrained``: ``load_minilm()``'s result, loaded
+    if None) with a fresh head, or a fresh MLP shaped by the ``train`` arrays' ``"x"``."""
     if config.model.name == "minilm":
-        bert_config, encoder_variables, _ = models.load_minilm()
+        bert_config, encoder_variables, _ = pretrained or models.load_minilm()
         model = models.BertClassifier(bert_config, num_classes)
         return model, models.classifier_variables(key, encoder_variables, num_classes=num_classes)
     model = models.MLP(tuple(config.model.features), num_classes)
-    return model, model.init(key, jnp.zeros((1, 8, 8, 1), jnp.float32))
+    return model, model.init(key, jnp.asarray(train["x"][:1]))
 
 
 def _model_kwargs(config: Any, *, train: bool, key: jax.Array | None) -> dict[str, Any]:
@@ -309,8 +311,11 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
         common.check_divisible(config, path, mesh.size, why=f"the {mesh.size} devices")
     init_key, adapter_key, train_key = jax.random.split(jax.random.key(config.seed), 3)
 
-    arrays, class_names, _ = _load_data(config)
-    model, variables = _build_model(config, len(class_names), init_key)
+    pretrained = models.load_minilm() if config.model.name == "minilm" else None
+    arrays, class_names = _load_data(config, pretrained[2] if pretrained else None)
+    model, variables = _build_model(
+        config, len(class_names), init_key, pretrained=pretrained, train=arrays["train"]
+    )
     method = config.adapter.method
     state, frozen, logits_fn, tx = init_state(config, model, variables, adapter_key)
     num_trained = adapters.count_params(_trained(state))
