@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import zlib
 from collections.abc import Callable
 from typing import Any, Literal
@@ -56,7 +57,7 @@ def _linen_delta(module: nn.Module, x: jax.Array, ads: list, keys: list, path: s
         )
     x = jnp.moveaxis(x, axes, range(x.ndim - len(axes), x.ndim))
     free = x.shape[: x.ndim - len(axes)]
-    x = jnp.reshape(x, (*free, -1))
+    x = jnp.reshape(x, (math.prod(free), -1))  # 2-D: XLA:CPU then needs no transposed cotangent
     total = sum(a.kind.apply_delta(a.factors, x, key=k) for a, k in zip(ads, keys, strict=True))
     return jnp.reshape(total, (*free, -1))
 

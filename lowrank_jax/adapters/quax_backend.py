@@ -87,7 +87,7 @@ def _delta_matmul(
     x_contract = [pair[ax] for ax in axes]
     x = jnp.moveaxis(x, x_contract, range(x.ndim - len(x_contract), x.ndim))
     free = x.shape[: x.ndim - len(x_contract)]
-    x = jnp.reshape(x, (*free, -1))
+    x = jnp.reshape(x, (math.prod(free), -1))  # 2-D: XLA:CPU then needs no transposed cotangent
     result_shape = tuple(w.w.shape[ax] for ax in result_axes)
     total = None
     for adapter, key in zip(w.adapters, w.keys, strict=True):
