@@ -291,7 +291,13 @@ def fit(
     try:
         with _SigintFlag() as sigint:
             for step in range(start + 1, num_steps + 1):
-                batch = sharding_lib.shard_batch(mesh, next(batches))
+                try:
+                    batch = sharding_lib.shard_batch(mesh, next(batches))
+                except StopIteration:
+                    raise ValueError(
+                        f"batches ran out before step {step} of {num_steps}: pass an iterator "
+                        "that repeats (e.g. BatchIterator(..., num_epochs=None))"
+                    ) from None
                 state, step_metrics = jitted(state, frozen, batch, key)
                 window.append(step_metrics)
                 if t_last is None:
