@@ -89,9 +89,12 @@ def check_config(config: Any) -> None:
                 ) from e
     if model == "mlp":
         features = c.get_path(config, "model.features")
-        if any(not isinstance(f, int) or f < 1 for f in features):
+        if not isinstance(features, tuple | list) or any(
+            not isinstance(f, int) or f < 1 for f in features
+        ):
             raise c.ConfigError(
-                f"config.model.features={features!r} is invalid: must be positive ints"
+                f"config.model.features={features!r} is invalid: must be a tuple of positive "
+                "ints, e.g. (64, 64)"
             )
     c.check_choice(config, "optim.name", OPTIMIZERS)
     c.check_positive(config, "optim.learning_rate")

@@ -150,9 +150,8 @@ def check_fraction(config: Any, path: str, *, allow_zero: bool = True) -> float:
       ConfigError: naming the key, the value and the allowed interval.
     """
     value = get_path(config, path)
-    low_ok = (value >= 0) if allow_zero else (value > 0)
-    if not _is_number(value, False) or not low_ok or value >= 1:
-        interval = "[0, 1)" if allow_zero else "(0, 1)"
+    interval = "[0, 1)" if allow_zero else "(0, 1)"
+    if not _is_number(value, False) or not (0 <= value < 1) or (value == 0 and not allow_zero):
         raise ConfigError(f"config.{path}={value!r} is invalid: must lie in {interval}")
     return value
 
