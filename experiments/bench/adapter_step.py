@@ -19,7 +19,15 @@ count, the weight-shaped matmuls left in the optimised HLO, peak RSS while the s
 trainable + optimizer-state bytes (LoRA: ``3 · 4 B · Σ r·(m+n)``). The last line printed is a JSON
 object of the headline ratios.
 
-Default run: about 5–10 minutes on 2 shared CPU cores. ``--quick`` is a tiny shape for tests.
+Both median wall time and median process CPU time per step are reported; on a shared machine the
+CPU time is the steadier comparison. ``--probe-flat`` adds ``lora-quax-2d`` / ``lora-linen-2d``
+(:class:`FlatLoRA`: the same LoRA with its rank-r products on a 2-D ``(tokens, n)`` input), a
+diagnostic of the cost of 3-D low-rank products on XLA:CPU (see ``.notes/bench.md``).
+
+Default run: about 6 minutes on 2 shared CPU cores (10 with ``--probe-flat``); measured on 2 cores
+at load ≈ 12 (run 3 in ``.notes/bench.md``): LoRA step 0.76× full fine-tuning and 1.02× PEFT in
+CPU time, 0.61–0.64× and 0.81–0.85× with the 2-D probe; LoRA state 1.77 MB vs 151 MB.
+``--quick`` is a tiny shape for tests.
 
 Example::
 
