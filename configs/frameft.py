@@ -51,7 +51,7 @@ def get_config(arg=None):
 
     c.optim = ml_collections.ConfigDict()
     # Learning-rate grids, picked per method on the validation split (seed 0).
-    c.optim.lr_grid_coeff = (1e-1,) if arg.smoke else (1e-2, 3e-2, 1e-1, 3e-1)  # FrameFT, ...
+    c.optim.lr_grid_coeff = (1e-1,) if arg.smoke else (1e-2, 3e-2, 1e-1, 3e-1, 1.0)  # FrameFT, ...
     c.optim.lr_grid_lora = (1e-2,) if arg.smoke else (1e-3, 3e-3, 1e-2, 3e-2)
     c.optim.lr_grid_full = (1e-3,) if arg.smoke else (1e-4, 3e-4, 1e-3, 3e-3)
 
