@@ -6,7 +6,7 @@ keys so that only one layer is in memory at a time) it computes the per-head
 ``σ_max(W^Q_h W^{K⊤}_{g(h)})`` and the geometry-aware FP8 scales in two ways:
 
 * **implicit**: :func:`lowrank_jax.spectral.attention_fp8_scales` from a cold start
-  (``--iters`` = 20 Golub–Kahan–Lanczos steps by default, ``--method power`` for plain power
+  (``--iters`` = 30 Golub–Kahan–Lanczos steps by default, ``--method power`` for plain power
   iteration; GQA without repeating keys); a warm-started training step needs 1 power step, whose
   cost is reported too;
 * **explicit**: form ``M = W^Q_h W^{K⊤}_g`` (``d×d``) and ``svd(M, compute_uv=False)``; at ~minutes
@@ -85,7 +85,7 @@ def main(argv=None) -> dict:
     p.add_argument("--heads", type=int, default=64)
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--iters", type=int, default=20, help="cold-start steps")
+    p.add_argument("--iters", type=int, default=30, help="cold-start steps")
     p.add_argument("--method", choices=("lanczos", "power"), default="lanczos")
     p.add_argument("--explicit-heads", type=int, default=1)
     p.add_argument("--seq-len", type=int, default=4096)
