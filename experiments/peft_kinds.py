@@ -371,12 +371,17 @@ def run_frameft(config, workdir: str) -> dict:
     lora_min = min(
         (r for r in table if r["method"].startswith("lora")), key=lambda r: r["trainable params"]
     )
-    small = min(budgets)
-    checks[f"frameft@{small} beats LoRA below its r=1 budget"] = (
-        by[("frameft_L2", small)]["mean"] > lora_min["mean"]
-        if by[("frameft_L2", small)]["trainable params"] < lora_min["trainable params"]
-        else "n/a"
-    )
+    below = [
+        b
+        for b in budgets
+        if by[("frameft_L2", b)]["trainable params"] < lora_min["trainable params"]
+    ]
+    for b in below:
+        for m in ("frameft_L2", "fourierft"):
+            checks[
+                f"{m}@{b} ({by[(m, b)]['trainable params']} params) > {lora_min['method']} "
+                f"({lora_min['trainable params']})"
+            ] = by[(m, b)]["mean"] > lora_min["mean"]
     full = by[("full", "")]["mean"]
     checks[f"frameft@{max(budgets)} within 0.03 of full FT"] = (
         by[("frameft_L2", max(budgets))]["mean"] >= full - 0.03
@@ -410,6 +415,14 @@ def _lora_da_inits(config) -> list[tuple[str, Callable]]:
             )
         )
         rows.append((f"lora_one_g{g:g}", functools.partial(adapters.lora_one, gamma=g)))
+    for damp in d.extra_dampings:  # δ = 1e-6 lets badly estimated directions dominate Z⁻¹, F⁻¹
+        g = d.extra_gammas[0] if d.extra_gammas else 1024.0
+        rows.append(
+            (
+                f"lora_da_b{d.default_beta}_g{g:g}_d{damp:g}",
+                functools.partial(adapters.lora_da, beta=d.default_beta, gamma=g, damping=damp),
+            )
+        )
     for beta in d.small_sample_betas:
         rows.append(
             (
