@@ -39,13 +39,17 @@ from absl import logging
 from experiments import common
 from lowrank_jax import adapters, data, models, optim
 
-STUDIES = ("frameft", "lora_da", "sbvi")
+STUDIES = ("frameft", "frameft_minilm", "lora_da", "sbvi")
 
 
 def check_config(config: Any) -> None:
     """Validates ``config`` before anything is computed (raises ``common.ConfigError``)."""
     c = common
     study = c.check_choice(config, "study", STUDIES)
+    if study == "frameft_minilm":
+        c.check_positive(config, "adapter.n_coeff", integer=True)
+        c.check_positive(config, "schedule.num_steps", integer=True)
+        return
     c.check_nonnegative(config, "seed", integer=True)
     c.check_positive(config, "eval.num_seeds", integer=True)
     c.check_positive(config, "schedule.num_steps", integer=True)
@@ -395,6 +399,127 @@ def run_frameft(config, workdir: str) -> dict:
         columns=["method", "budget/layer", "trainable params", "lr", "test accuracy", "ΔW FLOPs"],
         extra={"source_accuracy": src_acc},
     )
+
+
+# ----------------------------------------------------------------------------------------------
+# Study 1b: FrameFT on the real pretrained MiniLM (Shakespeare genre), as lora_finetune's LoRA run.
+
+
+def run_frameft_minilm(config, workdir: str) -> dict:
+    """FrameFT on every attention and MLP kernel of MiniLM + a trained head, resumable via ``fit``.
+
+    Same data, split, tokenisation, steps, schedule and head learning rate as
+    ``configs/lora_finetune.py`` (the LoRA r=8 reference); the coefficients get their own
+    learning rate (``optim.coeff_learning_rate``, FrameFT trains them with a much larger one).
+    """
+    d, o = config.data, config.optim
+    bert_config, encoder_variables, tokenizer = models.load_minilm()
+    ds = data.load_shakespeare(
+        label="genre", passage_chars=d.passage_chars,
+        max_passages_per_play=d.max_passages_per_play, seed=config.seed,
+    )  # fmt: skip
+    splits = data.split(
+        ds, seed=config.seed, valid_fraction=d.valid_fraction, test_fraction=d.test_fraction
+    )
+    arrays = {}
+    for part in ("train", "valid", "test"):
+        sub = getattr(splits, part)
+        arrays[part] = {**models.tokenize(tokenizer, list(sub.x), max_len=d.max_len), "y": sub.y}
+    init_key, adapter_key, train_key = jax.random.split(jax.random.key(config.seed), 3)
+    num_classes = len(ds.class_names)
+    model = models.BertClassifier(bert_config, num_classes)
+    variables = models.classifier_variables(init_key, encoder_variables, num_classes=num_classes)
+    head, frozen = adapters.split_trainable(variables, (r"params/head/.*",))
+    spec = adapters.frameft(config.adapter.n_coeff, l=config.adapter.l, scale=config.adapter.scale)
+    ad = adapters.init(adapter_key, variables, [(t, spec) for t in config.adapter.targets])
+    trained = {"params": head, "adapters": ad}
+
+    def sched(peak):
+        return optax.warmup_cosine_decay_schedule(
+            0.0, peak, config.schedule.warmup_steps, config.schedule.num_steps, 0.0
+        )
+
+    labels = {
+        "params": jax.tree.map(lambda _: "head", head),
+        "adapters": jax.tree.map(lambda _: "coeffs", ad),
+    }
+    tx = optax.chain(
+        optax.clip_by_global_norm(o.grad_clip),
+        optax.multi_transform(
+            {"head": optax.adamw(sched(o.learning_rate), weight_decay=0.0),
+             "coeffs": optax.adamw(sched(o.coeff_learning_rate), weight_decay=0.0)},
+            labels,
+        ),
+    )  # fmt: skip
+    fwd = adapters.adapt(model.apply)
+
+    def logits(tr, batch, *, train, key):
+        params = adapters.combine(tr["params"], frozen)
+        kw = {"deterministic": not train, **({"rngs": {"dropout": key}} if train else {})}
+        return fwd(params, tr["adapters"], batch["input_ids"], batch["attention_mask"], **kw)
+
+    def train_step(state, _, batch, key):
+        def loss_fn(tr):
+            lg = logits(tr, batch, train=True, key=key)
+            return optax.softmax_cross_entropy_with_integer_labels(lg, batch["y"]).mean(), lg
+
+        tr = {"params": state["params"], "adapters": state["adapters"]}
+        (loss, lg), g = jax.value_and_grad(loss_fn, has_aux=True)(tr)
+        upd, opt_state = tx.update(g, state["opt_state"], tr)
+        tr = optax.apply_updates(tr, upd)
+        acc = jnp.mean(jnp.argmax(lg, -1) == batch["y"])
+        return {**state, **tr, "opt_state": opt_state}, {"loss": loss, "accuracy": acc}
+
+    @jax.jit
+    def eval_sums(tr, batch, weight):
+        lg = logits(tr, batch, train=False, key=None)
+        loss = optax.softmax_cross_entropy_with_integer_labels(lg, batch["y"])
+        return jnp.sum(loss * weight), jnp.sum((jnp.argmax(lg, -1) == batch["y"]) * weight)
+
+    def evaluate(state, part):
+        arr, bs = arrays[part], config.eval.batch_size
+        n, tot_l, tot_c = len(arr["y"]), 0.0, 0.0
+        tr = {"params": state["params"], "adapters": state["adapters"]}
+        for start in range(0, n, bs):
+            chunk = {k: v[start : start + bs] for k, v in arr.items()}
+            w = np.ones(len(chunk["y"]), np.float32)
+            pad = bs - len(w)
+            if pad:
+                chunk = {
+                    k: np.concatenate([v, np.repeat(v[-1:], pad, 0)]) for k, v in chunk.items()
+                }
+                w = np.concatenate([w, np.zeros(pad, np.float32)])
+            l_sum, c_sum = eval_sums(tr, chunk, w)
+            tot_l, tot_c = tot_l + float(l_sum), tot_c + float(c_sum)
+        return {f"{part}/loss": tot_l / n, f"{part}/accuracy": tot_c / n}
+
+    state = {"params": head, "adapters": ad, "opt_state": tx.init(trained), "step": 0}
+    batches = data.BatchIterator(arrays["train"], batch_size=d.batch_size, seed=config.seed)
+    result = common.fit(
+        state, frozen, train_step, batches, key=train_key, num_steps=config.schedule.num_steps,
+        workdir=workdir, eval_fn=lambda s, _: evaluate(s, "valid"), eval_every=config.eval.every,
+        log_every=config.log.every, ckpt_every=config.ckpt.every, max_to_keep=2,
+        progress=config.log.progress, description="minilm/frameft",
+    )  # fmt: skip
+    if result.interrupted:
+        return {"interrupted": True}
+    final = {
+        **result.last_eval,
+        **evaluate(result.state, "test"),
+        "trainable_params": adapters.count_params(trained),
+        "adapter_params": adapters.count_params(ad),
+        "step_time_s": result.step_time_s,
+    }
+    notes = (
+        f"Command: `python -m experiments.train --config=configs/{config.study_config}`\n\n"
+        "LoRA r=8 reference: `python -m experiments.train --config=configs/lora_finetune.py` "
+        "(331,776 adapter + 1,155 head parameters)."
+    )
+    common.write_results_md(
+        workdir, [{"method": f"FrameFT n={config.adapter.n_coeff}/kernel", **final}],
+        title="FrameFT on MiniLM, Shakespeare genre", notes=notes,
+    )  # fmt: skip
+    return final
 
 
 # ----------------------------------------------------------------------------------------------
@@ -802,5 +927,10 @@ def _write_tables(workdir, config, table, checks, *, title, columns, extra=None)
 def run(config: Any, workdir: str) -> dict[str, Any]:
     """Runs ``config.study`` and returns its headline numbers and trend checks."""
     os.makedirs(workdir, exist_ok=True)
-    study = {"frameft": run_frameft, "lora_da": run_lora_da, "sbvi": run_sbvi}[config.study]
+    study = {
+        "frameft": run_frameft,
+        "frameft_minilm": run_frameft_minilm,
+        "lora_da": run_lora_da,
+        "sbvi": run_sbvi,
+    }[config.study]
     return study(config, workdir)
