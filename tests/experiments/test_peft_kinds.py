@@ -67,7 +67,12 @@ def test_frameft_cell_counts_parameters_and_flops():
 def test_lora_da_run_writes_tables_and_resumes(tmp_path):
     config = _tiny(
         lora_da_config.get_config("smoke"),
-        **{"schedule.num_steps": 12, "eval.loss_steps": (10, 12), "adapter.ranks": (1,)},
+        **{
+            "schedule.num_steps": 12,
+            "eval.loss_steps": (10, 12),
+            "adapter.ranks": (1,),
+            "model.pretrain_steps": 20,
+        },
     )
     workdir = os.fspath(tmp_path)
     out = peft_kinds.run(config, workdir)
