@@ -468,7 +468,7 @@ def summarise(policy: str, series: Mapping[str, np.ndarray], config) -> dict[str
         "final loss": float(np.mean(series["loss"][-config.eval.final_loss_steps :])),
     }
     ratio = series["bound_ratio"]
-    row["max |S| / bound"] = float(np.nanmax(ratio)) if np.isfinite(ratio).any() else ""
+    row["max abs(S) / bound"] = float(np.nanmax(ratio)) if np.isfinite(ratio).any() else ""
     return row
 
 
@@ -536,11 +536,11 @@ def minilm_scales(config) -> list[dict[str, Any]]:
                 "layer": i,
                 "g": float(gain),
                 "max σ": float(sigma.max()),
-                "max |S| (text)": float(emp.max()),
+                "max abs(S) (text)": float(emp.max()),
                 "rank-aware bound": float(bound.max()),
                 "rank-agnostic bound": float(bound_agn.max()),
                 "B_wc": float(b_wc.max()),
-                "max_h |S|/bound (= utilisation)": float((emp / bound).max()),
+                "max_h abs(S)/bound (= utilisation)": float((emp / bound).max()),
                 "min scale": float(scale.min()),
                 "overflowing heads": int(jnp.sum(emp * scale > r)),
             }
@@ -707,7 +707,8 @@ def run(config, workdir: str) -> dict[str, Any]:
         "delayed_overflows": int(sum(r["overflows (total)"] for r in delayed)),
         "delayed_overflows_after_q_spike": int(sum(r["after Q spike"] for r in delayed)),
         "max_bound_ratio": max(
-            [r["max |S| / bound"] for r in rows if r["max |S| / bound"] != ""], default=float("nan")
+            [r["max abs(S) / bound"] for r in rows if r["max abs(S) / bound"] != ""],
+            default=float("nan"),
         ),
         "final_loss": {r["policy"]: r["final loss"] for r in rows},
         "steady_softmax_error": {r["policy"]: r["steady softmax err"] for r in rows},
@@ -727,7 +728,8 @@ def _notes(config, tight, minilm, d, h) -> str:
         f"{config.schedule.num_steps} steps, batch {config.data.batch_size}, copy task (vocab {config.data.vocab_size}). "
         f"Transients: W^Q x{t.q_spike_factor:g} at step {t.q_spike_step}; LR x{t.lr_spike_factor:g} for "
         f"{t.lr_spike_steps} steps at {t.lr_spike_step}; donor checkpoint loaded at {t.load_step} "
-        f"(history reset: {t.reset_history_on_load}). delta={config.policy.delta:g}, margin={config.policy.margin:g}. "
+        f"(history reset: {t.reset_history_on_load}). delta={config.policy.delta:g}, calibration c={config.policy.calibration:g}, "
+        f"delayed margin={config.policy.margin:g}. "
         f"'after X' = overflowed logits in the {config.eval.window} steps from X; steady = the "
         f"{config.eval.window} steps before the first transient.",
         "",
