@@ -106,8 +106,8 @@ def make_train_epoch(
 
     ``epoch(params, opt_state, key, queries, objects) -> (params, opt_state, loss)`` where
     ``queries (q, 2)`` and ``objects (q, m)`` come from
-    :func:`~lowrank_jax.kge.graphs.build_query_targets`, ``loss`` is the mean training loss over
-    the epoch's batches. ``params`` and ``opt_state`` are donated. The last batch is padded with
+    :func:`~lowrank_jax.kge.graphs.build_query_targets`, ``loss`` is the epoch's mean training
+    loss per query (each batch's mean loss weighted by its number of real queries). ``params`` and ``opt_state`` are donated. The last batch is padded with
     zero-weight rows, so every query is used exactly once per epoch.
 
     Args:
@@ -142,7 +142,7 @@ def make_train_epoch(
         loss, grads = grad_fn(params, q[:, 0], q[:, 1], objects[idx], weights)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        return (params, opt_state, queries, objects), loss
+        return (params, opt_state, queries, objects), loss * jnp.sum(weights)
 
     @partial(jax.jit, donate_argnums=(0, 1))
     def epoch(params, opt_state, key, queries, objects):
@@ -153,7 +153,7 @@ def make_train_epoch(
         (params, opt_state, _, _), losses = jax.lax.scan(
             step, (params, opt_state, queries, objects), perm
         )
-        return params, opt_state, jnp.mean(losses)
+        return params, opt_state, jnp.sum(losses) / num_queries
 
     return epoch
 
