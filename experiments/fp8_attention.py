@@ -596,7 +596,8 @@ def _plot_timelines(
 
 
 def tightness_rows() -> list[dict[str, Any]]:
-    """Rank-aware vs rank-agnostic for real attention shapes (per head and GQA-stacked)."""
+    """Rank-aware vs rank-agnostic tightness for real attention shapes (r = d_h per head; GQA
+    shares keys but each head still has rank d_h)."""
     shapes = [
         ("GPT-2 XL", 1600, 25, 25, 64),
         ("Mistral-7B", 4096, 32, 8, 128),
@@ -615,7 +616,6 @@ def tightness_rows() -> list[dict[str, Any]]:
         row["γ auto (n=4096, δ=1e-6)"] = g_auto
         row["d/(γ r), auto"] = ratio
         row["scale gain √(d/(γ r)), auto"] = sq
-        row["d/(γ r_stacked), γ=1 (GQA group)"] = d / (dh * hq / hkv) if hq != hkv else ""
         rows.append(row)
     return rows
 
