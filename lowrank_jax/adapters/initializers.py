@@ -269,6 +269,9 @@ def kfac_statistics(
 # --- per-matrix cores -----------------------------------------------------------------------------
 
 
+@functools.partial(
+    jax.jit, static_argnames=("rank", "num_train", "alpha", "beta", "gamma", "damping")
+)
 def lora_da_factors(
     grad: jax.Array,
     z: jax.Array,
@@ -325,6 +328,7 @@ def lora_da_factors(
     return a0 / root, (a0.T @ delta) / root
 
 
+@functools.partial(jax.jit, static_argnames=("rank", "gamma"))
 def lora_one_factors(
     grad: jax.Array, *, rank: int, gamma: float = 1024.0
 ) -> tuple[jax.Array, jax.Array]:
@@ -337,6 +341,7 @@ def lora_one_factors(
     return u[:, :rank] * root, root[:, None] * vt[:rank]
 
 
+@functools.partial(jax.jit, static_argnames=("rank", "gamma"))
 def lora_ga_factors(
     grad: jax.Array, *, rank: int, gamma: float = 1024.0
 ) -> tuple[jax.Array, jax.Array]:
@@ -356,6 +361,7 @@ def lora_ga_factors(
     return u[:, :rank] * c, vt[rank : 2 * rank] * c
 
 
+@functools.partial(jax.jit, static_argnames=("rank", "out_dim"))
 def eva_factors(z: jax.Array, *, rank: int, out_dim: int) -> tuple[jax.Array, jax.Array]:
     """EVA: ``A₀`` = the top-``r`` eigenvectors of ``Z = E[aaᵀ]`` (activation SVD), ``B₀ = 0``."""
     _, vecs = jnp.linalg.eigh(jnp.asarray(z, jnp.float32))
