@@ -20,7 +20,11 @@ SD-LoRA, sequential LoRA, joint).
 Default: ``long_stream`` (specs §2 (4)): 20 tasks × 5 Gaussian classes with means in a shared
 32-d subspace of R^64; frozen random-feature MLP 64→256→256; LoRA rank 4; 200 Adam steps/task.
 
-Runtime and expected result: see ``.notes/continual.md`` (measured, with the command).
+Runtime: about 15 minutes on a 2-core CPU (5.5 min CPU time). Expected result (2 seeds): final
+accuracy GR-LoRA 0.70 vs InfLoRA 0.61, GPM-LoRA 0.48, sequential 0.48, joint 0.96; GPM-LoRA's
+new-task accuracy falls from 0.80 (tasks 1–5) to 0.44 (tasks 16–20) while GR-LoRA's stays about
+0.66–0.77; entropy selection picks the right module for 85% of test inputs. Details:
+``.notes/continual.md``.
 """
 
 from configs.continual_base import build
