@@ -29,14 +29,27 @@ class Adapter:
     """One kernel's adapter: trainable ``factors`` plus its static kind and axis layout.
 
     The kernel has shape ``(*stack, *in_shape, *out_shape)`` with ``len(in_shape) = in_ndim`` and
-    ``len(out_shape) = out_ndim``; the factors describe the ``(n, m)`` matrix view per stacked
-    layer and carry the ``stack`` axes in front.
+    ``len(out_shape) = out_ndim``; the factors describe the ``(n, m)`` matrix view (``matrix``) per
+    stacked layer and carry the ``stack`` axes in front.
     """
 
     factors: dict[str, jax.Array]
     kind: AdapterKind = struct.field(pytree_node=False)
     in_ndim: int = struct.field(pytree_node=False)
     out_ndim: int = struct.field(pytree_node=False)
+    matrix: tuple[int, int] | None = struct.field(pytree_node=False, default=None)
+
+    def stack_ndim(self) -> int:
+        """How many stacked-layer axes lead the factors (needs ``matrix``, the ``(n, m)`` view)."""
+        if self.matrix is None:
+            raise ValueError("this Adapter does not record its (n, m) matrix shape; rebuild it.")
+        one = jax.eval_shape(
+            self.kind.init_factors,
+            jax.random.key(0),
+            jax.ShapeDtypeStruct(self.matrix, jnp.float32),
+        )
+        leaf, ref = jax.tree.leaves(self.factors)[0], jax.tree.leaves(one)[0]
+        return leaf.ndim - ref.ndim
 
     def matrix_shape(self, kernel_shape: Sequence[int]) -> tuple[tuple[int, ...], int, int]:
         """``(stack_shape, n, m)`` of the matrix view of a kernel of this layout."""
@@ -89,7 +102,7 @@ def _init_one(key: jax.Array, kernel: jax.Array, kind: AdapterKind, path: str) -
     keys = jax.random.split(key, matrices.shape[0])
     factors = jax.vmap(kind.init_factors)(keys, matrices)
     factors = jax.tree.map(lambda f: jnp.reshape(f, stack + f.shape[1:]), factors)
-    return Adapter(factors=factors, kind=kind, in_ndim=i, out_ndim=o)
+    return Adapter(factors=factors, kind=kind, in_ndim=i, out_ndim=o, matrix=(n, m))
 
 
 def init(key: jax.Array, params: Any, rules: paths.Rules) -> AdapterSet:

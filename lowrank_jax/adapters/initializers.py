@@ -402,6 +402,7 @@ def _assemble(
             kind=kind,
             in_ndim=in_ndim,
             out_ndim=out_ndim,
+            matrix=(n, m),
         )
     return out
 

@@ -167,7 +167,7 @@ def load_peft(
                 f"kernel {path!r} {shape} needs A({kind.rank}, {n}) and B({m}, {kind.rank})."
             )
         factors = {"a": jnp.asarray(a, dtype), "b": jnp.asarray(b, dtype)}
-        out[path] = Adapter(factors=factors, kind=kind, in_ndim=i, out_ndim=o)
+        out[path] = Adapter(factors=factors, kind=kind, in_ndim=i, out_ndim=o, matrix=(n, m))
     if not out:
         raise ValueError(f"{directory}/{WEIGHTS_NAME} holds no lora_A/lora_B tensors.")
     return out

@@ -47,10 +47,9 @@ def partition_specs(adapters: AdapterSet, param_specs: Any) -> AdapterSet:
         spec = specs.get(path)
         if spec is None and path not in specs:
             raise ValueError(f"param_specs has no entry for the adapted kernel {path!r}.")
-        factors = adapter.factors
-        ndim = next(iter(jax.tree.leaves(factors))).ndim - 2 + adapter.in_ndim + adapter.out_ndim
+        stack = adapter.stack_ndim()
+        ndim = stack + adapter.in_ndim + adapter.out_ndim
         entries = tuple(spec or ()) + (None,) * (ndim - len(tuple(spec or ())))
-        stack = ndim - adapter.in_ndim - adapter.out_ndim
         in_spec = _merge_axes(entries[stack : stack + adapter.in_ndim])
         out_spec = _merge_axes(entries[stack + adapter.in_ndim :])
         per_factor = adapter.kind.factor_specs(in_spec, out_spec)

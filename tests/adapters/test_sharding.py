@@ -40,3 +40,15 @@ def test_partition_specs_follow_kernel_layout():
     specs = A.partition_specs(ad, {"stack": P("layers", "fsdp", "tp", None), "w": None})
     assert specs["stack"].factors == {"a": P("layers", "fsdp", None), "b": P("layers", None, "tp")}
     assert specs["w"].factors == {"a": P(None, None), "b": P(None, None)}
+
+
+def test_partition_specs_for_kinds_with_vector_factors():
+    import jax
+    import jax.numpy as jnp
+
+    params = {"w": jnp.ones((8, 6)), "st": jnp.ones((3, 8, 6))}
+    rules = [("w", A.spectral(2)), ("st", A.spectral(2, in_ndim=1, out_ndim=1))]
+    ad = A.init(jax.random.key(0), params, rules)
+    specs = A.partition_specs(ad, {"w": P("fsdp", "tp"), "st": P("layers", "fsdp", "tp")})
+    assert specs["w"].factors == {"u": P("fsdp", None), "s": P(None), "v": P("tp", None)}
+    assert specs["st"].factors["s"] == P("layers", None)
