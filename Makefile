@@ -13,7 +13,7 @@ install-peers: install
 	$(PYTHON) -m pip install -e ".[test,peers]"
 
 demo: install
-	$(PYTHON) -m experiments.train --config=configs/lora_finetune.py
+	$(PYTHON) -m experiments.train --config=configs/saber.py
 
 test: install
 	$(PYTHON) -m ruff check lowrank_jax experiments configs tests
