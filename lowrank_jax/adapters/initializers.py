@@ -474,6 +474,31 @@ def lora_da(
     return _assemble(params, rules, make)
 
 
+def _gradient_init(
+    factors_fn: Callable[..., tuple[jax.Array, jax.Array]],
+    params: Any,
+    rules: paths.Rules,
+    batch: Any,
+    *,
+    apply_fn: Callable[..., Any],
+    loss_fn: LossFn,
+    num_grad_examples: int,
+    gamma: float,
+    chunk_size: int,
+) -> AdapterSet:
+    """Adapters from the mean gradient alone: ``factors_fn(G, rank=r, gamma=γ)`` per kernel."""
+    stats = kfac_statistics(
+        params, rules, batch, apply_fn=apply_fn, loss_fn=loss_fn,
+        num_examples=min(num_grad_examples, _num_examples(batch)), chunk_size=chunk_size,
+    )  # fmt: skip
+
+    def make(path, kind, stack, n, m):
+        core = lambda g: factors_fn(g, rank=kind.rank, gamma=gamma)
+        return _per_matrix(core, stats[path].grad, stack_ndim=len(stack))
+
+    return _assemble(params, rules, make)
+
+
 def lora_one(
     key: jax.Array,
     params: Any,
@@ -491,16 +516,10 @@ def lora_one(
     See :func:`lora_one_factors`; ``G`` is the mean gradient over the first ``S_g`` examples.
     """
     del key
-    stats = kfac_statistics(
-        params, rules, batch, apply_fn=apply_fn, loss_fn=loss_fn,
-        num_examples=min(num_grad_examples, _num_examples(batch)), chunk_size=chunk_size,
+    return _gradient_init(
+        lora_one_factors, params, rules, batch, apply_fn=apply_fn, loss_fn=loss_fn,
+        num_grad_examples=num_grad_examples, gamma=gamma, chunk_size=chunk_size,
     )  # fmt: skip
-
-    def make(path, kind, stack, n, m):
-        core = lambda g: lora_one_factors(g, rank=kind.rank, gamma=gamma)
-        return _per_matrix(core, stats[path].grad, stack_ndim=len(stack))
-
-    return _assemble(params, rules, make)
 
 
 def lora_ga(
@@ -522,16 +541,10 @@ def lora_ga(
     :func:`lora_ga_factors`.
     """
     del key
-    stats = kfac_statistics(
-        params, rules, batch, apply_fn=apply_fn, loss_fn=loss_fn,
-        num_examples=min(num_grad_examples, _num_examples(batch)), chunk_size=chunk_size,
+    return _gradient_init(
+        lora_ga_factors, params, rules, batch, apply_fn=apply_fn, loss_fn=loss_fn,
+        num_grad_examples=num_grad_examples, gamma=gamma, chunk_size=chunk_size,
     )  # fmt: skip
-
-    def make(path, kind, stack, n, m):
-        core = lambda g: lora_ga_factors(g, rank=kind.rank, gamma=gamma)
-        return _per_matrix(core, stats[path].grad, stack_ndim=len(stack))
-
-    return _assemble(params, rules, make)
 
 
 def pissa(
