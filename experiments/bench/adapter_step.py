@@ -20,13 +20,10 @@ trainable + optimizer-state bytes (LoRA: ``3 · 4 B · Σ r·(m+n)``). The last 
 object of the headline ratios.
 
 Both median wall time and median process CPU time per step are reported; on a shared machine the
-CPU time is the steadier comparison. ``--probe-flat`` adds ``lora-quax-2d`` / ``lora-linen-2d``
-(:class:`FlatLoRA`: the same LoRA with its rank-r products on a 2-D ``(tokens, n)`` input), a
-diagnostic of the cost of 3-D low-rank products on XLA:CPU (see ``.notes/bench.md``).
+CPU time is the steadier comparison.
 
-Default run: about 6 minutes on 2 shared CPU cores (10 with ``--probe-flat``); measured on 2 cores
-at load ≈ 12 (run 3 in ``.notes/bench.md``): LoRA step 0.76× full fine-tuning and 1.02× PEFT in
-CPU time, 0.61–0.64× and 0.81–0.85× with the 2-D probe; LoRA state 1.77 MB vs 151 MB.
+Default run: about 3 minutes on an idle 2-core CPU; measured 2026-12-02 (README): LoRA step 0.645×
+full fine-tuning and 0.854× PyTorch PEFT; LoRA state 1.77 MB vs 151 MB.
 ``--quick`` is a tiny shape for tests.
 
 Example::
@@ -55,7 +52,6 @@ import optax
 
 from experiments.bench import common
 from lowrank_jax import adapters
-from lowrank_jax.adapters import LoRA
 from lowrank_jax.models.layers import PreLNBlock
 
 TARGETS = ("query", "key", "value", "out", "fc1", "fc2")
@@ -76,22 +72,6 @@ class Method:
     loss0: float | None = None  # loss at the initial parameters, when not from the first run
 
 
-@dataclasses.dataclass(frozen=True)
-class FlatLoRA(LoRA):
-    """Diagnostic only (``--probe-flat``): LoRA whose rank-r matmuls see ``x`` as one 2-D
-    ``(tokens, n)`` matrix instead of ``(b, t, n)``.
-
-    Same maths and factors as :class:`~lowrank_jax.adapters.LoRA`; it shows what flattening the
-    free axes before the low-rank products (a proposed change in ``lowrank_jax.adapters``) does to
-    the step: with 3-D ``x``, ``∂L/∂B = (x·A)ᵀ·∂L/∂y`` contracts over two axes, and XLA:CPU
-    transposes the (tokens × m) cotangent in a slow strided fusion to canonicalise that dot.
-    """
-
-    def apply_delta(self, factors, x, *, key=None):
-        y = super().apply_delta(factors, jnp.reshape(x, (-1, x.shape[-1])), key=key)
-        return jnp.reshape(y, (*x.shape[:-1], y.shape[-1]))
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m experiments.bench.adapter_step",
@@ -110,12 +90,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-peft", action="store_true", help="skip PyTorch PEFT even if installed")
-    p.add_argument(
-        "--probe-flat",
-        action="store_true",
-        help="also time 'lora-quax-2d' and 'lora-linen-2d': factorised LoRA with x flattened to "
-        "(tokens, n) before the rank-r matmuls (a diagnostic of a proposed library change)",
-    )
     p.add_argument(
         "--quick", action="store_true", help="tiny shape (d=64, batch 3×16, 2 rounds) for tests"
     )
@@ -189,12 +163,9 @@ def _jax_method(
 
 
 def build_jax_methods(
-    args: argparse.Namespace, model: PreLNBlock, variables: Any, ad: Any, x, y, ad_flat=None
+    args: argparse.Namespace, model: PreLNBlock, variables: Any, ad: Any, x, y
 ) -> list[Method]:
-    """The JAX methods over the same block, batch and (zero-initialised) adapters.
-
-    ``ad_flat``: adapters of kind :class:`FlatLoRA` with the same factors, for ``--probe-flat``.
-    """
+    """The JAX methods over the same block, batch and (zero-initialised) adapters."""
     optimizer = optax.adam(args.lr)
     weight_shapes = [
         tuple(leaf.shape)
@@ -209,13 +180,6 @@ def build_jax_methods(
         "lora-quax": (lambda a, v, x, y: _mse(quax_fwd(v, a, x), y), ad, variables),
         "lora-linen": (lambda a, v, x, y: _mse(linen_fwd(v, a, x), y), ad, variables),
     }
-    if ad_flat is not None:
-        losses["lora-quax-2d"] = (lambda a, v, x, y: _mse(quax_fwd(v, a, x), y), ad_flat, variables)
-        losses["lora-linen-2d"] = (
-            lambda a, v, x, y: _mse(linen_fwd(v, a, x), y),
-            ad_flat,
-            variables,
-        )
     methods = []
     for name, (loss_fn, train, frozen) in losses.items():
         t0 = time.perf_counter()
@@ -430,12 +394,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     variables = model.init(kp, x[:1])
     rules = [(RULES_PATTERN, adapters.lora(rank=args.rank, alpha=args.alpha))]
     ad = adapters.init(ka, variables, rules)
-    ad_flat = None
-    if args.probe_flat:
-        flat = FlatLoRA(rank=args.rank, alpha=args.alpha)
-        ad_flat = adapters.init(ka, variables, [(RULES_PATTERN, flat)])
-
-    methods = build_jax_methods(args, model, variables, ad, x, y, ad_flat)
+    methods = build_jax_methods(args, model, variables, ad, x, y)
     use_peft = not args.no_peft and _peft_available()
     if use_peft:
         methods.append(build_peft_method(args, variables, ad, x, y))
