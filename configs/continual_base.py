@@ -9,14 +9,55 @@ from experiments.common.config_args import parse_arg
 from experiments.common.config_checks import ConfigError
 
 METHODS = ("saber", "gr_lora", "seq_lora", "o_lora", "inflora", "gpm_lora", "sd_lora", "joint")
-BENCHMARKS = ("split_digits", "digits_cil", "long_stream")
+BENCHMARKS = ("split_digits", "digits_cil", "long_stream", "shakespeare_plays", "split_mnist")
 
-# Per benchmark: tasks, backbone, steps per task (full / smoke).
+_MLP_TARGETS = (r"params/dense_\d+/kernel",)
+# Per benchmark: tasks, backbone, steps per task (full / smoke), batch size, learning rate.
 _BENCH = {
-    "split_digits": dict(num_tasks=5, features=(128, 128), pretrain=300, steps=300, smoke_tasks=3),
-    "digits_cil": dict(num_tasks=5, features=(128, 128), pretrain=0, steps=200, smoke_tasks=3),
-    "long_stream": dict(num_tasks=20, features=(256, 256), pretrain=0, steps=200, smoke_tasks=4),
+    "split_digits": dict(num_tasks=5, model="mlp", features=(128, 128), pretrain=300, steps=300),
+    "digits_cil": dict(num_tasks=5, model="mlp", features=(128, 128), pretrain=0, steps=200),
+    "long_stream": dict(
+        num_tasks=20, model="mlp", features=(256, 256), pretrain=0, steps=200, smoke_tasks=4
+    ),
+    "shakespeare_plays": dict(
+        num_tasks=5,
+        model="minilm",
+        pretrain=0,
+        steps=80,
+        batch_size=16,
+        learning_rate=1e-3,
+        memory_examples=64,
+        ood_batch=16,
+        targets=(
+            r"params/layer_\d+/attention/(query|value)/kernel",
+            r"params/layer_\d+/mlp/fc1/kernel",
+        ),
+    ),
+    "split_mnist": dict(
+        num_tasks=3,
+        model="vit",
+        pretrain=800,
+        steps=200,
+        smoke_tasks=2,
+        targets=(
+            r"params/encoder/layer_\d+/attention/(query|value)/kernel",
+            r"params/encoder/layer_\d+/mlp/fc1/kernel",
+        ),
+    ),
 }
+# Ten plays across the Folio's three genres; two per task by default (five tasks).
+PLAYS = (
+    "tempest",
+    "midsummer_nights_dream",
+    "merchant_of_venice",
+    "twelfth_night",
+    "richard_iii",
+    "henry_v",
+    "romeo_and_juliet",
+    "hamlet",
+    "macbeth",
+    "othello",
+)
 
 
 def build(arg, *, comparison, benchmark):
@@ -44,8 +85,8 @@ def build(arg, *, comparison, benchmark):
 
     c.data = ml_collections.ConfigDict()
     c.data.benchmark = arg.benchmark
-    c.data.num_tasks = b["smoke_tasks"] if arg.smoke else b["num_tasks"]
-    c.data.batch_size = 64
+    c.data.num_tasks = b.get("smoke_tasks", 3) if arg.smoke else b["num_tasks"]
+    c.data.batch_size = b.get("batch_size", 64)
     # long_stream only (specs §2 (4)): classes per task, input dim, shared subspace, sizes
     c.data.classes_per_task = 5
     c.data.dim = 64
@@ -53,27 +94,47 @@ def build(arg, *, comparison, benchmark):
     c.data.train_per_class = 100
     c.data.test_per_class = 50
     c.data.separation = 6.0  # norm of the class means (within-class sd 1 per subspace dim)
+    # shakespeare_plays only: plays (classes), plays per task, passage length (characters, then
+    # MiniLM word pieces; shorter passages are dropped) and passages per play (train / test)
+    c.data.plays = PLAYS
+    c.data.plays_per_task = 2
+    c.data.passage_chars = 320
+    c.data.seq_len = 64
+    if arg.benchmark == "shakespeare_plays":
+        c.data.train_per_class = 60 if arg.smoke else 200
+        c.data.test_per_class = 30 if arg.smoke else 60
+    # split_mnist: training images per class for the tasks (the base session uses all of 0-4)
+    if arg.benchmark == "split_mnist":
+        c.data.train_per_class = 200 if arg.smoke else 1000
 
     c.model = ml_collections.ConfigDict()
-    c.model.name = "mlp"
-    c.model.features = b["features"]
+    c.model.name = b["model"]
     c.model.pretrain_steps = min(b["pretrain"], 100) if arg.smoke else b["pretrain"]
+    if b["model"] == "mlp":
+        c.model.features = b["features"]
+    if b["model"] == "vit":  # 28x28 MNIST: 16 patches of 7x7
+        c.model.vit = ml_collections.ConfigDict(
+            dict(patch=7, dim=64, depth=4, heads=4, mlp_dim=128)
+        )
+    if b["model"] == "minilm":
+        c.model.first_layer = 4  # layers 4-5 adapted; 0-3 frozen and cached
 
     c.adapter = ml_collections.ConfigDict()
     c.adapter.rank = 4
     c.adapter.alpha = 8.0
-    c.adapter.targets = (r"params/dense_\d+/kernel",)
+    c.adapter.targets = b.get("targets", _MLP_TARGETS)
 
     c.optim = ml_collections.ConfigDict()
-    c.optim.learning_rate = 3e-3
+    c.optim.learning_rate = b.get("learning_rate", 3e-3)
     c.optim.grad_clip = 1.0
 
     c.schedule = ml_collections.ConfigDict()
-    c.schedule.steps_per_task = 30 if arg.smoke else b["steps"]
+    c.schedule.steps_per_task = min(30, b["steps"]) if arg.smoke else b["steps"]
 
     c.method = ml_collections.ConfigDict()
     c.method.memory_threshold = 0.97  # GPM energy threshold (inflora, gpm_lora, gr_lora)
-    c.method.memory_examples = 512  # examples per task whose layer inputs build the memories
+    # examples per task whose layer inputs build the memories (MiniLM: 64 tokens each)
+    c.method.memory_examples = b.get("memory_examples", 512)
     c.method.o_lora = ml_collections.ConfigDict()
     c.method.o_lora.lambda_orth = 0.5
     c.method.saber = ml_collections.ConfigDict()
@@ -89,7 +150,7 @@ def build(arg, *, comparison, benchmark):
     c.method.gr_lora.recycle_scale = 1.0
     c.method.gr_lora.lambda_local = 0.5
     c.method.gr_lora.lambda_global = 0.5
-    c.method.gr_lora.ood_batch = 64
+    c.method.gr_lora.ood_batch = b.get("ood_batch", 64)  # synthetic OOD points per step
 
     c.eval = ml_collections.ConfigDict()
     c.eval.batch_size = 256

@@ -33,4 +33,4 @@ COMPARISON = ("saber", "seq_lora", "o_lora", "inflora", "sd_lora", "joint")
 
 def get_config(arg=None):
     """``arg``: ``smoke``, ``method=...``, ``benchmark=...``, ``seeds=N``, comma-separated."""
-    return build(arg, comparison=COMPARISON, benchmark="split_digits")
+    return build(arg, comparison=COMPARISON, benchmark="shakespeare_plays")

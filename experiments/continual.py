@@ -43,12 +43,19 @@ import optax
 from absl import logging
 
 from experiments import common
-from lowrank_jax import adapters, continual, data, models
+from experiments.continual_setup import (
+    BENCHMARKS,
+    MODELS,
+    PROTOCOLS,
+    Stream,
+    build_backbone,
+    load_stream,
+    optimizer,
+)
+from lowrank_jax import adapters, continual, data
 from lowrank_jax import optim as lj_optim
 
 METHODS = ("saber", "gr_lora", "seq_lora", "o_lora", "inflora", "gpm_lora", "sd_lora", "joint")
-BENCHMARKS = ("split_digits", "digits_cil", "long_stream")
-PROTOCOLS = {"split_digits": "til", "digits_cil": "cil", "long_stream": "cil"}
 _MEMORY_METHODS = ("inflora", "gpm_lora", "gr_lora")
 
 
@@ -85,9 +92,49 @@ def check_config(config: Any) -> None:
     if benchmark == "long_stream":
         c.check_positive(config, "data.classes_per_task", integer=True)
         c.check_positive(config, "data.separation")
-    feats = c.get_path(config, "model.features")
-    if isinstance(feats, int) or any(not isinstance(f, int) or f < 1 for f in feats):
-        raise c.ConfigError(f"config.model.features={feats!r} is invalid: a tuple of positive ints")
+    if benchmark == "shakespeare_plays":
+        for key in ("plays_per_task", "passage_chars", "seq_len", "train_per_class"):
+            c.check_positive(config, f"data.{key}", integer=True)
+        c.check_positive(config, "data.test_per_class", integer=True)
+        plays = c.get_path(config, "data.plays")
+        unknown = sorted(set(plays) - set(data.PLAYS)) if not isinstance(plays, str) else [plays]
+        if unknown or len(set(plays)) != len(plays):
+            raise c.ConfigError(
+                f"config.data.plays={plays!r} is invalid: distinct play keys from "
+                f"{', '.join(data.PLAYS)}"
+            )
+        if config.data.plays_per_task < 2:
+            raise c.ConfigError("config.data.plays_per_task must be >= 2 (a task needs 2 classes)")
+    if benchmark == "split_mnist":
+        c.check_positive(config, "data.train_per_class", integer=True)
+        if config.data.num_tasks not in (2, 3):
+            raise c.ConfigError(
+                f"config.data.num_tasks={config.data.num_tasks} is invalid for split_mnist: the "
+                "base session (0-4) plus 1 or 2 increments over 5-9 (each needs >= 2 classes)"
+            )
+    name = c.check_choice(config, "model.name", MODELS)
+    wanted = {"shakespeare_plays": "minilm", "split_mnist": "vit"}.get(benchmark, "mlp")
+    if name != wanted:
+        raise c.ConfigError(
+            f"config.model.name={name!r} does not fit benchmark {benchmark!r}: use {wanted!r}"
+        )
+    if name == "mlp":
+        feats = c.get_path(config, "model.features")
+        if isinstance(feats, int) or any(not isinstance(f, int) or f < 1 for f in feats):
+            raise c.ConfigError(
+                f"config.model.features={feats!r} is invalid: a tuple of positive ints"
+            )
+    if name == "vit":
+        for key in ("patch", "dim", "depth", "heads", "mlp_dim"):
+            c.check_positive(config, f"model.vit.{key}", integer=True)
+        c.check_divisible(config, "model.vit.dim", config.model.vit.heads, why="heads split dim")
+    if name == "minilm":
+        first = c.get_path(config, "model.first_layer")
+        if not isinstance(first, int) or not 1 <= first <= 5:
+            raise c.ConfigError(
+                f"config.model.first_layer={first!r} is invalid: the first adapted MiniLM layer, "
+                "1..5 (layers below it are frozen and cached)"
+            )
     c.check_nonnegative(config, "model.pretrain_steps", integer=True)
     c.check_positive(config, "adapter.rank", integer=True)
     c.check_positive(config, "adapter.alpha")
@@ -129,115 +176,7 @@ def check_config(config: Any) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# Task streams.
-
-
-@dataclasses.dataclass
-class Stream:
-    """A task stream: per-task train/test arrays and the classes of each task.
-
-    ``tasks[t] = {"train": {"x", "y"}, "test": {"x", "y"}}`` with global labels;
-    ``task_classes[t]`` the classes of task ``t``; ``base`` the pretraining session or None.
-    """
-
-    tasks: list[dict[str, dict[str, np.ndarray]]]
-    task_classes: list[np.ndarray]
-    num_classes: int
-    protocol: str
-    base: dict[str, np.ndarray] | None
-    base_classes: int
-
-
-def _digits_splits(seed: int) -> tuple[Any, Any]:
-    ds = data.load_digits()
-    splits = data.split(ds, seed=seed, valid_fraction=0.0001, test_fraction=0.25)
-    train = data.Dataset(
-        np.concatenate([splits.train.x, splits.valid.x]),
-        np.concatenate([splits.train.y, splits.valid.y]),
-        ds.class_names,
-    )
-    return train, splits.test
-
-
-def load_stream(config: Any, seed: int) -> Stream:
-    """Builds the benchmark's stream (deterministic in ``seed``).
-
-    * ``split_digits`` (task-incremental, specs §1 (4)): five 10-class digit tasks made
-      conflicting: task 0 plain, odd tasks with a fixed pixel permutation, even tasks ``≥ 2``
-      with a fixed label permutation; task ``t`` owns classes ``10t .. 10t+9``; the backbone is
-      pretrained on digits 0–4.
-    * ``digits_cil`` (class-incremental, specs §2 sanity check): digits in 5 tasks × 2 classes,
-      random-feature backbone.
-    * ``long_stream`` (class-incremental, specs §2 (4)): 20 tasks × 5 Gaussian classes whose
-      means share a 32-d subspace of R^64; random-feature backbone.
-    """
-    rng = np.random.default_rng(1000 + seed)
-    bench = config.data.benchmark
-    num_tasks = config.data.num_tasks
-    if bench == "long_stream":
-        pairs, _ = continual.long_stream(
-            seed=seed,
-            num_tasks=num_tasks,
-            classes_per_task=config.data.classes_per_task,
-            dim=config.data.dim,
-            subspace_dim=config.data.subspace_dim,
-            train_per_class=config.data.train_per_class,
-            test_per_class=config.data.test_per_class,
-            separation=config.data.separation,
-        )
-        k = config.data.classes_per_task
-        tasks = [
-            {"train": {"x": tr.x, "y": tr.y}, "test": {"x": te.x, "y": te.y}} for tr, te in pairs
-        ]
-        classes = [np.arange(t * k, (t + 1) * k) for t in range(num_tasks)]
-        return Stream(tasks, classes, num_tasks * k, "cil", None, 0)
-    train, test = _digits_splits(seed)
-    flat = lambda x: np.asarray(x, np.float32).reshape(len(x), -1)  # noqa: E731
-    if bench == "digits_cil":
-        k = 10 // num_tasks
-        if k * num_tasks != 10:
-            raise common.ConfigError(
-                f"config.data.num_tasks={num_tasks} must divide the 10 digit classes (2 or 5)"
-            )
-        order = rng.permutation(10)
-        tasks, classes = [], []
-        for t in range(num_tasks):
-            cls = order[t * k : (t + 1) * k]
-            part = {}
-            for name, ds in (("train", train), ("test", test)):
-                keep = np.isin(ds.y, cls)
-                part[name] = {"x": flat(ds.x[keep]), "y": ds.y[keep].astype(np.int32)}
-            tasks.append(part)
-            classes.append(np.sort(cls))
-        return Stream(tasks, classes, 10, "cil", None, 0)
-    # split_digits: conflicting digit tasks, one 10-class head block per task.
-    tasks, classes = [], []
-    for t in range(num_tasks):
-        pixels = np.arange(64) if t % 2 == 0 else rng.permutation(64)
-        labels = rng.permutation(10) if (t % 2 == 0 and t > 0) else np.arange(10)
-        part = {}
-        for name, ds in (("train", train), ("test", test)):
-            part[name] = {
-                "x": flat(ds.x)[:, pixels],
-                "y": (10 * t + labels[ds.y]).astype(np.int32),
-            }
-        tasks.append(part)
-        classes.append(np.arange(10 * t, 10 * t + 10))
-    keep = train.y < 5
-    base = {"x": flat(train.x[keep]), "y": train.y[keep].astype(np.int32)}
-    return Stream(tasks, classes, 10 * num_tasks, "til", base, 5)
-
-
-# ----------------------------------------------------------------------------------------------
-# Model and helpers.
-
-
-def _optimizer(config: Any, extra: list[optax.GradientTransformation] = ()) -> Any:
-    parts = []
-    if config.optim.grad_clip:
-        parts.append(optax.clip_by_global_norm(config.optim.grad_clip))
-    parts += [optax.scale_by_adam(), *extra, optax.scale(-config.optim.learning_rate)]
-    return optax.chain(*parts)
+# Helpers.
 
 
 def _kernel_paths(variables: Any, targets: tuple[str, ...]) -> list[str]:
@@ -285,60 +224,6 @@ def _masked_ce(logits: jax.Array, y: jax.Array, mask: jax.Array) -> jax.Array:
     return optax.softmax_cross_entropy_with_integer_labels(z, y).mean()
 
 
-def _pretrain(config: Any, stream: Stream, key: jax.Array, workdir: str) -> Any:
-    """Trains the whole MLP on the base session; returns its hidden-layer params."""
-    model = models.MLP(tuple(config.model.features), stream.base_classes)
-    variables = model.init(key, jnp.zeros((1, stream.base["x"].shape[1])))
-    tx = _optimizer(config)
-    state = {"params": variables, "opt_state": tx.init(variables), "step": 0}
-
-    def step(state, frozen, batch, key):
-        del frozen, key
-
-        def loss_fn(p):
-            logits = model.apply(p, batch["x"])
-            return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
-
-        loss, grads = jax.value_and_grad(loss_fn)(state["params"])
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        return {
-            **state,
-            "params": optax.apply_updates(state["params"], updates),
-            "opt_state": opt_state,
-        }, {"loss": loss}
-
-    steps = config.model.pretrain_steps
-    result = common.fit(
-        state,
-        None,
-        step,
-        data.BatchIterator(stream.base, batch_size=config.data.batch_size, seed=0),
-        key=key,
-        num_steps=steps,
-        workdir=os.path.join(workdir, "base"),
-        log_every=config.log.every,
-        ckpt_every=steps,
-        max_to_keep=1,
-        progress=config.log.progress,
-        description="base session",
-    )
-    return jax.device_get(result.state["params"])
-
-
-def build_backbone(config: Any, stream: Stream, seed: int, workdir: str) -> tuple[Any, Any]:
-    """``(model, variables)``: MLP with a fresh head over all classes of the stream."""
-    key = jax.random.key(seed)
-    k_init, k_pre = jax.random.split(key)
-    dim = stream.tasks[0]["train"]["x"].shape[1]
-    model = models.MLP(tuple(config.model.features), stream.num_classes)
-    variables = model.init(k_init, jnp.zeros((1, dim)))
-    if stream.base is not None and config.model.pretrain_steps:
-        pre = _pretrain(config, stream, k_pre, workdir)
-        body = {k: v for k, v in pre["params"].items() if k != "head"}
-        variables = {"params": {**variables["params"], **body}}
-    return model, jax.device_get(variables)
-
-
 # ----------------------------------------------------------------------------------------------
 # One method on one stream.
 
@@ -384,6 +269,12 @@ class Learner:
         self.stats: continual.ClassStatistics | None = None
         self.recycled_fraction: list[float] = []
         self.memory_fill: list[float] = []
+        # compiled once per learner (the parameters are arguments, not constants)
+        self._jit_layer_inputs = jax.jit(
+            lambda p, x: continual.layer_inputs(model.apply, self.kernels, p, x)
+        )
+        self._jit_plain = jax.jit(lambda p, x: self.apply(p, {}, x))
+        self._jit_recalibrate = None
 
     # -- forward passes --------------------------------------------------------------------
 
@@ -418,10 +309,7 @@ class Learner:
 
     def _layer_inputs(self, x: np.ndarray) -> dict[str, jax.Array]:
         n = self.config.method.memory_examples
-        x = jnp.asarray(x[:n])
-        _, inputs = jax.jit(
-            lambda p, a: continual.layer_inputs(self.model.apply, self.kernels, p, a)
-        )(self.params, x)
+        _, inputs = self._jit_layer_inputs(self.params, jnp.asarray(x[:n]))
         return inputs
 
     def setup(self, t: int, key: jax.Array) -> _Task:
@@ -461,10 +349,10 @@ class Learner:
                     for k, ad in tr["shared"].items()
                 )
 
-            return _Task(trainable, frozen, _optimizer(c), penalty)
+            return _Task(trainable, frozen, optimizer(c), penalty)
         lora = _lora_set(key, self.params, c, rank)
         if m in ("seq_lora", "joint"):
-            return _Task({"shared": lora, "head": head}, frozen, _optimizer(c))
+            return _Task({"shared": lora, "head": head}, frozen, optimizer(c))
         if m == "o_lora":
             frozen["old_a"] = self.old_a
             lam = c.method.o_lora.lambda_orth
@@ -475,7 +363,7 @@ class Learner:
                     for k, ad in tr["shared"].items()
                 )
 
-            return _Task({"shared": lora, "head": head}, frozen, _optimizer(c), penalty)
+            return _Task({"shared": lora, "head": head}, frozen, optimizer(c), penalty)
         if m == "inflora":
             inputs = self._layer_inputs(self.stream.tasks[t]["train"]["x"])
             frozen["a"] = {
@@ -485,7 +373,7 @@ class Learner:
             frozen["template"] = lora
             self._inflora = (frozen["a"], lora)
             trainable = {"b": {k: ad.factors["b"] for k, ad in lora.items()}, "head": head}
-            return _Task(trainable, frozen, _optimizer(c))
+            return _Task(trainable, frozen, optimizer(c))
         if m == "gpm_lora":
             lora = _replace_a(
                 lora,
@@ -495,14 +383,14 @@ class Learner:
                 },
             )
             memory = {f"shared/{k}/factors/a": self.memory[k] for k in self.kernels}
-            tx = _optimizer(c, [lj_optim.scale_by_orthogonal_projection(memory)])
+            tx = optimizer(c, [lj_optim.scale_by_orthogonal_projection(memory)])
             return _Task({"shared": lora, "head": head}, frozen, tx)
         if m == "sd_lora":
             frozen["w0"], frozen["dirs"] = self.w0, self.dirs
             trainable = {"shared": lora, "head": head}
             if t > 0:  # orbax cannot save the empty magnitudes of task 0
                 trainable["alpha"] = dict(self.alphas)
-            return _Task(trainable, frozen, _optimizer(c))
+            return _Task(trainable, frozen, optimizer(c))
         if m == "gr_lora":
             a_full = {k: ad.factors["a"] for k, ad in lora.items()}
             shared = _replace_a(
@@ -518,7 +406,7 @@ class Learner:
                 for k, ad in lora.items()
             }
             memory = {f"shared/{k}/factors/a": self.memory[k] for k in self.kernels}
-            tx = _optimizer(
+            tx = optimizer(
                 c,
                 [
                     lj_optim.scale_by_gradient_recycling(
@@ -542,15 +430,17 @@ class Learner:
         mask[self.stream.task_classes[t]] = True
         mask = jnp.asarray(mask)
         num = g.ood_batch
+        shape = (num, *self.stream.tasks[t]["train"]["x"].shape[1:])  # features are flattened
 
         def loss(tr, fr, key, forward):
             k1, k2 = jax.random.split(key)
             total = 0.0
             if g.lambda_local:
-                x = continual.synthesize_local(k1, fr["stats"], own, num)
+                x = continual.synthesize_local(k1, fr["stats"], own, num).reshape(shape)
                 total += g.lambda_local * continual.mismatch_loss(forward(tr, fr, x), mask)
             if g.lambda_global and others is not None:
                 x = continual.synthesize_global(k2, fr["stats"], jnp.asarray(others), num)
+                x = x.reshape(shape)
                 total += g.lambda_global * continual.mismatch_loss(forward(tr, fr, x), mask)
             return total
 
@@ -655,22 +545,24 @@ class Learner:
         tx = optax.adam(c.optim.learning_rate)
         head = jax.tree.map(jnp.asarray, params["params"]["head"])
         opt_state = tx.init(head)
+        if self._jit_recalibrate is None:
 
-        @jax.jit
-        def step(head, opt_state, x, y, mask):
-            def loss_fn(h):
-                return _masked_ce(self.model.apply(_with_head(params, h), x), y, mask)
+            @jax.jit
+            def step(params, head, opt_state, x, y, mask):
+                def loss_fn(h):
+                    return _masked_ce(self.model.apply(_with_head(params, h), x), y, mask)
 
-            grads = jax.grad(loss_fn)(head)
-            updates, opt_state = tx.update(grads, opt_state, head)
-            return optax.apply_updates(head, updates), opt_state
+                grads = jax.grad(loss_fn)(head)
+                updates, opt_state = tx.update(grads, opt_state, head)
+                return optax.apply_updates(head, updates), opt_state
 
+            self._jit_recalibrate = step
         rng = np.random.default_rng([c.seeds[0], t, 17])
         n, bs = len(arrays["y"]), min(c.data.batch_size, len(arrays["y"]))
         for _ in range(c.method.saber.recalibrate_steps):
             idx = rng.choice(n, bs, replace=False)
-            head, opt_state = step(
-                head, opt_state, arrays["x"][idx], arrays["y"][idx], arrays["mask"][idx]
+            head, opt_state = self._jit_recalibrate(
+                params, head, opt_state, arrays["x"][idx], arrays["y"][idx], arrays["mask"][idx]
             )
         return jax.device_get(head)
 
@@ -684,7 +576,7 @@ class Learner:
             seen[s.task_classes[j]] = True
         accs, selected_ok, total = [], 0, 0
         bs = self.config.eval.batch_size
-        plain = jax.jit(lambda p, x: self.apply(p, {}, x))
+        plain = self._jit_plain
         if self.method == "gr_lora":
             masks = np.zeros((t + 1, s.num_classes), bool)
             for j in range(t + 1):

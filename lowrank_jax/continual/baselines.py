@@ -21,7 +21,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lowrank_jax.optim.projection import SubspaceMemory, project_off
+from lowrank_jax.optim.projection import SubspaceMemory, left_singular, project_off
 
 __all__ = ["inflora_down_projection", "o_lora_penalty", "sd_lora_kernel", "unit_direction"]
 
@@ -60,7 +60,7 @@ def inflora_down_projection(
     if not 1 <= rank <= min(n, b):
         raise ValueError(f"rank must lie in [1, min(n, b) = {min(n, b)}], got {rank}.")
     residual = project_off(memory, x.T)
-    u, s, _ = jnp.linalg.svd(residual, full_matrices=False)
+    u, s = left_singular(residual)
     # columns of (numerically) zero singular value carry no new direction: zero them
     keep = s[:rank] > 1e-6 * jnp.maximum(s[0], 1e-30)
     return project_off(memory, u[:, :rank] * keep)

@@ -7,12 +7,14 @@ Every projection is a plain `nn.Dense` with a 2-D kernel (in, out), so adapter r
 from lowrank_jax.models.bert import BertClassifier as BertClassifier
 from lowrank_jax.models.bert import BertConfig as BertConfig
 from lowrank_jax.models.bert import BertEncoder as BertEncoder
+from lowrank_jax.models.bert import BertTopClassifier as BertTopClassifier
 from lowrank_jax.models.bert import classifier_variables as classifier_variables
 from lowrank_jax.models.bert import convert_bert_weights as convert_bert_weights
 from lowrank_jax.models.bert import flax_path_from_peft as flax_path_from_peft
 from lowrank_jax.models.bert import mean_pool as mean_pool
 from lowrank_jax.models.bert import peft_module_name as peft_module_name
 from lowrank_jax.models.bert import sentence_embedding as sentence_embedding
+from lowrank_jax.models.bert import split_encoder as split_encoder
 from lowrank_jax.models.gpt import CharGPT as CharGPT
 from lowrank_jax.models.layers import FeedForward as FeedForward
 from lowrank_jax.models.layers import PreLNBlock as PreLNBlock
@@ -31,6 +33,7 @@ __all__ = [
     "BertClassifier",
     "BertConfig",
     "BertEncoder",
+    "BertTopClassifier",
     "CharGPT",
     "FeedForward",
     "PreLNBlock",
@@ -45,6 +48,7 @@ __all__ = [
     "minilm_dir",
     "peft_module_name",
     "sentence_embedding",
+    "split_encoder",
     "stack_layers",
     "tokenize",
     "unstack_layers",

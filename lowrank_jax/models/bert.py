@@ -54,12 +54,14 @@ __all__ = [
     "BertClassifier",
     "BertConfig",
     "BertEncoder",
+    "BertTopClassifier",
     "classifier_variables",
     "convert_bert_weights",
     "flax_path_from_peft",
     "mean_pool",
     "peft_module_name",
     "sentence_embedding",
+    "split_encoder",
 ]
 
 _ACTIVATIONS = {
@@ -371,6 +373,96 @@ class BertClassifier(nn.Module):
         pooled = mean_pool(hidden, attention_mask)
         pooled = nn.Dropout(self.config.hidden_dropout_prob)(pooled, deterministic=deterministic)
         return nn.Dense(self.num_classes, dtype=self.dtype, name="head")(pooled)
+
+
+class BertTopClassifier(nn.Module):
+    """The top layers of a BERT encoder, mean pooling and a linear `head`, on hidden states.
+
+    For training adapters on the top of a frozen encoder: the bottom layers run once (the
+    "prefix" of `split_encoder`) and their hidden states are cached; this module runs layers
+    `first_layer .. L-1` on them. Parameter paths are `params/layer_i/...` (those of
+    `params/encoder/layer_i/...` in `BertEncoder`) and `params/head/{kernel, bias}`.
+
+        logits = head(mean_pool(layer_{L-1}(... layer_{first_layer}(hidden))))
+
+    Attributes:
+      config: the full encoder's architecture (`num_hidden_layers` = L).
+      first_layer: index of the first layer run here, in `[0, L)`.
+      num_classes: number of classes.
+      dtype: computation dtype (None: inferred from inputs and params).
+    """
+
+    config: BertConfig
+    first_layer: int
+    num_classes: int
+    dtype: Any = None
+
+    @nn.compact
+    def __call__(
+        self,
+        hidden: jax.Array,
+        attention_mask: jax.Array | None = None,
+        *,
+        deterministic: bool = True,
+    ) -> jax.Array:
+        """Maps hidden states (b, t, d) of layer `first_layer - 1` to logits (b, num_classes).
+
+        Args:
+          hidden: (b, t, d) hidden states (the output of the prefix encoder).
+          attention_mask: optional (b, t), 1 for real tokens and 0 for padding (default: all 1).
+          deterministic: disables dropout when True.
+
+        Raises:
+          ValueError: if `hidden` is not (b, t, hidden_size) or `first_layer` is out of range.
+        """
+        c = self.config
+        if not 0 <= self.first_layer < c.num_hidden_layers:
+            raise ValueError(
+                f"first_layer={self.first_layer} must lie in [0, {c.num_hidden_layers})."
+            )
+        if hidden.ndim != 3 or hidden.shape[-1] != c.hidden_size:
+            raise ValueError(f"hidden must be (b, t, {c.hidden_size}); got {hidden.shape}.")
+        if attention_mask is None:
+            attention_mask = jnp.ones(hidden.shape[:2], jnp.int32)
+        mask = (attention_mask > 0)[:, None, None, :]
+        for i in range(self.first_layer, c.num_hidden_layers):
+            hidden = _BertLayer(c, self.dtype, name=f"layer_{i}")(
+                hidden, mask, deterministic=deterministic
+            )
+        pooled = mean_pool(hidden, attention_mask)
+        return nn.Dense(self.num_classes, dtype=self.dtype, name="head")(pooled)
+
+
+def split_encoder(
+    config: BertConfig, variables: Mapping[str, Any], first_layer: int
+) -> tuple[BertConfig, dict[str, Any], dict[str, Any]]:
+    """Splits a pretrained encoder into a frozen prefix and the top layers.
+
+    Args:
+      config: the encoder's architecture.
+      variables: `{"params": ...}` of a `BertEncoder(config)`.
+      first_layer: the first layer of the top part, in `[1, L)`.
+
+    Returns:
+      `(prefix_config, prefix_variables, top_params)`: `BertEncoder(prefix_config)` with
+      `prefix_variables` computes the hidden states after layer `first_layer - 1` (embeddings and
+      layers `0 .. first_layer-1`); `top_params` is `{"layer_i": ...}` for `i >= first_layer`,
+      the body of a `BertTopClassifier`'s params (add a `head`).
+
+    Raises:
+      ValueError: if `first_layer` is out of range.
+    """
+    n = config.num_hidden_layers
+    if not 1 <= first_layer < n:
+        raise ValueError(f"first_layer={first_layer} must lie in [1, {n}) for {n} layers.")
+    params = variables["params"]
+    layers = params["encoder"]
+    prefix = {
+        **params,
+        "encoder": {f"layer_{i}": layers[f"layer_{i}"] for i in range(first_layer)},
+    }
+    top = {f"layer_{i}": layers[f"layer_{i}"] for i in range(first_layer, n)}
+    return dataclasses.replace(config, num_hidden_layers=first_layer), {"params": prefix}, top
 
 
 def classifier_variables(

@@ -45,6 +45,7 @@ import optax
 from lowrank_jax.adapters import paths
 
 __all__ = [
+    "left_singular",
     "OrthogonalProjectionState",
     "SubspaceMemory",
     "captured_energy",
@@ -169,6 +170,25 @@ def captured_energy(memory: SubspaceMemory, x: jax.typing.ArrayLike) -> jax.Arra
     return inside / jnp.maximum(total, jnp.finfo(x.dtype).tiny)
 
 
+def left_singular(r: jax.typing.ArrayLike) -> tuple[jax.Array, jax.Array]:
+    r"""Left singular vectors and values of ``R: (n, b)``: ``(U (n, p), σ (p,))``, ``p = min(n, b)``.
+
+    For wide ``R`` (``b > n``: many activations of an ``n``-wide layer) they come from the
+    eigendecomposition of the ``n × n`` Gram matrix ``RRᵀ = U diag(σ²) Uᵀ``: ``O(n²b)`` instead of
+    an SVD of the whole ``R``, and robust where LAPACK's divide-and-conquer SVD of a very wide
+    float32 matrix fails to converge (it returns NaNs). Singular values below ``√ε·σ₀`` lose
+    relative precision that way; the energy criteria that use them do not care. Values are
+    sorted in decreasing order.
+    """
+    r = jnp.asarray(r)
+    n, b = r.shape
+    if b <= n:
+        u, s, _ = jnp.linalg.svd(r, full_matrices=False)
+        return u, s
+    evals, evecs = jnp.linalg.eigh(r @ r.T)
+    return evecs[:, ::-1], jnp.sqrt(jnp.maximum(evals[::-1], 0.0))
+
+
 def _extend_one(
     basis: jax.Array, size: jax.Array, x: jax.Array, threshold: float
 ) -> tuple[jax.Array, jax.Array]:
@@ -178,7 +198,7 @@ def _extend_one(
     total = jnp.sum(jnp.square(r))
     inside = jnp.sum(jnp.square(m.T @ r))
     residual = r - m @ (m.T @ r)
-    u, s, _ = jnp.linalg.svd(residual, full_matrices=False)  # u: (n, p), p = min(n, b)
+    u, s = left_singular(residual)  # u: (n, p), p = min(n, b)
     cumulative = inside + jnp.cumsum(jnp.square(s))
     # smallest k with cumulative[k-1] >= threshold * total (k = 0 if inside already suffices)
     k_new = jnp.where(inside >= threshold * total, 0, jnp.sum(cumulative < threshold * total) + 1)

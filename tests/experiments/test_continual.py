@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -37,7 +38,8 @@ def test_config_args_fail_early_with_allowed_values():
     assert saber_config.get_config("method=o_lora").methods == ("o_lora",)
     assert len(saber_config.get_config("method=every").methods) == 8
     assert gr_config.get_config("seeds=3").seeds == (0, 1, 2)
-    for arg in ("smoke", "smoke,benchmark=long_stream", "smoke,benchmark=digits_cil"):
+    bench = ("long_stream", "digits_cil", "split_digits", "shakespeare_plays", "split_mnist")
+    for arg in ["smoke"] + [f"smoke,benchmark={b}" for b in bench]:
         continual.check_config(saber_config.get_config(arg))
         continual.check_config(gr_config.get_config(arg))
 
@@ -61,7 +63,7 @@ def test_projection_methods_do_not_change_old_task_outputs():
 
 
 def test_smoke_run_end_to_end_and_resume(tmp_path):
-    config = _tiny("smoke")
+    config = _tiny("smoke,benchmark=split_digits")
     config.methods = ("saber", "gr_lora", "joint")
     workdir = str(tmp_path / "run")
     out = continual.run(config, workdir)
@@ -82,3 +84,80 @@ def test_smoke_run_end_to_end_and_resume(tmp_path):
     again = continual.run(config, workdir)
     assert again["table"]["saber"]["final_acc"] == table["saber"]["final_acc"]
     assert again["table"]["gr_lora"]["final_acc"] == table["gr_lora"]["final_acc"]
+
+
+def test_resume_within_and_between_tasks_gives_the_same_accuracy_matrix(tmp_path, monkeypatch):
+    """Stopped inside task 1 (Ctrl-C: a checkpoint at step 3) or before it starts (killed between
+    tasks), a rerun ends with exactly the accuracy matrix of an uninterrupted run."""
+    config = _tiny("smoke,benchmark=split_digits")
+    config.methods = ("saber", "gr_lora", "inflora")
+    reference = continual.run(config, str(tmp_path / "reference"))
+    real_fit = common.fit
+
+    class Killed(Exception):
+        pass
+
+    def stop_inside_task_1(*args, workdir, num_steps, **kwargs):
+        if workdir.endswith("task_1") and not os.path.exists(os.path.join(workdir, "checkpoints")):
+            result = real_fit(*args, workdir=workdir, num_steps=3, **kwargs)
+            return dataclasses.replace(result, interrupted=True)
+        return real_fit(*args, workdir=workdir, num_steps=num_steps, **kwargs)
+
+    def kill_before_task_1(*args, workdir, **kwargs):
+        if workdir.endswith("task_1"):
+            raise Killed
+        return real_fit(*args, workdir=workdir, **kwargs)
+
+    for name, patched in (("within", stop_inside_task_1), ("between", kill_before_task_1)):
+        workdir = str(tmp_path / name)
+        with monkeypatch.context() as m:
+            m.setattr(common, "fit", patched)
+            try:
+                out = continual.run(config, workdir)
+                assert out["interrupted"]
+            except Killed:
+                pass
+        assert not os.path.exists(os.path.join(workdir, "results.md"))
+        out = continual.run(config, workdir)
+        assert not out["interrupted"]
+        for method in config.methods:
+            assert out["table"][method] == reference["table"][method], (name, method)
+
+
+def test_split_mnist_stream_is_base_plus_increments():
+    config = saber_config.get_config("smoke,benchmark=split_mnist")
+    config.data.num_tasks = 3
+    stream = continual.load_stream(config, 1)
+    assert [list(c) for c in stream.task_classes][0] == [0, 1, 2, 3, 4]
+    rest = np.concatenate(stream.task_classes[1:])
+    assert sorted(rest) == [5, 6, 7, 8, 9] and all(len(c) >= 2 for c in stream.task_classes)
+    assert stream.keep_base_head and stream.base_classes == 5 and stream.protocol == "cil"
+    assert stream.base["x"].shape[1:] == (28, 28, 1) and set(stream.base["y"]) == set(range(5))
+    for task, classes in zip(stream.tasks, stream.task_classes, strict=True):
+        assert set(task["train"]["y"]) == set(classes) == set(task["test"]["y"])
+    config.data.num_tasks = 4
+    with pytest.raises(common.ConfigError, match="increments"):
+        continual.check_config(config)
+
+
+@pytest.mark.parametrize("name", ["split_mnist", "shakespeare_plays"])
+def test_real_backbones_run_end_to_end(tmp_path, name):
+    """A ViT pretrained on the base session / the top of the pretrained MiniLM, two tasks."""
+    config = _tiny(f"smoke,benchmark={name}")
+    config.methods = ("saber", "gr_lora", "seq_lora")
+    config.schedule.steps_per_task = 4
+    config.method.saber.recalibrate_steps = 2
+    config.method.gr_lora.ood_batch = 4
+    config.method.memory_examples = 16
+    config.data.train_per_class = 16
+    config.data.test_per_class = 8
+    config.data.batch_size = 8
+    out = continual.run(config, str(tmp_path))
+    assert not out["interrupted"]
+    for method in config.methods:
+        assert 0.0 <= out["table"][method]["final_acc"] <= 1.0
+    assert 0.0 <= out["table"]["gr_lora"]["selection_acc"] <= 1.0
+    if name == "split_mnist":  # the base session's head rows are kept: task 0 is learned
+        with open(os.path.join(tmp_path, "accuracy_matrices.json")) as f:
+            r = np.asarray(json.load(f)["seq_lora"][0]["R"], float)
+        assert r[0, 0] > 0.5

@@ -220,6 +220,30 @@ def test_classifier_is_linear_head_on_mean_pool(minilm):
         models.classifier_variables(jax.random.key(1), variables, num_classes=0)
 
 
+@pytest.mark.parametrize("first_layer", [1, 4])
+def test_split_encoder_prefix_then_top_equals_the_classifier(minilm, first_layer):
+    config, variables, tokenizer = minilm
+    batch = models.tokenize(tokenizer, ["a cat", "a dog sat on the mat"], max_len=12)
+    clf_vars = models.classifier_variables(jax.random.key(1), variables, num_classes=3)
+    want = models.BertClassifier(config, 3).apply(clf_vars, **batch)
+    prefix_config, prefix_vars, top = models.split_encoder(config, variables, first_layer)
+    assert prefix_config.num_hidden_layers == first_layer
+    assert sorted(prefix_vars["params"]["encoder"]) == [f"layer_{i}" for i in range(first_layer)]
+    assert sorted(top) == [f"layer_{i}" for i in range(first_layer, N_LAYERS)]
+    hidden = models.BertEncoder(prefix_config).apply(prefix_vars, **batch)
+    top_model = models.BertTopClassifier(config, first_layer, 3)
+    top_vars = {"params": {**top, "head": clf_vars["params"]["head"]}}
+    got = top_model.apply(top_vars, hidden, batch["attention_mask"])
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=1e-5)
+    shapes = jax.eval_shape(top_model.init, jax.random.key(0), hidden)
+    assert jax.tree.map(lambda s: s.shape, shapes) == jax.tree.map(jnp.shape, top_vars)
+    for bad in (0, N_LAYERS):
+        with pytest.raises(ValueError, match="first_layer"):
+            models.split_encoder(config, variables, bad)
+    with pytest.raises(ValueError, match="hidden must be"):
+        top_model.apply(top_vars, hidden[..., :8])
+
+
 def test_dropout_active_only_when_not_deterministic(minilm):
     config, variables, tokenizer = minilm
     batch = models.tokenize(tokenizer, ["to be or not to be"], max_len=10)

@@ -13,6 +13,7 @@ from lowrank_jax.optim import (
     captured_energy,
     extend_subspace_memory,
     init_subspace_memory,
+    left_singular,
     project_off,
     project_onto,
     scale_by_orthogonal_projection,
@@ -198,3 +199,13 @@ def test_transform_errors():
         scale_by_orthogonal_projection(
             {"params/dense_0/kernel/factors/a": init_subspace_memory(5)}
         ).init(params)
+
+
+@pytest.mark.parametrize("shape", [(6, 40), (6, 4)])
+def test_left_singular_matches_svd_for_wide_and_tall(shape):
+    r = jax.random.normal(jax.random.key(3), shape) * jnp.linspace(3.0, 0.5, shape[0])[:, None]
+    u, s = left_singular(r)
+    u_ref, s_ref, _ = np.linalg.svd(np.asarray(r, np.float64), full_matrices=False)
+    np.testing.assert_allclose(s, s_ref, rtol=1e-4)
+    # the same subspaces up to sign: |u_iᵀ u_ref_i| = 1
+    np.testing.assert_allclose(np.abs(np.sum(np.asarray(u) * u_ref, axis=0)), 1.0, atol=1e-4)

@@ -1,0 +1,345 @@
+"""Task streams and frozen backbones of the continual-learning experiment (``continual.py``).
+
+Benchmarks (``config.data.benchmark``; all deterministic in the seed):
+
+* ``split_digits`` (task-incremental, specs §1 (4)): five 10-class digit tasks made conflicting
+  (task 0 plain, odd tasks pixel-permuted, even tasks ``≥ 2`` label-permuted; task ``t`` owns
+  classes ``10t .. 10t+9``); an MLP pretrained on digits 0–4.
+* ``digits_cil`` (class-incremental, specs §2 sanity check): digits in 5 tasks × 2 classes on a
+  random-feature MLP.
+* ``long_stream`` (class-incremental, specs §2 (4)): 20 tasks × 5 Gaussian classes whose means
+  share a 32-d subspace of R^64; a random-feature MLP.
+* ``shakespeare_plays`` (class-incremental): passages of Shakespeare's First Folio labelled by
+  play, ``data.plays_per_task`` plays per task (the task order is shuffled per seed), on the real
+  pretrained all-MiniLM-L6-v2. The encoder is frozen; its bottom layers ``0 .. first_layer-1``
+  run once and their hidden states are the stream's inputs (cached per process); the top layers,
+  mean pooling and a linear head form the model that the adapters train
+  (:class:`lowrank_jax.models.BertTopClassifier`).
+* ``split_mnist`` (class-incremental, base + increments): a base session trains a small ViT from
+  scratch on MNIST digits 0–4; task 0 is that session's classes (its head rows are kept) and the
+  increments split digits 5–9 (in a per-seed order) into ``num_tasks - 1`` groups of ≥ 2 classes,
+  learned with the frozen backbone plus adapters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import logging
+
+from experiments import common
+from lowrank_jax import continual, data, models
+
+BENCHMARKS = ("split_digits", "digits_cil", "long_stream", "shakespeare_plays", "split_mnist")
+PROTOCOLS = {
+    "split_digits": "til",
+    "digits_cil": "cil",
+    "long_stream": "cil",
+    "shakespeare_plays": "cil",
+    "split_mnist": "cil",
+}
+MODELS = ("mlp", "vit", "minilm")
+
+
+@dataclasses.dataclass
+class Stream:
+    """A task stream: per-task train/test arrays and the classes of each task.
+
+    ``tasks[t] = {"train": {"x", "y"}, "test": {"x", "y"}}`` with global labels;
+    ``task_classes[t]`` the classes of task ``t``; ``base`` the pretraining session or None;
+    ``keep_base_head``: the base session's head rows ``0 .. base_classes-1`` are those of the
+    stream's classes ``0 .. base_classes-1`` (kept in the full head) rather than a throwaway.
+    """
+
+    tasks: list[dict[str, dict[str, np.ndarray]]]
+    task_classes: list[np.ndarray]
+    num_classes: int
+    protocol: str
+    base: dict[str, np.ndarray] | None
+    base_classes: int
+    keep_base_head: bool = False
+
+
+def optimizer(config: Any, extra: list[optax.GradientTransformation] = ()) -> Any:
+    """Clip (``optim.grad_clip``), Adam, ``extra`` transforms, then ``-optim.learning_rate``."""
+    parts = []
+    if config.optim.grad_clip:
+        parts.append(optax.clip_by_global_norm(config.optim.grad_clip))
+    parts += [optax.scale_by_adam(), *extra, optax.scale(-config.optim.learning_rate)]
+    return optax.chain(*parts)
+
+
+# ----------------------------------------------------------------------------------------------
+# Streams.
+
+
+def _digits_splits(seed: int) -> tuple[Any, Any]:
+    ds = data.load_digits()
+    splits = data.split(ds, seed=seed, valid_fraction=0.0001, test_fraction=0.25)
+    train = data.Dataset(
+        np.concatenate([splits.train.x, splits.valid.x]),
+        np.concatenate([splits.train.y, splits.valid.y]),
+        ds.class_names,
+    )
+    return train, splits.test
+
+
+def _flat(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x, np.float32).reshape(len(x), -1)
+
+
+def _by_classes(
+    train: Any, test: Any, groups: list[np.ndarray], transform=lambda x: x
+) -> list[dict[str, dict[str, np.ndarray]]]:
+    tasks = []
+    for cls in groups:
+        part = {}
+        for name, ds in (("train", train), ("test", test)):
+            keep = np.isin(ds.y, cls)
+            part[name] = {"x": transform(ds.x[keep]), "y": ds.y[keep].astype(np.int32)}
+        tasks.append(part)
+    return tasks
+
+
+def load_stream(config: Any, seed: int) -> Stream:
+    """Builds the benchmark's stream (deterministic in ``seed``); see the module docstring."""
+    rng = np.random.default_rng(1000 + seed)
+    bench = config.data.benchmark
+    num_tasks = config.data.num_tasks
+    if bench == "long_stream":
+        pairs, _ = continual.long_stream(
+            seed=seed,
+            num_tasks=num_tasks,
+            classes_per_task=config.data.classes_per_task,
+            dim=config.data.dim,
+            subspace_dim=config.data.subspace_dim,
+            train_per_class=config.data.train_per_class,
+            test_per_class=config.data.test_per_class,
+            separation=config.data.separation,
+        )
+        k = config.data.classes_per_task
+        tasks = [
+            {"train": {"x": tr.x, "y": tr.y}, "test": {"x": te.x, "y": te.y}} for tr, te in pairs
+        ]
+        classes = [np.arange(t * k, (t + 1) * k) for t in range(num_tasks)]
+        return Stream(tasks, classes, num_tasks * k, "cil", None, 0)
+    if bench == "shakespeare_plays":
+        return _shakespeare_stream(config, rng)
+    if bench == "split_mnist":
+        return _mnist_stream(config, rng)
+    train, test = _digits_splits(seed)
+    if bench == "digits_cil":
+        k = 10 // num_tasks
+        if k * num_tasks != 10:
+            raise common.ConfigError(
+                f"config.data.num_tasks={num_tasks} must divide the 10 digit classes (2 or 5)"
+            )
+        order = rng.permutation(10)
+        groups = [np.sort(order[t * k : (t + 1) * k]) for t in range(num_tasks)]
+        return Stream(_by_classes(train, test, groups, _flat), groups, 10, "cil", None, 0)
+    # split_digits: conflicting digit tasks, one 10-class head block per task.
+    tasks, classes = [], []
+    for t in range(num_tasks):
+        pixels = np.arange(64) if t % 2 == 0 else rng.permutation(64)
+        labels = rng.permutation(10) if (t % 2 == 0 and t > 0) else np.arange(10)
+        part = {}
+        for name, ds in (("train", train), ("test", test)):
+            part[name] = {
+                "x": _flat(ds.x)[:, pixels],
+                "y": (10 * t + labels[ds.y]).astype(np.int32),
+            }
+        tasks.append(part)
+        classes.append(np.arange(10 * t, 10 * t + 10))
+    keep = train.y < 5
+    base = {"x": _flat(train.x[keep]), "y": train.y[keep].astype(np.int32)}
+    return Stream(tasks, classes, 10 * num_tasks, "til", base, 5)
+
+
+def _mnist_stream(config: Any, rng: np.random.Generator) -> Stream:
+    num_tasks, base_classes = config.data.num_tasks, 5
+    rest = rng.permutation(np.arange(base_classes, 10))
+    groups = [np.arange(base_classes)] + [np.sort(g) for g in np.array_split(rest, num_tasks - 1)]
+    train, test = data.load_mnist("train"), data.load_mnist("test")
+    # a fixed number of training images per class for the increments (the base session uses all)
+    per_class = config.data.train_per_class
+    keep = np.concatenate(
+        [np.flatnonzero(train.y == c)[:per_class] for c in range(10)]  # stored order: fixed
+    )
+    sub = data.Dataset(train.x[keep], train.y[keep], train.class_names)
+    tasks = _by_classes(sub, test, groups)
+    base_rows = train.y < base_classes
+    base = {"x": train.x[base_rows], "y": train.y[base_rows].astype(np.int32)}
+    return Stream(tasks, groups, 10, "cil", base, base_classes, keep_base_head=True)
+
+
+@functools.lru_cache(maxsize=1)
+def _minilm_hidden(
+    plays: tuple[str, ...], passage_chars: int, per_play: int, seq_len: int, first_layer: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Hidden states after MiniLM layer ``first_layer - 1`` of ``per_play`` passages per play.
+
+    Passages are tokenised to exactly ``seq_len`` word pieces (truncated); any that would need
+    padding is dropped, so the top layers need no attention mask. Returns ``(hidden (N, seq_len,
+    d) float32, y (N,))`` with ``y`` the index into ``plays``.
+    """
+    bert_config, variables, tokenizer = models.load_minilm()
+    ds = data.load_shakespeare(
+        label="play", plays=list(plays), passage_chars=passage_chars, max_passages_per_play=per_play
+    )
+    order = {name: i for i, name in enumerate(plays)}
+    y = np.asarray([order[ds.class_names[c]] for c in ds.y], np.int32)
+    batch = models.tokenize(tokenizer, list(ds.x), max_len=seq_len)
+    full = batch["attention_mask"].all(axis=1)
+    ids, y = batch["input_ids"][full], y[full]
+    prefix_config, prefix_vars, _ = models.split_encoder(bert_config, variables, first_layer)
+    encoder = models.BertEncoder(prefix_config)
+    encode = jax.jit(lambda v, i: encoder.apply(v, i, jnp.ones_like(i)))
+    logging.info(
+        "shakespeare_plays: encoding %d passages (%d dropped as shorter than %d tokens) with "
+        "MiniLM layers 0..%d",
+        len(ids),
+        int(np.sum(~full)),
+        seq_len,
+        first_layer - 1,
+    )
+    chunk = 64
+    hidden = np.concatenate(
+        [np.asarray(encode(prefix_vars, ids[i : i + chunk])) for i in range(0, len(ids), chunk)]
+    )
+    return hidden, y
+
+
+def _shakespeare_stream(config: Any, rng: np.random.Generator) -> Stream:
+    d = config.data
+    plays = tuple(d.plays)
+    per_task = d.plays_per_task
+    if len(plays) < per_task * d.num_tasks:
+        raise common.ConfigError(
+            f"config.data.plays has {len(plays)} plays; {d.num_tasks} tasks x "
+            f"{per_task} plays per task need {per_task * d.num_tasks}: add plays or lower "
+            "config.data.num_tasks"
+        )
+    hidden, y = _minilm_hidden(
+        plays,
+        d.passage_chars,
+        d.train_per_class + d.test_per_class,
+        d.seq_len,
+        config.model.first_layer,
+    )
+    # a fixed train/test split per play (the same for every seed); the task order is per seed
+    split_rng = np.random.default_rng(0)
+    is_test = np.zeros(len(y), bool)
+    for c in range(len(plays)):
+        idx = np.flatnonzero(y == c)
+        if len(idx) <= d.test_per_class:
+            raise common.ConfigError(
+                f"play {plays[c]!r} has only {len(idx)} passages of {d.seq_len} tokens; lower "
+                "config.data.test_per_class or config.data.seq_len"
+            )
+        is_test[split_rng.choice(idx, d.test_per_class, replace=False)] = True
+    order = rng.permutation(len(plays))[: per_task * d.num_tasks]
+    groups = [np.sort(order[t * per_task : (t + 1) * per_task]) for t in range(d.num_tasks)]
+    tasks = []
+    for cls in groups:
+        part = {}
+        for name, rows in (("train", ~is_test), ("test", is_test)):
+            keep = rows & np.isin(y, cls)
+            part[name] = {"x": hidden[keep], "y": y[keep]}
+        tasks.append(part)
+    return Stream(tasks, groups, len(plays), "cil", None, 0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Backbones.
+
+
+def make_model(config: Any, num_classes: int) -> Any:
+    """The linen classifier of ``config.model`` with a ``head`` over ``num_classes``."""
+    m = config.model
+    if m.name == "mlp":
+        return models.MLP(tuple(m.features), num_classes)
+    if m.name == "vit":
+        v = m.vit
+        return models.ViT(v.patch, v.dim, v.depth, v.heads, v.mlp_dim, num_classes)
+    if m.name == "minilm":
+        bert_config, _, _ = models.load_minilm()
+        return models.BertTopClassifier(bert_config, m.first_layer, num_classes)
+    raise common.ConfigError(f"config.model.name={m.name!r}: allowed values are {MODELS}")
+
+
+def _pretrain(config: Any, stream: Stream, key: jax.Array, workdir: str) -> Any:
+    """Trains the whole model on the base session; returns its variables."""
+    model = make_model(config, stream.base_classes)
+    variables = model.init(key, jnp.zeros((1, *stream.base["x"].shape[1:])))
+    tx = optimizer(config)
+    state = {"params": variables, "opt_state": tx.init(variables), "step": 0}
+
+    def step(state, frozen, batch, key):
+        del frozen, key
+
+        def loss_fn(p):
+            logits = model.apply(p, batch["x"])
+            return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+
+        loss, grads = jax.value_and_grad(loss_fn)(state["params"])
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        return {
+            **state,
+            "params": optax.apply_updates(state["params"], updates),
+            "opt_state": opt_state,
+        }, {"loss": loss}
+
+    steps = config.model.pretrain_steps
+    result = common.fit(
+        state,
+        None,
+        step,
+        data.BatchIterator(stream.base, batch_size=config.data.batch_size, seed=0),
+        key=key,
+        num_steps=steps,
+        workdir=os.path.join(workdir, "base"),
+        log_every=config.log.every,
+        ckpt_every=steps,
+        max_to_keep=1,
+        progress=config.log.progress,
+        description="base session",
+    )
+    return jax.device_get(result.state["params"])
+
+
+def build_backbone(config: Any, stream: Stream, seed: int, workdir: str) -> tuple[Any, Any]:
+    """``(model, variables)``: the backbone with a fresh head over all classes of the stream.
+
+    With a base session (``stream.base``) the whole model is first trained on it; its body is
+    kept, and its head rows too when ``stream.keep_base_head``. The MiniLM model starts from the
+    pretrained top layers.
+    """
+    key = jax.random.key(seed)
+    k_init, k_pre = jax.random.split(key)
+    model = make_model(config, stream.num_classes)
+    x0 = jnp.zeros((1, *stream.tasks[0]["train"]["x"].shape[1:]))
+    variables = model.init(k_init, x0)
+    if config.model.name == "minilm":
+        bert_config, encoder_vars, _ = models.load_minilm()
+        _, _, top = models.split_encoder(bert_config, encoder_vars, config.model.first_layer)
+        variables = {"params": {**variables["params"], **top}}
+    if stream.base is not None and config.model.pretrain_steps:
+        pre = _pretrain(config, stream, k_pre, workdir)["params"]
+        body = {k: v for k, v in pre.items() if k != "head"}
+        params = {**variables["params"], **body}
+        if stream.keep_base_head:
+            rows = stream.base_classes
+            head = params["head"]
+            params["head"] = {
+                "kernel": head["kernel"].at[:, :rows].set(pre["head"]["kernel"]),
+                "bias": head["bias"].at[:rows].set(pre["head"]["bias"]),
+            }
+        variables = {"params": params}
+    return model, jax.device_get(variables)
