@@ -15,7 +15,7 @@ Commands::
         --config.method.gr_lora.lambda_local=0 --config.method.gr_lora.lambda_global=0
 
 Options as in ``configs/saber.py`` (``method=all`` here: GR-LoRA, GPM-LoRA, InfLoRA, O-LoRA,
-SD-LoRA, sequential LoRA, joint).
+SD-LoRA, sequential LoRA, joint; benchmarks also ``shakespeare_plays`` and ``split_mnist``).
 
 Default: ``long_stream`` (specs §2 (4)): 20 tasks × 5 Gaussian classes with means in a shared
 32-d subspace of R^64; frozen random-feature MLP 64→256→256; LoRA rank 4; 200 Adam steps/task.

@@ -1,10 +1,11 @@
 """Continual learning with LoRA: SABER, GR-LoRA and the baselines on one task stream.
 
-The family behind ``configs/saber.py`` and ``configs/gr_lora.py``. A frozen backbone (an MLP,
-pretrained on a base session or random features) learns a stream of tasks with one LoRA branch
-per task on the kernels matching ``config.adapter.targets`` plus a shared linear head (trained on
-the current task's classes only: masked cross-entropy). After each task the branch is
-*consolidated* by the method:
+The family behind ``configs/saber.py`` and ``configs/gr_lora.py``. A frozen backbone (the top
+layers of the pretrained MiniLM on cached hidden states, a ViT or an MLP pretrained on a base
+session, or random features; streams and backbones: :mod:`experiments.continual_setup`) learns a
+stream of tasks with one LoRA branch per task on the kernels matching ``config.adapter.targets``
+plus a shared linear head (trained on the current task's classes only: masked cross-entropy).
+After each task the branch is *consolidated* by the method:
 
 * ``seq_lora``: merged into the kernels (no protection: the lower bound);
 * ``o_lora``: merged; later ``A`` factors are pushed off earlier ones (``λ Σ‖A_iᵀA_t‖²``);

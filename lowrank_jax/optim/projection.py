@@ -173,20 +173,22 @@ def captured_energy(memory: SubspaceMemory, x: jax.typing.ArrayLike) -> jax.Arra
 def left_singular(r: jax.typing.ArrayLike) -> tuple[jax.Array, jax.Array]:
     r"""Left singular vectors and values of ``R: (n, b)``: ``(U (n, p), σ (p,))``, ``p = min(n, b)``.
 
-    For wide ``R`` (``b > n``: many activations of an ``n``-wide layer) they come from the
-    eigendecomposition of the ``n × n`` Gram matrix ``RRᵀ = U diag(σ²) Uᵀ``: ``O(n²b)`` instead of
-    an SVD of the whole ``R``, and robust where LAPACK's divide-and-conquer SVD of a very wide
-    float32 matrix fails to converge (it returns NaNs). Singular values below ``√ε·σ₀`` lose
-    relative precision that way; the energy criteria that use them do not care. Values are
-    sorted in decreasing order.
+    ``jnp.linalg.svd``, except where LAPACK's divide-and-conquer SVD of a very wide float32
+    matrix (``b ≫ n``: many activations of an ``n``-wide layer) fails to converge and returns
+    NaNs: then the eigendecomposition of the ``n × n`` Gram matrix ``RRᵀ = U diag(σ²) Uᵀ`` is
+    used (singular values below ``√ε·σ₀`` lose relative precision that way; the energy criteria
+    that use them do not care). Values are sorted in decreasing order. Jittable.
     """
     r = jnp.asarray(r)
     n, b = r.shape
+    u, s, _ = jnp.linalg.svd(r, full_matrices=False)
     if b <= n:
-        u, s, _ = jnp.linalg.svd(r, full_matrices=False)
         return u, s
     evals, evecs = jnp.linalg.eigh(r @ r.T)
-    return evecs[:, ::-1], jnp.sqrt(jnp.maximum(evals[::-1], 0.0))
+    ok = jnp.all(jnp.isfinite(s)) & jnp.all(jnp.isfinite(u))
+    u = jnp.where(ok, u, evecs[:, ::-1])
+    s = jnp.where(ok, s, jnp.sqrt(jnp.maximum(evals[::-1], 0.0)))
+    return u, s
 
 
 def _extend_one(

@@ -209,3 +209,15 @@ def test_left_singular_matches_svd_for_wide_and_tall(shape):
     np.testing.assert_allclose(s, s_ref, rtol=1e-4)
     # the same subspaces up to sign: |u_iᵀ u_ref_i| = 1
     np.testing.assert_allclose(np.abs(np.sum(np.asarray(u) * u_ref, axis=0)), 1.0, atol=1e-4)
+
+
+def test_left_singular_falls_back_to_the_gram_matrix_when_svd_fails(monkeypatch):
+    r = jax.random.normal(jax.random.key(4), (5, 30))
+    u_ref, s_ref = left_singular(r)
+    nan_svd = lambda a, full_matrices: tuple(  # noqa: E731
+        jnp.full_like(x, jnp.nan) for x in np.linalg.svd(np.asarray(a), full_matrices=False)
+    )
+    monkeypatch.setattr(jnp.linalg, "svd", nan_svd)
+    u, s = left_singular(r)
+    np.testing.assert_allclose(s, s_ref, rtol=1e-4)
+    np.testing.assert_allclose(np.abs(np.sum(np.asarray(u) * np.asarray(u_ref), 0)), 1.0, atol=1e-4)
