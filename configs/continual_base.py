@@ -46,7 +46,7 @@ _BENCH = {
     ),
 }
 # Ten plays across the Folio's three genres; two per task by default (five tasks).
-PLAYS = (
+DEFAULT_PLAYS = (
     "tempest",
     "midsummer_nights_dream",
     "merchant_of_venice",
@@ -96,7 +96,7 @@ def build(arg, *, comparison, benchmark):
     c.data.separation = 6.0  # norm of the class means (within-class sd 1 per subspace dim)
     # shakespeare_plays only: plays (classes), plays per task, passage length (characters, then
     # MiniLM word pieces; shorter passages are dropped) and passages per play (train / test)
-    c.data.plays = PLAYS
+    c.data.plays = DEFAULT_PLAYS
     c.data.plays_per_task = 2
     c.data.passage_chars = 320
     c.data.seq_len = 64

@@ -106,6 +106,17 @@ def check_config(config: Any) -> None:
             )
         if config.data.plays_per_task < 2:
             raise c.ConfigError("config.data.plays_per_task must be >= 2 (a task needs 2 classes)")
+        need = config.data.plays_per_task * config.data.num_tasks
+        if len(plays) < need:
+            raise c.ConfigError(
+                f"config.data.plays has {len(plays)} plays; {config.data.num_tasks} tasks x "
+                f"{config.data.plays_per_task} plays per task need {need}: add plays or lower "
+                "config.data.num_tasks"
+            )
+        if config.data.seq_len > 512:
+            raise c.ConfigError(
+                f"config.data.seq_len={config.data.seq_len} is invalid: MiniLM takes <= 512 tokens"
+            )
     if benchmark == "split_mnist":
         c.check_positive(config, "data.train_per_class", integer=True)
         if config.data.num_tasks not in (2, 3):
@@ -131,7 +142,7 @@ def check_config(config: Any) -> None:
         c.check_divisible(config, "model.vit.dim", config.model.vit.heads, why="heads split dim")
     if name == "minilm":
         first = c.get_path(config, "model.first_layer")
-        if not isinstance(first, int) or not 1 <= first <= 5:
+        if isinstance(first, bool) or not isinstance(first, int) or not 1 <= first <= 5:
             raise c.ConfigError(
                 f"config.model.first_layer={first!r} is invalid: the first adapted MiniLM layer, "
                 "1..5 (layers below it are frozen and cached)"

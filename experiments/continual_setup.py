@@ -172,6 +172,7 @@ def _mnist_stream(config: Any, rng: np.random.Generator) -> Stream:
     keep = np.concatenate(
         [np.flatnonzero(train.y == c)[:per_class] for c in range(10)]  # stored order: fixed
     )
+    keep = rng.permutation(keep)  # classes mixed: a prefix of a task's rows sees all its classes
     sub = data.Dataset(train.x[keep], train.y[keep], train.class_names)
     tasks = _by_classes(sub, test, groups)
     base_rows = train.y < base_classes
@@ -220,28 +221,20 @@ def _shakespeare_stream(config: Any, rng: np.random.Generator) -> Stream:
     d = config.data
     plays = tuple(d.plays)
     per_task = d.plays_per_task
-    if len(plays) < per_task * d.num_tasks:
-        raise common.ConfigError(
-            f"config.data.plays has {len(plays)} plays; {d.num_tasks} tasks x "
-            f"{per_task} plays per task need {per_task * d.num_tasks}: add plays or lower "
-            "config.data.num_tasks"
-        )
+    per_play = d.train_per_class + d.test_per_class
     hidden, y = _minilm_hidden(
-        plays,
-        d.passage_chars,
-        d.train_per_class + d.test_per_class,
-        d.seq_len,
-        config.model.first_layer,
+        plays, d.passage_chars, per_play, d.seq_len, config.model.first_layer
     )
     # a fixed train/test split per play (the same for every seed); the task order is per seed
     split_rng = np.random.default_rng(0)
     is_test = np.zeros(len(y), bool)
     for c in range(len(plays)):
         idx = np.flatnonzero(y == c)
-        if len(idx) <= d.test_per_class:
+        if len(idx) < per_play:
             raise common.ConfigError(
-                f"play {plays[c]!r} has only {len(idx)} passages of {d.seq_len} tokens; lower "
-                "config.data.test_per_class or config.data.seq_len"
+                f"play {plays[c]!r} has only {len(idx)} passages of {d.seq_len} word pieces, "
+                f"fewer than config.data.train_per_class + test_per_class = {per_play}: lower "
+                "them or config.data.seq_len, raise config.data.passage_chars, or pick other plays"
             )
         is_test[split_rng.choice(idx, d.test_per_class, replace=False)] = True
     order = rng.permutation(len(plays))[: per_task * d.num_tasks]
@@ -250,7 +243,8 @@ def _shakespeare_stream(config: Any, rng: np.random.Generator) -> Stream:
     for cls in groups:
         part = {}
         for name, rows in (("train", ~is_test), ("test", is_test)):
-            keep = rows & np.isin(y, cls)
+            # classes mixed: a prefix of a task's rows (the memories' examples) sees all its plays
+            keep = rng.permutation(np.flatnonzero(rows & np.isin(y, cls)))
             part[name] = {"x": hidden[keep], "y": y[keep]}
         tasks.append(part)
     return Stream(tasks, groups, len(plays), "cil", None, 0)

@@ -13,7 +13,7 @@ import pytest
 
 from configs import gr_lora as gr_config
 from configs import saber as saber_config
-from experiments import common, continual
+from experiments import common, continual, continual_setup
 from lowrank_jax import optim
 
 
@@ -140,6 +140,28 @@ def test_split_mnist_stream_is_base_plus_increments():
         continual.check_config(config)
 
 
+@pytest.mark.parametrize(
+    "key, value, match",
+    [
+        ("data.plays", ("hamlet", "hamlet", "macbeth"), "distinct play keys"),
+        ("data.plays", ("hamlet", "ulysses"), "distinct play keys"),
+        ("data.plays_per_task", 1, "plays_per_task must be >= 2"),
+        ("data.num_tasks", 6, "need 12"),
+        ("data.seq_len", 600, "<= 512 tokens"),
+        ("model.first_layer", 6, "first adapted MiniLM layer"),
+        ("model.first_layer", True, "first adapted MiniLM layer"),
+        ("model.name", "mlp", "use 'minilm'"),
+    ],
+)
+def test_shakespeare_config_errors_name_the_key(key, value, match):
+    config = saber_config.get_config("smoke")
+    node, _, leaf = key.rpartition(".")
+    with config.unlocked():
+        common.get_path(config, node)[leaf] = value
+    with pytest.raises(common.ConfigError, match=match):
+        continual.check_config(config)
+
+
 @pytest.mark.parametrize("name", ["split_mnist", "shakespeare_plays"])
 def test_real_backbones_run_end_to_end(tmp_path, name):
     """A ViT pretrained on the base session / the top of the pretrained MiniLM, two tasks."""
@@ -157,7 +179,13 @@ def test_real_backbones_run_end_to_end(tmp_path, name):
     for method in config.methods:
         assert 0.0 <= out["table"][method]["final_acc"] <= 1.0
     assert 0.0 <= out["table"]["gr_lora"]["selection_acc"] <= 1.0
-    if name == "split_mnist":  # the base session's head rows are kept: task 0 is learned
-        with open(os.path.join(tmp_path, "accuracy_matrices.json")) as f:
-            r = np.asarray(json.load(f)["seq_lora"][0]["R"], float)
-        assert r[0, 0] > 0.5
+    if name == "split_mnist":  # the base session's head rows 0-4 are kept, rows 5-9 fresh
+        stream = continual.load_stream(config, 0)
+        _, variables = continual.build_backbone(config, stream, 0, str(tmp_path / "seed_0"))
+        fresh = continual_setup.make_model(config, 10).init(
+            jax.random.split(jax.random.key(0))[0], stream.tasks[0]["train"]["x"][:1]
+        )
+        head, head0 = variables["params"]["head"], fresh["params"]["head"]
+        np.testing.assert_array_equal(head["kernel"][:, 5:], head0["kernel"][:, 5:])
+        assert np.abs(head["kernel"][:, :5] - head0["kernel"][:, :5]).min() > 0
+        assert np.abs(head["bias"][:5]).min() > 0 and not np.any(head["bias"][5:])
