@@ -281,6 +281,7 @@ class Learner:
         self.stats: continual.ClassStatistics | None = None
         self.recycled_fraction: list[float] = []
         self.memory_fill: list[float] = []
+        self.task_updates: list[np.ndarray] = []  # flattened ΔW_t over the kernels, per task
         # compiled once per learner (the parameters are arguments, not constants)
         self._jit_layer_inputs = jax.jit(
             lambda p, x: continual.layer_inputs(model.apply, self.kernels, p, x)
@@ -475,11 +476,18 @@ class Learner:
             for k, ad in template.items():
                 fixed = ad.replace(factors={"a": a[k], "b": trained["b"][k]})
                 deltas[k] = adapters.delta(fixed, self.w0[k].shape)
+        raw = dict(deltas)  # the task's own update ΔW_t (SABER: shared + specific halves)
+        if m == "saber":
+            for k in self.kernels:
+                raw[k] = deltas[k] + adapters.delta(trained["specific"][k], self.w0[k].shape)
+        self.task_updates.append(
+            np.concatenate([np.ravel(np.asarray(raw[k], np.float32)) for k in self.kernels])
+        )
         if m == "saber":
             sab = c.method.saber
             before = self._layer_inputs(self.stream.tasks[t]["train"]["x"])  # inputs ΔW_t saw
             for k in self.kernels:
-                dw = deltas[k] + adapters.delta(trained["specific"][k], self.w0[k].shape)
+                dw = raw[k]
                 s, d = continual.decompose_update(dw, self.shared_mem[k], self.spec_mem[k])
                 x = before[k]
                 new_cov = x.T @ x / x.shape[0]
@@ -757,10 +765,24 @@ def run_method(
         "selection_accuracy": selection,
         "memory_fill": learner.memory_fill,
         "recycled_fraction": learner.recycled_fraction,
+        "update_cosine": _cosines(learner.task_updates),
         "saber_weights": {
             k: {n: v.tolist() for n, v in w.items()} for k, w in learner.saber_weights.items()
         },
     }
+
+
+def _mean_offdiagonal(cosine: list[list[float]]) -> float:
+    c = np.abs(np.asarray(cosine, np.float64))
+    n = len(c)
+    return float((c.sum() - np.trace(c)) / (n * (n - 1))) if n > 1 else math.nan
+
+
+def _cosines(updates: list[np.ndarray]) -> list[list[float]]:
+    """``cos(ΔW_i, ΔW_j)`` over all adapted kernels (specs §1 (4)'s diagnostic), ``(T, T)``."""
+    u = np.stack(updates).astype(np.float64)
+    u /= np.maximum(np.linalg.norm(u, axis=1, keepdims=True), 1e-30)
+    return (u @ u.T).tolist()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -833,6 +855,10 @@ def _write_outputs(config: Any, workdir: str, records: dict[str, list[dict]]) ->
             vals = [o["summary"][col] for o in outs]
             row[col] = _mean_sd(vals)
             table[method][col] = float(np.nanmean(vals)) if not np.all(np.isnan(vals)) else math.nan
+        vals = [_mean_offdiagonal(o["update_cosine"]) for o in outs if "update_cosine" in o]
+        if vals:
+            row["update_cos"] = _mean_sd(vals)
+            table[method]["update_cos"] = float(np.nanmean(vals))
         if method == "gr_lora" and PROTOCOLS[bench] == "cil":
             vals = [o["selection_accuracy"][-1] for o in outs]
             row["selection_acc"] = _mean_sd(vals)
@@ -844,11 +870,12 @@ def _write_outputs(config: Any, workdir: str, records: dict[str, list[dict]]) ->
         f"LoRA rank {config.adapter.rank}, {config.schedule.steps_per_task} steps per task. "
         "final_acc: mean accuracy on all tasks after the last; avg_inc_acc: mean over steps of the "
         "accuracy on the tasks seen so far; forgetting/bwt: from the accuracy matrix; plasticity: "
-        "mean accuracy on each task right after learning it. Mean ± sd over seeds."
+        "mean accuracy on each task right after learning it; update_cos: mean |cos| between "
+        "different tasks' updates ΔW_t (all adapted kernels). Mean ± sd over seeds."
     )
-    columns = ["method", *_COLUMNS] + (
-        ["selection_acc"] if any("selection_acc" in r for r in rows) else []
-    )
+    columns = ["method", *_COLUMNS] + [
+        c for c in ("update_cos", "selection_acc") if any(c in r for r in rows)
+    ]
     text = common.write_results_md(
         workdir, rows, title=f"Continual learning on {bench}", columns=columns, notes=notes
     )
