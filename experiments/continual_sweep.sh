@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The full continual-learning table: every benchmark x all eight methods x 3 seeds.
 # Each benchmark writes runs/continual_sweep/<benchmark>/results.md (mean ± sd over seeds).
-# Rerunning resumes (per-task checkpoints). About 2 h on a 2-core CPU (shakespeare_plays 35 min,
-# split_mnist 20 min, long_stream 50 min, split_digits 13 min, digits_cil 4 min).
+# Rerunning resumes (per-task checkpoints). About 1 h on an idle 2-core CPU (shakespeare_plays
+# 35 min, split_mnist 13 min, long_stream, split_digits and digits_cil a few minutes each).
 # One benchmark: experiments/continual_sweep.sh shakespeare_plays
 set -euo pipefail
 benchmarks=("$@")
