@@ -23,7 +23,7 @@ play. The real pretrained all-MiniLM-L6-v2 is frozen; layers 0–3 run once (cac
 states), LoRA rank 4 on query, value and fc1 of layers 4–5, a linear head on the mean-pooled
 output; 80 Adam steps of 16 passages per task (lr 1e-3).
 
-Runtime: about 8 minutes on a 2-core CPU (7 min 54 s wall, 11 min CPU measured; ``:smoke`` about
+Runtime: about 8 minutes on a 2-core CPU (8 min 22 s wall, 12 min CPU measured; ``:smoke`` about
 1 min). Expected result (seed 0): final accuracy SABER 0.403, sequential LoRA 0.443, SD-LoRA
 0.445, O-LoRA 0.437, InfLoRA 0.405, joint 0.650; forgetting SABER 0.077 vs sequential 0.200.
 SABER forgets least of the six but learns each new play less well, and its final accuracy is
