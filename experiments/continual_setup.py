@@ -263,7 +263,7 @@ def make_model(config: Any, num_classes: int) -> Any:
         v = m.vit
         return models.ViT(v.patch, v.dim, v.depth, v.heads, v.mlp_dim, num_classes)
     if m.name == "minilm":
-        bert_config, _, _ = models.load_minilm()
+        bert_config = models.BertConfig.from_json(models.minilm_dir() / "config.json")
         return models.BertTopClassifier(bert_config, m.first_layer, num_classes)
     raise common.ConfigError(f"config.model.name={m.name!r}: allowed values are {MODELS}")
 

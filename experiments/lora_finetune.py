@@ -280,15 +280,7 @@ def make_evaluate(logits_fn: Callable[..., jax.Array], mesh: Any, *, batch_size:
     def evaluate(state, frozen, arrays, prefix):
         n = len(arrays["y"])
         totals = {"loss": 0.0, "correct": 0.0}
-        for start in range(0, n, batch_size):
-            chunk = {k: v[start : start + batch_size] for k, v in arrays.items()}
-            weight = np.ones(len(chunk["y"]), np.float32)
-            pad = batch_size - len(weight)
-            if pad:
-                chunk = {
-                    k: np.concatenate([v, np.repeat(v[-1:], pad, 0)]) for k, v in chunk.items()
-                }
-                weight = np.concatenate([weight, np.zeros(pad, np.float32)])
+        for chunk, weight in common.padded_batches(arrays, batch_size):
             out = sums(state, frozen, *common.shard_batch(mesh, (chunk, weight)))
             for k in totals:
                 totals[k] += float(out[k])

@@ -480,15 +480,7 @@ def run_frameft_minilm(config, workdir: str) -> dict:
         arr, bs = arrays[part], config.eval.batch_size
         n, tot_l, tot_c = len(arr["y"]), 0.0, 0.0
         tr = {"params": state["params"], "adapters": state["adapters"]}
-        for start in range(0, n, bs):
-            chunk = {k: v[start : start + bs] for k, v in arr.items()}
-            w = np.ones(len(chunk["y"]), np.float32)
-            pad = bs - len(w)
-            if pad:
-                chunk = {
-                    k: np.concatenate([v, np.repeat(v[-1:], pad, 0)]) for k, v in chunk.items()
-                }
-                w = np.concatenate([w, np.zeros(pad, np.float32)])
+        for chunk, w in common.padded_batches(arr, bs):
             l_sum, c_sum = eval_sums(tr, chunk, w)
             tot_l, tot_c = tot_l + float(l_sum), tot_c + float(c_sum)
         return {f"{part}/loss": tot_l / n, f"{part}/accuracy": tot_c / n}

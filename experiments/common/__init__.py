@@ -24,7 +24,13 @@ from experiments.common.config_checks import (
     explain_unknown_key,
     get_path,
 )
-from experiments.common.loop import FitResult, MapBatches, ResumableIterator, fit
+from experiments.common.loop import (
+    FitResult,
+    MapBatches,
+    ResumableIterator,
+    fit,
+    padded_batches,
+)
 from experiments.common.metrics import (
     MetricWriter,
     read_metrics,
@@ -58,6 +64,7 @@ __all__ = [
     "config_differences",
     "explain_unknown_key",
     "fit",
+    "padded_batches",
     "get_path",
     "initialize_distributed",
     "make_manager",

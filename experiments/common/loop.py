@@ -141,6 +141,26 @@ class _SigintFlag:
         return False
 
 
+def padded_batches(
+    arrays: Mapping[str, np.ndarray], batch_size: int
+) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
+    """``(chunk, weight)`` over all rows of ``arrays`` in order, every chunk ``batch_size`` long.
+
+    The last chunk is padded by repeating its final row, with weight 0 on the padding (1
+    elsewhere), so one compiled evaluation step sees a single shape and weighted sums count each
+    example once. ``arrays`` must hold ``"y"`` (its length is the row count).
+    """
+    n = len(arrays["y"])
+    for start in range(0, n, batch_size):
+        chunk = {k: v[start : start + batch_size] for k, v in arrays.items()}
+        weight = np.ones(len(chunk["y"]), np.float32)
+        pad = batch_size - len(weight)
+        if pad:
+            chunk = {k: np.concatenate([v, np.repeat(v[-1:], pad, 0)]) for k, v in chunk.items()}
+            weight = np.concatenate([weight, np.zeros(pad, np.float32)])
+        yield chunk, weight
+
+
 def _key_to_json(key: jax.Array) -> dict[str, Any]:
     typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
     data = jax.random.key_data(key) if typed else key
