@@ -5,8 +5,7 @@ Not a config to run by itself: it has no ``get_config``.
 
 import ml_collections
 
-from experiments.common.config_args import parse_arg
-from experiments.common.config_checks import ConfigError
+from configs.common import ConfigError, parse_arg
 
 METHODS = ("saber", "gr_lora", "seq_lora", "o_lora", "inflora", "gpm_lora", "sd_lora", "joint")
 BENCHMARKS = ("split_digits", "digits_cil", "long_stream", "shakespeare_plays", "split_mnist")

@@ -14,7 +14,7 @@ same). Expected result: test accuracy 0.955 (``method=full``; ``:smoke`` 0.80).
 
 import ml_collections
 
-from experiments.common.config_args import parse_arg
+from configs.common import parse_arg
 
 
 def get_config(arg=None):

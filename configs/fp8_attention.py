@@ -29,7 +29,7 @@ MiniLM part.
 
 import ml_collections
 
-from experiments.common.config_args import parse_arg
+from configs.common import parse_arg
 
 
 def get_config(arg=None):

@@ -23,7 +23,7 @@ budgets does not (``.notes/peft_kinds.md``).
 
 import ml_collections
 
-from experiments.common.config_args import parse_arg
+from configs.common import parse_arg
 
 
 def get_config(arg=None):

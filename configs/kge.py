@@ -31,7 +31,7 @@ graph).
 
 import ml_collections
 
-from experiments.common.config_args import parse_arg
+from configs.common import parse_arg
 
 
 def get_config(arg=None):

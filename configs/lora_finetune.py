@@ -25,7 +25,7 @@ Data: 256-character passages, 80 per play (2,800; 1,960 train / 280 valid / 560 
 
 import ml_collections
 
-from experiments.common.config_args import parse_arg
+from configs.common import parse_arg
 
 # Peak learning rates per method (small lookups only): the pretrained body needs a small one.
 LEARNING_RATES = {"lora": 1e-3, "full": 1e-4, "head": 3e-3}

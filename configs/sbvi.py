@@ -20,7 +20,7 @@ seed vs the true (1, 4, 8) — the middle layer is under-recovered (λ trades la
 
 import ml_collections
 
-from experiments.common.config_args import parse_arg
+from configs.common import parse_arg
 
 
 def get_config(arg=None):

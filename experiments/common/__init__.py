@@ -12,7 +12,6 @@
 """
 
 from experiments.common.checkpoint import make_manager, restore_latest, save
-from experiments.common.config_args import parse_arg
 from experiments.common.config_checks import (
     ConfigError,
     check_choice,
@@ -70,7 +69,6 @@ __all__ = [
     "make_manager",
     "make_mesh",
     "param_sharding",
-    "parse_arg",
     "plot_curves",
     "plot_metrics",
     "read_metrics",

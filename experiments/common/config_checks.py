@@ -20,6 +20,8 @@ import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from configs.common import ConfigError
+
 __all__ = [
     "ConfigError",
     "check_choice",
@@ -31,10 +33,6 @@ __all__ = [
     "explain_unknown_key",
     "get_path",
 ]
-
-
-class ConfigError(ValueError):
-    """A config key that does not exist, or a value that cannot work."""
 
 
 def _keys(node: Any) -> list[str]:

@@ -149,3 +149,18 @@ def test_default_workdir_and_mismatched_resume(tmp_path):
     with pytest.raises(common.ConfigError, match=r"holds a run of a different config") as err:
         train._check_workdir(str(tmp_path), digits_mlp.get_config())
     assert "schedule.num_steps" in str(err.value) and "--workdir" in str(err.value)
+
+
+def test_configs_import_no_experiment_code():
+    """Reading a config loads neither the runner nor orbax (configs import only configs.common)."""
+    code = (
+        "import importlib, pathlib, sys\n"
+        "for f in sorted(pathlib.Path('configs').glob('*.py')):\n"
+        "    importlib.import_module('configs.' + f.stem)\n"
+        "bad = sorted({m.split('.')[0] for m in sys.modules} & {'experiments', 'orbax'})\n"
+        "print(','.join(bad))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == ""

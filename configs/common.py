@@ -1,4 +1,8 @@
-"""``parse_arg``: big_vision-style structural options for ``get_config(arg)``.
+"""What configs share: ``parse_arg`` (big_vision-style structural options for ``get_config(arg)``)
+and ``ConfigError``.
+
+Configs import only this module (and ``ml_collections``), so reading a config loads neither the
+experiment runner nor orbax or absl flags.
 
 ``--config=configs/lora_finetune.py:smoke,method=full`` calls ``get_config("smoke,method=full")``;
 a config turns that string into typed options with::
@@ -12,9 +16,12 @@ from __future__ import annotations
 import types
 from typing import Any
 
-from experiments.common.config_checks import ConfigError
+__all__ = ["ConfigError", "parse_arg"]
 
-__all__ = ["parse_arg"]
+
+class ConfigError(ValueError):
+    """A config key that does not exist, or a value that cannot work."""
+
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
