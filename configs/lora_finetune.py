@@ -15,6 +15,7 @@ Commands (``:smoke`` for a one-minute check; overrides such as ``--config.adapte
     python -m experiments.train --config=configs/lora_finetune.py:method=full
     python -m experiments.train --config=configs/lora_finetune.py:method=head
     python -m experiments.train --config=configs/lora_finetune.py:smoke
+    python -m experiments.train --config=configs/lora_finetune.py --config.model.base_dtype=int8
 
 Data: 256-character passages, 80 per play (2,800; 1,960 train / 280 valid / 560 test, stratified),
 64 tokens; batch 16, 240 AdamW steps. Runtime, measured on a 2-core CPU shared with other jobs
@@ -49,6 +50,7 @@ def get_config(arg=None):
 
     c.model = ml_collections.ConfigDict()
     c.model.name = "minilm"
+    c.model.base_dtype = "float32"  # frozen base for lora: float32 | bfloat16 | int8
 
     c.adapter = ml_collections.ConfigDict()
     c.adapter.method = arg.method

@@ -70,6 +70,12 @@ def check_config(config: Any) -> None:
                 f"config.data.max_len={config.data.max_len} is invalid: must be >= 2"
             )
     method = c.check_choice(config, "adapter.method", METHODS)
+    base_dtype = config.model.get("base_dtype", "float32")
+    if base_dtype not in adapters.BASE_DTYPES or (base_dtype != "float32" and method != "lora"):
+        raise c.ConfigError(
+            f"config.model.base_dtype={base_dtype!r} is invalid: must be one of "
+            f"{adapters.BASE_DTYPES}, and only 'float32' unless adapter.method='lora'"
+        )
     if method == "lora":
         c.check_positive(config, "adapter.rank", integer=True)
         c.check_positive(config, "adapter.alpha")
@@ -223,6 +229,8 @@ def init_state(
     if method == "lora":
         state["adapters"] = adapters.init(key, variables, _lora_rules(config))
         apply = adapters.adapt(model.apply)
+        # The frozen kernels in bfloat16 or int8 (adapters and optimizer state stay float32).
+        frozen = adapters.low_precision_base(frozen, config.model.get("base_dtype", "float32"))
     tx = _optimizer(config)
     state["opt_state"] = tx.init(_trained(state))
     state["step"] = 0

@@ -27,11 +27,19 @@ from lowrank_jax.adapters.initializers import (
 from lowrank_jax.adapters.kinds import AdapterKind, LoRA, lora
 from lowrank_jax.adapters.paths import match_rules, named_leaves
 from lowrank_jax.adapters.peft import load_peft, save_peft
+from lowrank_jax.adapters.quant import (
+    BASE_DTYPES,
+    dequantize,
+    dequantize_base,
+    low_precision_base,
+    quantize_int8,
+)
 from lowrank_jax.adapters.sharding import partition_specs, shardings
 from lowrank_jax.adapters.spectral import Spectral, random_stiefel, spectral
 from lowrank_jax.adapters.vera import VeRA, vera, vera_projections
 
 __all__ = [
+    "BASE_DTYPES",
     "Adapter",
     "AdapterKind",
     "AdapterSet",
@@ -46,6 +54,8 @@ __all__ = [
     "combine",
     "count_params",
     "delta",
+    "dequantize",
+    "dequantize_base",
     "eva",
     "fourier_frequencies",
     "fourierft",
@@ -58,11 +68,13 @@ __all__ = [
     "lora_da",
     "lora_ga",
     "lora_one",
+    "low_precision_base",
     "match_rules",
     "merge",
     "named_leaves",
     "partition_specs",
     "pissa",
+    "quantize_int8",
     "random_stiefel",
     "save_peft",
     "shardings",

@@ -13,10 +13,12 @@ import jax
 import jax.numpy as jnp
 import quax
 
+from lowrank_jax.adapters import fused, quant
 from lowrank_jax.adapters.core import Adapter, group_by_path, map_adapted
 from lowrank_jax.adapters.quax_backend import wrap_kernel
 
 Backend = Literal["quax", "linen"]
+LoraMatmul = Literal["factorised", "fused"]
 
 
 def _dropout_keys(key: jax.Array | None, path: str, adapters: list[Adapter], shape: tuple) -> list:
@@ -30,11 +32,15 @@ def _dropout_keys(key: jax.Array | None, path: str, adapters: list[Adapter], sha
     return out
 
 
-def _wrap_params(params: Any, adapters: Any, key: jax.Array | None, allow_dense: bool) -> Any:
+def _wrap_params(
+    params: Any, adapters: Any, key: jax.Array | None, allow_dense: bool, fuse: bool = False
+) -> Any:
     def wrap(path, leaf, ads):
-        return wrap_kernel(leaf, ads, _dropout_keys(key, path, ads, leaf.shape), path, allow_dense)
+        keys = _dropout_keys(key, path, ads, leaf.shape)
+        return wrap_kernel(leaf, ads, keys, path, allow_dense, fused=fuse)
 
-    return map_adapted(params, adapters, wrap)
+    # Quantised kernels that no adapter targets become quax values too (int8 matmul rule).
+    return quant.wrap_quantized(map_adapted(params, adapters, wrap))
 
 
 def _check_found(by_path: dict, found: set, what: str) -> None:
@@ -74,10 +80,22 @@ def _is_stacked(adapter: Adapter, kernel_shape: tuple[int, ...]) -> bool:
     )
 
 
-def _linen_apply(apply_fn, params, by_path, key, allow_dense, args, kwargs):
+def _linen_fused(module: nn.Dense, x: jax.Array, ads: list) -> jax.Array:
+    """``nn.Dense``'s output with the fused LoRA product ``x·(W + Σ sAB) + bias``."""
+    kernel = module.variables["params"]["kernel"]
+    bias = module.variables["params"].get("bias") if module.use_bias else None
+    x, _, bias = module.promote_dtype(x, jnp.zeros((), kernel.dtype), bias, dtype=module.dtype)
+    n, m = kernel.shape
+    y = fused.apply_fused(jnp.reshape(x, (-1, n)), kernel, ads, n, m)
+    y = jnp.reshape(y, (*x.shape[:-1], m)).astype(x.dtype)
+    return y if bias is None else y + jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
+
+
+def _linen_apply(apply_fn, params, by_path, key, allow_dense, args, kwargs, fuse=False):
     if allow_dense:
         raise ValueError("allow_dense applies to backend='quax' only.")
     hit: set[str] = set()
+    fuse = fuse and not quant.has_quantized(params)  # int8 under linen: quaxify, factorised
 
     def interceptor(next_fun, call_args, call_kwargs, context):
         module = context.module
@@ -87,19 +105,24 @@ def _linen_apply(apply_fn, params, by_path, key, allow_dense, args, kwargs):
         if path not in by_path:
             return next_fun(*call_args, **call_kwargs)
         hit.add(path)
-        y = next_fun(*call_args, **call_kwargs)
         ads = by_path[path]
         shape = module.variables["params"]["kernel"].shape
+        keys = _dropout_keys(key, path, ads, shape)
+        if fuse and type(module) is nn.Dense and len(shape) == 2 and fused.fusable(ads, keys):
+            return _linen_fused(module, call_args[0], ads)
+        y = next_fun(*call_args, **call_kwargs)
         if any(_is_stacked(a, shape) for a in ads):
             raise NotImplementedError(
                 f"{path!r} is a stacked kernel (nn.scan); use adapt(..., backend='quax')."
             )
-        keys = _dropout_keys(key, path, ads, shape)
         d = _linen_delta(module, call_args[0], ads, keys, path)
         return y + jnp.reshape(d, y.shape).astype(y.dtype)
 
     with nn.intercept_methods(interceptor):
-        out = apply_fn(params, *args, **kwargs)
+        if quant.has_quantized(params):  # int8 kernels: their matmul rule is a quax rule
+            out = quax.quaxify(apply_fn)(quant.wrap_quantized(params), *args, **kwargs)
+        else:
+            out = apply_fn(params, *args, **kwargs)
     _check_found(
         by_path,
         hit,
@@ -110,7 +133,11 @@ def _linen_apply(apply_fn, params, by_path, key, allow_dense, args, kwargs):
 
 
 def adapt(
-    apply_fn: Callable[..., Any], *, backend: Backend = "quax", allow_dense: bool = False
+    apply_fn: Callable[..., Any],
+    *,
+    backend: Backend = "quax",
+    allow_dense: bool = False,
+    lora_matmul: LoraMatmul = "factorised",
 ) -> Callable[..., Any]:
     """Makes ``apply_fn(params, *args, **kw)`` into ``adapted(params, adapters, *args, **kw)``.
 
@@ -127,6 +154,13 @@ def adapt(
         ``Dense``/``DenseGeneral`` calls with ``nn.intercept_methods`` (linen only, no ``nn.scan``).
       allow_dense: with ``"quax"``, let operations that have no factorised rule use the
         materialised ``W + ΔW`` instead of raising.
+      lora_matmul: ``"factorised"`` (default) computes ``x·W + s·(x·A)·B``; ``"fused"`` computes
+        LoRA-only kernels without active dropout as ``x·(W + s·A·B)`` with the hand-written
+        backward of :func:`lowrank_jax.adapters.fused.lora_matmul`: the same values and adapter
+        gradients, one token-sized product per projection instead of two (less XLA temp memory,
+        no weight gradient; it forms the ``(n, m)`` sum ``W + sAB`` as a temporary). Other kernels
+        (other kinds, dropout keys, stacked or transposed uses, linen ``DenseGeneral``, int8
+        kernels under the linen backend) stay factorised.
 
     Returns:
       ``adapted(params, adapters, *args, adapter_key=None, **kwargs)``; ``adapters`` is one set
@@ -145,13 +179,18 @@ def adapt(
     """
     if backend not in ("quax", "linen"):
         raise ValueError(f"backend must be 'quax' or 'linen', got {backend!r}.")
+    if lora_matmul not in ("factorised", "fused"):
+        raise ValueError(f"lora_matmul must be 'factorised' or 'fused', got {lora_matmul!r}.")
+    fuse = lora_matmul == "fused"
 
     @functools.wraps(apply_fn)
     def adapted(params, adapters, *args, adapter_key=None, **kwargs):
         if backend == "linen":
             by_path = group_by_path(adapters)
-            return _linen_apply(apply_fn, params, by_path, adapter_key, allow_dense, args, kwargs)
-        wrapped = _wrap_params(params, adapters, adapter_key, allow_dense)
+            return _linen_apply(
+                apply_fn, params, by_path, adapter_key, allow_dense, args, kwargs, fuse
+            )
+        wrapped = _wrap_params(params, adapters, adapter_key, allow_dense, fuse)
         return quax.quaxify(apply_fn)(wrapped, *args, **kwargs)
 
     return adapted

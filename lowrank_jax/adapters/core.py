@@ -20,6 +20,7 @@ from flax import struct
 
 from lowrank_jax.adapters import paths
 from lowrank_jax.adapters.kinds import AdapterKind
+from lowrank_jax.adapters.quant import dequantize
 
 AdapterSet = dict[str, "Adapter"]
 
@@ -128,7 +129,7 @@ def init(key: jax.Array, params: Any, rules: paths.Rules) -> AdapterSet:
     """
     targets = paths.match_rules(params, rules)
     return {
-        path: _init_one(jax.random.fold_in(key, index), jnp.asarray(kernel), spec, path)
+        path: _init_one(jax.random.fold_in(key, index), jnp.asarray(dequantize(kernel)), spec, path)
         for index, (path, (kernel, spec)) in enumerate(targets.items())
     }
 
@@ -181,7 +182,7 @@ def map_adapted(params: Any, adapters: Any, fn: Callable[[str, Any, list[Adapter
         found.add(path)
         return fn(path, leaf, by_path[path])
 
-    out = jax.tree_util.tree_map_with_path(update, params)
+    out = jax.tree_util.tree_map_with_path(update, params, is_leaf=paths.is_param_leaf)
     missing = sorted(set(by_path) - found)
     if missing:
         raise ValueError(
@@ -192,8 +193,10 @@ def map_adapted(params: Any, adapters: Any, fn: Callable[[str, Any, list[Adapter
 
 def _apply_to_kernels(params: Any, adapters: Any, sign: float) -> Any:
     def update(path, leaf, ads):
+        leaf = dequantize(leaf)  # an int8 base merges into float32 kernels
         total = sum(delta(a, leaf.shape) for a in ads)
-        return (leaf + sign * total.astype(leaf.dtype)).astype(leaf.dtype)
+        dtype = jnp.result_type(leaf.dtype, total.dtype)  # bf16 base + f32 factors: float32
+        return (leaf.astype(dtype) + sign * total.astype(dtype)).astype(dtype)
 
     return map_adapted(params, adapters, update)
 
@@ -206,7 +209,9 @@ def merge(params: Any, adapters: Any) -> Any:
       adapters: one adapter set, a list of sets, or ``{name: set}`` (all are summed).
 
     Returns:
-      ``params`` with every adapted kernel replaced by ``W + ΔW`` (same dtype).
+      ``params`` with every adapted kernel replaced by ``W + ΔW``, in the kernel's dtype promoted
+      with the factors' (a bfloat16 base with float32 factors gives float32); an int8 kernel
+      (:mod:`lowrank_jax.adapters.quant`) is dequantised first.
     """
     return _apply_to_kernels(params, adapters, 1.0)
 
@@ -251,8 +256,8 @@ def split_trainable(params: Any, patterns: Sequence[str]) -> tuple[Any, Any]:
         return f
 
     return (
-        jax.tree_util.tree_map_with_path(pick(True), params),
-        jax.tree_util.tree_map_with_path(pick(False), params),
+        jax.tree_util.tree_map_with_path(pick(True), params, is_leaf=paths.is_param_leaf),
+        jax.tree_util.tree_map_with_path(pick(False), params, is_leaf=paths.is_param_leaf),
     )
 
 

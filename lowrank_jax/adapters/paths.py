@@ -10,6 +10,7 @@ spec is ``None`` freezes what it matches.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -36,14 +37,21 @@ def path_to_str(keypath: Iterable[Any]) -> str:
     return "/".join(n for n in map(key_name, keypath) if n is not None)
 
 
+def is_param_leaf(x: Any) -> bool:
+    """Whether ``x`` is one parameter although a pytree: a quantised kernel (``qwix.QArray``)."""
+    qwix = sys.modules.get("qwix")
+    return qwix is not None and isinstance(x, qwix.QArray)
+
+
 def named_leaves(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> dict[str, Any]:
-    """Maps each leaf's path to the leaf, in flattening order (``is_leaf`` as in ``jax.tree``).
+    """Maps each leaf's path to the leaf, in flattening order (``is_leaf`` as in ``jax.tree``;
+    by default a quantised kernel, :func:`is_param_leaf`, is one leaf).
 
     Raises:
       ValueError: two leaves share a path (e.g. keys that contain '/').
     """
     out: dict[str, Any] = {}
-    for keypath, leaf in jax.tree_util.tree_flatten_with_path(tree, is_leaf)[0]:
+    for keypath, leaf in jax.tree_util.tree_flatten_with_path(tree, is_leaf or is_param_leaf)[0]:
         name = path_to_str(keypath)
         if name in out:
             raise ValueError(f"two parameters share the path {name!r}; rename one of them.")

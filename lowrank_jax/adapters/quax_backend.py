@@ -11,6 +11,7 @@ materialised ``W + ΔW``. No full-size ``ΔW`` nor its gradient is ever formed o
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -21,21 +22,37 @@ import jax.numpy as jnp
 import quax
 from jax import lax
 
+from lowrank_jax.adapters import fused, quant
 from lowrank_jax.adapters.core import Adapter, delta
 
 
 class AdaptedArray(quax.ArrayValue):
-    """A frozen kernel ``w`` plus adapters, seen by JAX as an array of ``w``'s shape and dtype."""
+    """A frozen kernel ``w`` plus adapters, seen by JAX as an array of ``w``'s shape and dtype.
 
-    w: jax.Array
+    ``w`` may be a quantised ``qwix.QArray`` (:mod:`lowrank_jax.adapters.quant`); its dtype is then
+    the scale's (float32) and the base matmul is ``(x·Q)·diag(s)``. A floating cast is recorded
+    in ``dtype`` and applied where ``w`` is used, so a bfloat16 kernel promoted to float32 by a
+    layer is never stored as a float32 copy between forward and backward. ``fused``: LoRA-only
+    kernels take :func:`lowrank_jax.adapters.fused.lora_matmul`.
+    """
+
+    w: Any
     adapters: tuple[Adapter, ...]
     keys: tuple[jax.Array | None, ...]
     path: str = eqx.field(static=True)
     allow_dense: bool = eqx.field(static=True)
     transposed: bool = eqx.field(static=True, default=False)
+    fused: bool = eqx.field(static=True, default=False)
+    dtype_: str | None = eqx.field(static=True, default=None)
 
     def aval(self) -> jax.core.ShapedArray:
-        return jax.core.ShapedArray(self.w.shape, self.w.dtype)
+        return jax.core.ShapedArray(self.w.shape, self.dtype_ or self.w.dtype)
+
+    def base(self) -> Any:
+        """The frozen kernel in its logical dtype (a ``QArray`` stays quantised)."""
+        if self.dtype_ is None or quant.is_quantized(self.w):
+            return self.w
+        return self.w.astype(self.dtype_)
 
     def materialise(self) -> jax.Array:
         if not self.allow_dense:
@@ -48,9 +65,9 @@ class AdaptedArray(quax.ArrayValue):
         stack, first, second = self.blocks()
         perm = (*range(stack), *second, *first) if self.transposed else tuple(range(self.ndim))
         shape = tuple(self.w.shape[p] for p in perm)  # the kernel's shape before transposition
-        total = self.w
+        total = quant.dequantize(self.base())
         for a in self.adapters:
-            total = total + jnp.transpose(delta(a, shape), perm).astype(self.w.dtype)
+            total = total + jnp.transpose(delta(a, shape), perm).astype(total.dtype)
         return total
 
     def blocks(self) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
@@ -102,13 +119,51 @@ def _delta_matmul(
     return total
 
 
+def _fused_matmul(
+    lhs: Any, rhs: Any, w: AdaptedArray, w_is_lhs: bool, dimension_numbers: Any
+) -> jax.Array | None:
+    """The whole adapted product ``x·(W + Σ sAB)`` via the fused custom_vjp, or ``None``."""
+    (lc, rc), (lb, rb) = dimension_numbers
+    x = rhs if w_is_lhs else lhs
+    xc, wc = (rc, lc) if w_is_lhs else (lc, rc)
+    stack, first, second = w.blocks()
+    if lb or rb or stack or w.transposed or sorted(wc) != list(first):
+        return None
+    if not fused.fusable(w.adapters, w.keys):
+        return None
+    pair = dict(zip(wc, xc, strict=True))
+    x_contract = [pair[ax] for ax in first]
+    x = jnp.moveaxis(x, x_contract, range(x.ndim - len(x_contract), x.ndim))
+    free = x.shape[: x.ndim - len(x_contract)]
+    n = math.prod(w.w.shape[ax] for ax in first)
+    m = math.prod(w.w.shape[ax] for ax in second)
+    x = jnp.reshape(x, (math.prod(free), n))
+    y = fused.apply_fused(x, w.w, w.adapters, n, m)  # casts the kernel inside (lazy dtype)
+    y = jnp.reshape(y, (*free, *(w.w.shape[ax] for ax in second)))
+    if w_is_lhs:
+        y = jnp.moveaxis(y, range(len(free), y.ndim), range(len(second)))
+    return y
+
+
+def _base_matmul(lhs: Any, rhs: Any, w: Any, w_is_lhs: bool, params: dict) -> jax.Array:
+    """``dot_general`` with the frozen kernel ``w`` (a float array or a quantised ``QArray``)."""
+    if quant.is_quantized(w):
+        return quant.quantized_dot_general(lhs, rhs, w, w_is_lhs, params)
+    return lax.dot_general_p.bind(*((w, rhs) if w_is_lhs else (lhs, w)), **params)
+
+
 def _dot_general(lhs: Any, rhs: Any, w: AdaptedArray, w_is_lhs: bool, params: dict) -> Any:
     dn = params["dimension_numbers"]
+    if w.fused:
+        y = _fused_matmul(lhs, rhs, w, w_is_lhs, dn)
+        if y is not None:
+            out_dtype = params.get("preferred_element_type") or jnp.result_type(lhs, rhs)
+            return y.astype(out_dtype)
     d = _delta_matmul(lhs, rhs, w, w_is_lhs, dn)
     if d is None:
         dense = w.materialise()  # raises unless allow_dense
         return lax.dot_general_p.bind(*((dense, rhs) if w_is_lhs else (lhs, dense)), **params)
-    base = lax.dot_general_p.bind(*((w.w, rhs) if w_is_lhs else (lhs, w.w)), **params)
+    base = _base_matmul(lhs, rhs, w.base(), w_is_lhs, params)
     return base + d.astype(base.dtype)
 
 
@@ -133,7 +188,10 @@ def _(x: AdaptedArray, *, new_dtype: Any, **params: Any) -> AdaptedArray:
     if not jnp.issubdtype(new_dtype, jnp.floating):
         return cast(x.materialise())
     adapters = tuple(a.replace(factors=jax.tree.map(cast, a.factors)) for a in x.adapters)
-    return AdaptedArray(cast(x.w), adapters, x.keys, x.path, x.allow_dense)
+    if quant.is_quantized(x.w):  # a QArray's dtype is its scale's
+        return dataclasses.replace(x, w=x.w.astype(new_dtype), adapters=adapters)
+    # Lazy: the kernel is cast where it is used (see AdaptedArray).
+    return dataclasses.replace(x, adapters=adapters, dtype_=jnp.dtype(new_dtype).name)
 
 
 @quax.register(lax.transpose_p)
@@ -142,14 +200,12 @@ def _(x: AdaptedArray, *, permutation: tuple[int, ...]) -> Any:
     if tuple(permutation) == tuple(range(x.ndim)):
         return x
     if tuple(permutation) == (*range(stack), *second, *first):
-        return AdaptedArray(
-            lax.transpose(x.w, permutation),
-            x.adapters,
-            x.keys,
-            x.path,
-            x.allow_dense,
-            not x.transposed,
+        w = (
+            x.w.transpose(permutation)
+            if quant.is_quantized(x.w)
+            else lax.transpose(x.w, permutation)
         )
+        return dataclasses.replace(x, w=w, transposed=not x.transposed)
     return lax.transpose(x.materialise(), permutation)
 
 
@@ -180,6 +236,7 @@ def wrap_kernel(
     keys: list[jax.Array | None],
     path: str,
     allow_dense: bool,
+    fused: bool = False,
 ) -> AdaptedArray:
     """Wraps one kernel; checks that all adapters on it agree on its layout."""
     layouts = {(a.in_ndim, a.out_ndim) for a in adapters}
@@ -193,4 +250,4 @@ def wrap_kernel(
                 f"adapter factors for {path!r} do not fit its kernel of shape {w.shape}; were they "
                 "made with adapters.init on these params?"
             )
-    return AdaptedArray(w, tuple(adapters), tuple(keys), path, allow_dense)
+    return AdaptedArray(w, tuple(adapters), tuple(keys), path, allow_dense, fused=fused)
