@@ -40,11 +40,13 @@ import importlib.util
 import json
 import math
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -57,6 +59,29 @@ from lowrank_jax.models.layers import PreLNBlock
 TARGETS = ("query", "key", "value", "out", "fc1", "fc2")
 RULES_PATTERN = r".*(query|key|value|out|fc1|fc2)/kernel"
 MB = 1 << 20
+# The memory curve: methods (one process per cell) and what each one trains.
+CURVE_METHODS = ("full", "lora", "lora-bf16", "lora-int8", "peft")
+LOW_PRECISION = {"lora-bf16": "bfloat16", "lora-int8": "int8"}
+
+
+class Blocks(nn.Module):
+    """``depth`` pre-LN blocks in a row (``depth == 1`` is a bare :class:`PreLNBlock`)."""
+
+    depth: int
+    num_heads: int
+    mlp_dim: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for i in range(self.depth):
+            x = PreLNBlock(self.num_heads, self.mlp_dim, name=f"block_{i}")(x)
+        return x
+
+
+def make_model(args: argparse.Namespace, depth: int = 1) -> nn.Module:
+    if depth == 1:
+        return PreLNBlock(num_heads=args.heads, mlp_dim=args.mlp)
+    return Blocks(depth, args.heads, args.mlp)
 
 
 @dataclasses.dataclass
@@ -91,15 +116,49 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-peft", action="store_true", help="skip PyTorch PEFT even if installed")
     p.add_argument(
-        "--quick", action="store_true", help="tiny shape (d=64, batch 3×16, 2 rounds) for tests"
+        "--depths",
+        default="1,2,4,8",
+        help="memory curve: comma-separated depths (blocks), one process per (depth, method); "
+        "'' skips the curve",
+    )
+    p.add_argument("--curve-batch", type=int, default=4, help="memory curve: sequences per batch")
+    p.add_argument("--curve-steps", type=int, default=2, help="memory curve: timed steps per cell")
+    p.add_argument("--out", default="runs/bench_adapter_step", help="where the curve plot goes")
+    p.add_argument("--cell", default=None, help=argparse.SUPPRESS)  # internal: one curve cell
+    p.add_argument("--depth", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny shape (d=64, batch 3×16, 2 rounds, no memory curve) for tests",
     )
     args = p.parse_args(argv)
     if args.quick:
         # 48 tokens: no activation has a weight's shape, so the HLO check stays unambiguous.
         args.batch, args.seq, args.d, args.steps, args.warmup = 3, 16, 64, 2, 1
+        args.curve_batch, args.curve_steps = 2, 1
+        if args.depths == "1,2,4,8":
+            args.depths = ""  # the curve is one process per cell: pass --depths to run it
     args.mlp = args.mlp or 4 * args.d
     args.heads = args.heads or max(1, min(16, args.d // 16))
-    for name in ("steps", "batch", "seq", "d", "mlp", "heads", "rank"):
+    try:
+        args.depths = [int(v) for v in args.depths.split(",") if v.strip()]
+    except ValueError:
+        p.error(f"--depths must be comma-separated integers, got {args.depths!r}.")
+    if any(v < 1 for v in args.depths):
+        p.error(f"--depths must be positive, got {args.depths}.")
+    if args.cell is not None and args.cell not in CURVE_METHODS:
+        p.error(f"--cell must be one of {CURVE_METHODS}, got {args.cell!r}.")
+    for name in (
+        "steps",
+        "batch",
+        "seq",
+        "d",
+        "mlp",
+        "heads",
+        "rank",
+        "curve_batch",
+        "curve_steps",
+    ):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be a positive integer, got {getattr(args, name)}.")
     if args.warmup < 0:
@@ -163,7 +222,13 @@ def _jax_method(
 
 
 def build_jax_methods(
-    args: argparse.Namespace, model: PreLNBlock, variables: Any, ad: Any, x, y
+    args: argparse.Namespace,
+    model: nn.Module,
+    variables: Any,
+    ad: Any,
+    x,
+    y,
+    names: Sequence[str] | None = None,
 ) -> list[Method]:
     """The JAX methods over the same block, batch and (zero-initialised) adapters."""
     optimizer = optax.adam(args.lr)
@@ -174,18 +239,34 @@ def build_jax_methods(
     ]
     quax_fwd = adapters.adapt(model.apply, backend="quax")
     linen_fwd = adapters.adapt(model.apply, backend="linen")
+    fused_fwd = adapters.adapt(model.apply, lora_matmul="fused")
+    fused_loss = lambda a, v, x, y: _mse(fused_fwd(v, a, x), y)
     losses = {
         "full": (lambda p, _, x, y: _mse(model.apply(p, x), y), variables, None),
         "merge": (lambda a, v, x, y: _mse(model.apply(adapters.merge(v, a), x), y), ad, variables),
         "lora-quax": (lambda a, v, x, y: _mse(quax_fwd(v, a, x), y), ad, variables),
         "lora-linen": (lambda a, v, x, y: _mse(linen_fwd(v, a, x), y), ad, variables),
+        "lora-fused": (fused_loss, ad, variables),
     }
+    for name, dtype in LOW_PRECISION.items():
+        frozen = adapters.low_precision_base(variables, dtype, patterns=(RULES_PATTERN,))
+        losses[name] = (fused_loss, ad, frozen)
     methods = []
     for name, (loss_fn, train, frozen) in losses.items():
+        if names is not None and name not in names:
+            continue
         t0 = time.perf_counter()
         methods.append(
             _jax_method(
-                name, loss_fn, optimizer, train, frozen, x, y, weight_shapes, args.batch * args.seq
+                name,
+                loss_fn,
+                optimizer,
+                train,
+                frozen,
+                x,
+                y,
+                weight_shapes,
+                math.prod(x.shape[:-1]),
             )
         )
         print(f"# compiled {name} in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
@@ -203,6 +284,7 @@ def build_peft_method(
     import torch
     from peft import LoraConfig, get_peft_model
     from torch import nn
+    from torch import nn as nn_torch
 
     torch.set_num_threads(common.num_threads())
     d, heads, mlp = args.d, args.heads, args.mlp
@@ -244,23 +326,33 @@ def build_peft_method(
     def t(a: Any) -> torch.Tensor:
         return torch.from_numpy(np.array(a, dtype=np.float32))
 
-    block = Block()
-    p = variables["params"]
+    depth = 1 if "attention" in variables["params"] else len(variables["params"])
+    blocks = [Block() for _ in range(depth)]
+    block_params = (
+        [variables["params"]]
+        if depth == 1
+        else [variables["params"][f"block_{i}"] for i in range(depth)]
+    )
     with torch.no_grad():
-        for ln in ("ln_attention", "ln_mlp"):
-            getattr(block, ln).weight.copy_(t(p[ln]["scale"]))
-            getattr(block, ln).bias.copy_(t(p[ln]["bias"]))
-        for parent, names in (("attention", TARGETS[:4]), ("mlp", TARGETS[4:])):
-            for n in names:
-                lin = getattr(getattr(block, parent), n)
-                lin.weight.copy_(t(p[parent][n]["kernel"]).T)
-                lin.bias.copy_(t(p[parent][n]["bias"]))
+        for block, p in zip(blocks, block_params, strict=True):
+            for ln in ("ln_attention", "ln_mlp"):
+                getattr(block, ln).weight.copy_(t(p[ln]["scale"]))
+                getattr(block, ln).bias.copy_(t(p[ln]["bias"]))
+            for parent, names in (("attention", TARGETS[:4]), ("mlp", TARGETS[4:])):
+                for n in names:
+                    lin = getattr(getattr(block, parent), n)
+                    lin.weight.copy_(t(p[parent][n]["kernel"]).T)
+                    lin.bias.copy_(t(p[parent][n]["bias"]))
     config = LoraConfig(r=args.rank, lora_alpha=args.alpha, target_modules=list(TARGETS))
-    model = get_peft_model(block, config)
+    model = get_peft_model(blocks[0] if depth == 1 else nn_torch.Sequential(*blocks), config)
     with torch.no_grad():
         for path, a in ad.items():
-            parent, n = path.split("/")[1:3]
-            lin = getattr(getattr(model.base_model.model, parent), n)
+            parts = path.split("/")[1:-1]  # [block_i,] parent, name
+            parent, n = parts[-2], parts[-1]
+            root = model.base_model.model
+            if depth > 1:
+                root = root[int(parts[0].removeprefix("block_"))]
+            lin = getattr(getattr(root, parent), n)
             lin.lora_A["default"].weight.copy_(t(a.factors["a"]).T)
             lin.lora_B["default"].weight.copy_(t(a.factors["b"]).T)
     model.train()
@@ -351,9 +443,20 @@ def report(
             ]
         )
     table = common.markdown_table(header, rows)
-    lora = by["lora-quax"]
+    f32_loss0 = [v for n, v in loss0.items() if n not in LOW_PRECISION]
+    lora, fused = by["lora-quax"], by["lora-fused"]
     headline = {
-        "lora_vs_full_step": _ratio(med["lora-quax"], full),
+        # The headline LoRA step is the fused one (adapt(..., lora_matmul="fused")).
+        "lora_vs_full_step": _ratio(med["lora-fused"], full),
+        "lora_vs_full_temp_bytes": _ratio(fused.stats.temp, by["full"].stats.temp),
+        "lora_vs_peft_rss": _ratio(timings["lora-fused"].peak_rss, timings["peft"].peak_rss)
+        if "peft" in timings
+        else None,
+        "lora_vs_full_cpu_fused": _ratio(cpu["lora-fused"], cpu["full"]),
+        "lora_vs_peft_step_fused": _ratio(med["lora-fused"], peft),
+        "lora_fused_weight_shaped_dots": len(fused.weight_dots or []),
+        "factorised_vs_full_temp_bytes": _ratio(lora.stats.temp, by["full"].stats.temp),
+        "factorised_vs_full_step": _ratio(med["lora-quax"], full),
         "linen_vs_full_step": _ratio(med["lora-linen"], full),
         "merge_vs_full_step": _ratio(med["merge"], full),
         "lora_vs_peft_step": _ratio(med["lora-quax"], peft),
@@ -371,7 +474,8 @@ def report(
         "step_s": {n: med[n] for n in med},
         "cpu_s": {n: cpu[n] for n in cpu},
         "all_step_s": {n: [round(t, 4) for t in timings[n].times] for n in timings},
-        "loss0_spread": max(loss0.values()) - min(loss0.values()),
+        "loss0_spread": max(f32_loss0) - min(f32_loss0),
+        "loss0_low_precision": {n: loss0[n] for n in LOW_PRECISION if n in loss0},
         "shape": {
             "batch": args.batch,
             "seq": args.seq,
@@ -385,12 +489,118 @@ def report(
     return table, headline
 
 
+def run_cell(args: argparse.Namespace) -> dict[str, Any]:
+    """One memory-curve cell: ``args.cell`` at ``args.depth`` blocks, alone in this process."""
+    import gc
+
+    kx, ky, kp, ka = jax.random.split(jax.random.key(args.seed), 4)
+    shape = (args.curve_batch, args.seq, args.d)
+    x, y = jax.random.normal(kx, shape), jax.random.normal(ky, shape)
+    model = make_model(args, args.depth)
+    variables = model.init(kp, x[:1])
+    ad = adapters.init(ka, variables, [(RULES_PATTERN, adapters.lora(args.rank, alpha=args.alpha))])
+    if args.cell == "peft":
+        method = build_peft_method(args, variables, ad, x, y)
+    else:
+        name = "lora-fused" if args.cell == "lora" else args.cell
+        (method,) = build_jax_methods(args, model, variables, ad, x, y, names=[name])
+    del variables, ad  # what the step needs is held by the method
+    gc.collect()
+    timing = common.run_rounds({args.cell: method.run}, rounds=args.curve_steps, warmup=1)
+    t = timing[args.cell]
+    st = method.stats
+    return {
+        "method": args.cell,
+        "depth": args.depth,
+        "step_s": t.median,
+        "cpu_s": t.cpu_median,
+        "peak_rss": t.peak_rss,
+        "xla_temp": None if st is None else st.temp,
+        "xla_temp_args": None if st is None else st.temp + st.argument,
+        "state_bytes": method.state_bytes,
+    }
+
+
+def run_curve(args: argparse.Namespace, use_peft: bool) -> list[dict[str, Any]]:
+    """Every (depth, method) cell in its own process (clean peak RSS); returns their JSON rows."""
+    shape = ["--seq", str(args.seq), "--d", str(args.d), "--mlp", str(args.mlp)]
+    shape += ["--heads", str(args.heads), "--rank", str(args.rank), "--alpha", str(args.alpha)]
+    shape += ["--curve-batch", str(args.curve_batch), "--curve-steps", str(args.curve_steps)]
+    rows = []
+    for depth in args.depths:
+        for method in CURVE_METHODS:
+            if method == "peft" and not use_peft:
+                continue
+            cmd = [sys.executable, "-m", "experiments.bench.adapter_step", "--cell", method]
+            cmd += ["--depth", str(depth), "--seed", str(args.seed), *shape]
+            t0 = time.perf_counter()
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                raise RuntimeError(f"curve cell {method} x{depth} failed:\n{proc.stderr[-3000:]}")
+            rows.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            print(
+                f"# curve {method} depth {depth}: {time.perf_counter() - t0:.0f}s", file=sys.stderr
+            )
+    return rows
+
+
+def curve_table(rows: list[dict[str, Any]]) -> str:
+    header = ["depth", "method", "step s", "CPU s/step", "peak RSS MB", "XLA temp MB",
+              "XLA temp+args MB", "trainable+opt state MB"]  # fmt: skip
+    mb = lambda v: None if v is None else v / MB
+    body = [
+        [
+            r["depth"],
+            r["method"],
+            r["step_s"],
+            r["cpu_s"],
+            mb(r["peak_rss"]),
+            mb(r["xla_temp"]),
+            mb(r["xla_temp_args"]),
+            mb(r["state_bytes"]),
+        ]  # fmt: skip
+        for r in rows
+    ]
+    return common.markdown_table(header, body)
+
+
+def plot_curve(rows: list[dict[str, Any]], path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = (("peak_rss", "peak RSS (MB)"), ("xla_temp_args", "XLA temp + args (MB)"),
+              ("step_s", "step time (s, median)"))  # fmt: skip
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    for ax, (key, label) in zip(axes, panels, strict=True):
+        for method in CURVE_METHODS:
+            pts = [(r["depth"], r[key]) for r in rows if r["method"] == method and r[key]]
+            if pts:
+                scale = 1.0 if key == "step_s" else 1.0 / MB
+                ax.plot([p[0] for p in pts], [p[1] * scale for p in pts], "o-", label=method)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("blocks (d=1024)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.cell is not None:
+        row = run_cell(args)
+        print(json.dumps(row))
+        return row
     kx, ky, kp, ka = jax.random.split(jax.random.key(args.seed), 4)
     x = jax.random.normal(kx, (args.batch, args.seq, args.d), jnp.float32)
     y = jax.random.normal(ky, (args.batch, args.seq, args.d), jnp.float32)
-    model = PreLNBlock(num_heads=args.heads, mlp_dim=args.mlp)
+    model = make_model(args)
     variables = model.init(kp, x[:1])
     rules = [(RULES_PATTERN, adapters.lora(rank=args.rank, alpha=args.alpha))]
     ad = adapters.init(ka, variables, rules)
@@ -410,7 +620,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f"{args.batch}×{args.seq} tokens, f32, Adam; LoRA r={args.rank}, alpha={args.alpha:g} on "
         f"{', '.join(TARGETS)}. {common.num_threads()} threads (JAX {jax.__version__}, "
         f"{jax.default_backend()}), median of {args.steps} interleaved steps after {args.warmup} "
-        "warm-up round(s)." + ("" if use_peft else " PEFT: not run (install the `peers` extra).")
+        "warm-up round(s). lora-fused: adapt(..., lora_matmul='fused'); lora-bf16 / lora-int8: "
+        "lora-fused on a bfloat16 / int8 frozen base (float32 adapters, Adam state and output)."
+        + ("" if use_peft else " PEFT: not run (install the `peers` extra).")
     )
     print()
     print(table)
@@ -418,6 +630,21 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for m in methods:
         if m.weight_dots:
             print(f"# {m.name}: weight-shaped dots: {', '.join(sorted(set(m.weight_dots)))}")
+    del methods, timings, variables, ad, x, y
+    if args.depths:
+        rows = run_curve(args, use_peft)
+        title = (
+            f"Memory curve: d={args.d}, batch {args.curve_batch}×{args.seq}, LoRA r={args.rank}; "
+            "one process per cell"
+        )
+        print()
+        print(title)
+        print()
+        print(curve_table(rows))
+        plot = os.path.join(args.out, "memory_curve.png")
+        plot_curve(rows, plot, title)
+        print(f"# plot: {plot}")
+        headline["curve"] = rows
     print(json.dumps(headline))
     return headline
 

@@ -8,7 +8,7 @@ Adapters train in float32 while the frozen base they sit on is stored in less me
   float32**; the adapter factors, their gradients and the optimizer state stay float32.
 * ``"int8"``: every selected kernel ``W`` (``(..., m)``, output axis last) becomes a
   :class:`qwix.QArray` with ``Q = round(W / s)`` in int8 and one float32 absmax scale per output
-  channel, ``s_j = max_i |W_ij| / 127`` (symmetric, per-channel; quantised by ``qwix.quantize``,
+  channel, ``s_j = max_i |W_ij| / 127.5`` (symmetric, per-channel; quantised by ``qwix.quantize``,
   a quarter of the bytes plus ``4·m``). The factorised forward never dequantises a kernel: the
   scale is constant along the contracted axis, so ``x·(Q·diag(s)) = (x·Q)·diag(s)`` is one
   int8-weight matmul followed by a per-channel rescale of the output (**float32 output**).

@@ -23,6 +23,12 @@ from experiments.bench import adapter_step, common
 REPO = pathlib.Path(__file__).resolve().parents[2]
 KEYS = {
     "lora_vs_full_step",
+    "lora_vs_full_temp_bytes",
+    "lora_vs_peft_rss",
+    "lora_vs_full_cpu_fused",
+    "lora_fused_weight_shaped_dots",
+    "factorised_vs_full_temp_bytes",
+    "loss0_low_precision",
     "linen_vs_full_step",
     "merge_vs_full_step",
     "lora_vs_peft_step",
@@ -64,22 +70,32 @@ def quick():
 def test_last_line_is_the_json_headline(quick):
     headline = json.loads(quick.strip().splitlines()[-1])
     assert set(headline) >= KEYS
-    for name in ("full", "merge", "lora-quax", "lora-linen"):
+    for name in (
+        "full",
+        "merge",
+        "lora-quax",
+        "lora-linen",
+        "lora-fused",
+        "lora-bf16",
+        "lora-int8",
+    ):
         assert headline["step_s"][name] > 0
+    assert headline["lora_vs_full_temp_bytes"] > 0 and "curve" not in headline
     assert headline["shape"] == {
         "batch": 3, "seq": 16, "d": 64, "mlp": 256, "heads": 4, "rank": 8,
         "threads": common.num_threads(),
     }  # fmt: skip
     if HAS_PEFT:
         assert headline["lora_vs_peft_step"] > 0 and "peft" in headline["step_s"]
+        assert headline["lora_vs_peft_rss"] > 0
     else:
-        assert headline["lora_vs_peft_step"] is None
+        assert headline["lora_vs_peft_step"] is None and headline["lora_vs_peft_rss"] is None
 
 
 def test_table_lists_every_method(quick):
     lines = quick.splitlines()
     assert any(line.startswith("| method | step s (median) | × full | × PEFT") for line in lines)
-    methods = ["full", "merge", "lora-quax", "lora-linen"]
+    methods = ["full", "merge", "lora-quax", "lora-linen", "lora-fused", "lora-bf16", "lora-int8"]
     methods += ["peft"] if HAS_PEFT else []
     for name in methods:
         assert any(line.startswith(f"| {name} |") for line in lines), name
@@ -89,8 +105,12 @@ def test_identities_of_the_quick_run(quick):
     headline = json.loads(quick.strip().splitlines()[-1])
     # Zero-initialised adapters: every method (PEFT included) starts at the base block's loss.
     assert headline["loss0_spread"] <= 1e-5
-    # The factorised step forms no weight gradient; full fine-tuning forms 6 (one per kernel).
+    # The factorised and fused steps form no weight gradient; full fine-tuning forms 6.
     assert headline["lora_weight_shaped_dots"] == 0
+    assert headline["lora_fused_weight_shaped_dots"] == 0
+    # A low-precision base changes the function a little (the base kernels are rounded).
+    loss0 = headline["step_s"] and headline["loss0_low_precision"]
+    assert set(loss0) == {"lora-bf16", "lora-int8"}
     # Factors + Adam's mu and nu in f32, plus Adam's int32 count: O(r·(m+n)), not O(m·n).
     assert headline["lora_state_bytes"] == headline["lora_state_bytes_formula"] + 4
     d, f, r = 64, 256, 8
@@ -148,3 +168,18 @@ def test_bad_flags_exit_with_a_message(argv, message, capsys):
         adapter_step.parse_args(argv)
     assert e.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_one_curve_cell_table_and_plot(tmp_path):
+    """One memory-curve cell in-process (two tiny blocks, int8 base), then the table and plot."""
+    argv = ["--quick", "--cell", "lora-int8", "--depth", "2"]
+    row = adapter_step.main(argv)
+    assert row["method"] == "lora-int8" and row["depth"] == 2
+    assert row["xla_temp_args"] > row["xla_temp"] > 0 and row["peak_rss"] > 0
+    d, f, r = 64, 256, 8  # two blocks of LoRA state: factors + Adam's mu and nu (+ count)
+    assert row["state_bytes"] == 2 * 12 * r * (8 * d + 2 * (d + f)) + 4
+    rows = [row, {**row, "method": "full", "depth": 1}]
+    table = adapter_step.curve_table(rows)
+    assert table.splitlines()[0].startswith("| depth | method | step s")
+    adapter_step.plot_curve(rows, str(tmp_path / "curve.png"), "test")
+    assert (tmp_path / "curve.png").stat().st_size > 0
