@@ -10,6 +10,12 @@ of 64×128 tokens and a squared-error loss against a fixed random target, and ti
   (``model.apply(adapters.merge(variables, ad), x)``), so autodiff forms ``∂L/∂W'`` (m×n);
 * ``lora-quax`` / ``lora-linen``: the factorised path ``adapters.adapt(model.apply, backend=...)``,
   ``x·W + s·(x·A)·B``, with no weight-shaped gradient;
+* ``lora-fused``: ``adapters.adapt(model.apply, lora_matmul="fused")``: one matmul
+  ``x·(W + s·A·B)`` per projection with a hand-written backward
+  (:mod:`lowrank_jax.adapters.fused`): no weight gradient, and no second token-sized buffer per
+  projection (the headline LoRA step);
+* ``lora-bf16`` / ``lora-int8``: ``lora-fused`` on a frozen base stored in bfloat16 / int8
+  (``adapters.low_precision_base``; float32 adapters, Adam state and output);
 * ``peft``: Hugging Face PEFT's LoRA on PyTorch (CPU, same thread count) for the same block,
   same weights, batch and loss (when ``torch`` and ``peft`` are installed: the ``peers`` extra).
 
@@ -22,9 +28,17 @@ object of the headline ratios.
 Both median wall time and median process CPU time per step are reported; on a shared machine the
 CPU time is the steadier comparison.
 
-Default run: about 3 minutes on an idle 2-core CPU; measured 2026-12-02 (README): LoRA step 0.645×
-full fine-tuning and 0.854× PyTorch PEFT; LoRA state 1.77 MB vs 151 MB.
-``--quick`` is a tiny shape for tests.
+Then the **memory curve** (``--depths 1,2,4,8``, batch ``--curve-batch``×seq): ``full``, ``lora``
+(fused, f32 base), ``lora-bf16``, ``lora-int8`` and ``peft`` on 1, 2, 4, 8 stacked blocks, each
+(depth, method) in its own process so that its peak RSS is its own; columns: step time, peak RSS
+during the step, XLA temp and temp + argument bytes (``memory_analysis``, load-independent), and
+the trainable + optimizer state. The plot goes to ``<--out>/memory_curve.png``; the rows are also
+under ``"curve"`` in the final JSON line, whose headline keys ``lora_vs_full_step``,
+``lora_vs_full_temp_bytes`` and ``lora_vs_peft_rss`` are the single-block ``lora-fused`` figures.
+
+Default run: the single-block table plus the curve; see ``.notes/bench.md`` for the measured
+numbers and times. ``--depths ''`` skips the curve; ``--quick`` is a tiny shape without the curve,
+for tests.
 
 Example::
 

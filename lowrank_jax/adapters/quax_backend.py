@@ -81,6 +81,16 @@ class AdaptedArray(quax.ArrayValue):
         return stack, tuple(range(stack, stack + k)), tuple(range(stack + k, self.w.ndim))
 
 
+def _flatten_input(x: jax.Array, xc, wc, axes) -> tuple[jax.Array, tuple[int, ...]]:
+    """``x`` with its contracted axes last, in the kernel's order ``axes``, as a 2-D array
+    ``(tokens, n)`` (2-D: XLA:CPU then needs no transposed cotangent); and the free shape."""
+    pair = dict(zip(wc, xc, strict=True))
+    x_contract = [pair[ax] for ax in axes]
+    x = jnp.moveaxis(x, x_contract, range(x.ndim - len(x_contract), x.ndim))
+    free = x.shape[: x.ndim - len(x_contract)]
+    return jnp.reshape(x, (math.prod(free), -1)), free
+
+
 def _delta_matmul(
     lhs: Any, rhs: Any, w: AdaptedArray, w_is_lhs: bool, dimension_numbers: Any
 ) -> jax.Array | None:
@@ -99,12 +109,7 @@ def _delta_matmul(
         transposed, axes, result_axes = not w.transposed, second, first
     else:
         return None
-    # Put x's contracted axes last, in the kernel's axis order, and flatten them.
-    pair = dict(zip(wc, xc, strict=True))
-    x_contract = [pair[ax] for ax in axes]
-    x = jnp.moveaxis(x, x_contract, range(x.ndim - len(x_contract), x.ndim))
-    free = x.shape[: x.ndim - len(x_contract)]
-    x = jnp.reshape(x, (math.prod(free), -1))  # 2-D: XLA:CPU then needs no transposed cotangent
+    x, free = _flatten_input(x, xc, wc, axes)
     result_shape = tuple(w.w.shape[ax] for ax in result_axes)
     total = None
     for adapter, key in zip(w.adapters, w.keys, strict=True):
@@ -131,13 +136,8 @@ def _fused_matmul(
         return None
     if not fused.fusable(w.adapters, w.keys):
         return None
-    pair = dict(zip(wc, xc, strict=True))
-    x_contract = [pair[ax] for ax in first]
-    x = jnp.moveaxis(x, x_contract, range(x.ndim - len(x_contract), x.ndim))
-    free = x.shape[: x.ndim - len(x_contract)]
-    n = math.prod(w.w.shape[ax] for ax in first)
-    m = math.prod(w.w.shape[ax] for ax in second)
-    x = jnp.reshape(x, (math.prod(free), n))
+    x, free = _flatten_input(x, xc, wc, first)
+    n, m = (math.prod(w.w.shape[ax] for ax in block) for block in (first, second))
     y = fused.apply_fused(x, w.w, w.adapters, n, m)  # casts the kernel inside (lazy dtype)
     y = jnp.reshape(y, (*free, *(w.w.shape[ax] for ax in second)))
     if w_is_lhs:

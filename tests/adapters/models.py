@@ -37,3 +37,27 @@ class Scanned(nn.Module):
 def perturb(adapters, value=0.1):
     """Makes zero-initialised B factors non-zero so that deltas are visible."""
     return jax.tree.map(lambda t: t + value, adapters)
+
+
+def plain_function(p, x):
+    """A plain JAX function over a dict of kernels: matmul, scan over stacked kernels, remat,
+    and a transposed (tied-embedding style) use of ``emb``."""
+    h = jnp.tanh(x @ p["w1"])
+    h, _ = jax.lax.scan(lambda c, w: (jnp.tanh(c @ w), None), h, p["stack"])
+    h = jax.checkpoint(lambda h: h @ p["w2"])(h)
+    return h @ p["emb"].T  # the kernel's output axis is contracted
+
+
+def plain_params():
+    """Kernels for :func:`plain_function` (input width 8) and their LoRA rules."""
+    from lowrank_jax import adapters as A
+
+    keys = jax.random.split(jax.random.key(3), 4)
+    p = {
+        "w1": jax.random.normal(keys[0], (8, 6)),
+        "stack": jax.random.normal(keys[1], (3, 6, 6)) / 3,
+        "w2": jax.random.normal(keys[2], (6, 5)),
+        "emb": jax.random.normal(keys[3], (7, 5)),
+    }
+    rules = [("stack", A.lora(2, in_ndim=1, out_ndim=1)), ("w1|w2|emb", A.lora(2))]
+    return p, rules

@@ -18,7 +18,7 @@ import pytest
 from experiments.bench import common
 from lowrank_jax import adapters as A
 from lowrank_jax.adapters import quant
-from tests.adapters.models import Block, perturb
+from tests.adapters.models import Block, perturb, plain_function, plain_params
 
 X = jnp.linspace(-1.0, 1.0, 24).reshape(3, 8)
 RULES = [
@@ -59,23 +59,12 @@ def test_fused_equals_factorised_values_and_grads(block, backend):
     _close(g1, g0, atol=F32_ATOL)
 
 
-def _plain(p, x):
-    h = jnp.tanh(x @ p["w1"])
-    h, _ = jax.lax.scan(lambda c, w: (jnp.tanh(c @ w), None), h, p["stack"])
-    h = jax.checkpoint(lambda h: h @ p["w2"])(h)
-    return h @ p["emb"].T  # transposed use: stays factorised
+_plain = plain_function
 
 
 @pytest.fixture(scope="module")
 def plain():
-    keys = jax.random.split(jax.random.key(3), 4)
-    p = {
-        "w1": jax.random.normal(keys[0], (8, 6)),
-        "stack": jax.random.normal(keys[1], (3, 6, 6)) / 3,
-        "w2": jax.random.normal(keys[2], (6, 5)),
-        "emb": jax.random.normal(keys[3], (7, 5)),
-    }
-    rules = [("stack", A.lora(2, in_ndim=1, out_ndim=1)), ("w1|w2|emb", A.lora(2))]
+    p, rules = plain_params()
     return p, perturb(A.init(jax.random.key(0), p, rules))
 
 
