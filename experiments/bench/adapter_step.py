@@ -594,7 +594,7 @@ def plot_curve(rows: list[dict[str, Any]], path: str, title: str) -> None:
                 scale = 1.0 if key == "step_s" else 1.0 / MB
                 ax.plot([p[0] for p in pts], [p[1] * scale for p in pts], "o-", label=method)
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("blocks (d=1024)")
+        ax.set_xlabel("blocks")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     axes[0].legend()
