@@ -296,19 +296,13 @@ def _frameft_cell(config, name, make_spec, lr, seed, *, valid: bool) -> dict:
         n_params = adapters.count_params(ad)
         flops = None
         if isinstance(spec, adapters.FrameFT):
-            flops = sum(spec.delta_flops(*_dims(v)) for v in ad.values())
+            flops = sum(spec.delta_flops(*v.matrix) for v in ad.values())
     return {
         "accuracy": _accuracy(logits, ev[1]),
         "final_train_loss": float(trace[-1]),
         "params": n_params,
         **({"delta_flops": flops} if flops is not None else {}),
     }
-
-
-def _dims(adapter) -> tuple[int, int]:
-    (entry,) = adapter.factors["shape"]
-    n, m = entry.split("x")
-    return int(n), int(m)
 
 
 @functools.cache

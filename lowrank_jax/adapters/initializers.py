@@ -133,16 +133,16 @@ class _Probe:
             "t": jnp.zeros((), jnp.float32),
         }
 
-    def apply_delta(self, factors, x, *, key=None):
+    def apply_delta(self, factors, x, *, shape=None, key=None):
         return _probe(factors["g"], factors["z"], factors["f"], factors["t"], x)
 
-    def apply_delta_transposed(self, factors, y):
+    def apply_delta_transposed(self, factors, y, *, shape=None):
         raise NotImplementedError(
             "data-aware initialisers support kernels used as x @ W only (not tied x @ W.T); "
             "exclude the tied embedding from the rules."
         )
 
-    def materialize(self, factors):
+    def materialize(self, factors, *, shape=None):
         return jnp.zeros_like(factors["g"])
 
     def factor_specs(self, in_spec, out_spec):
