@@ -4,7 +4,8 @@
 layer, d, K), each in seconds, and writes:
 
 - ``config.json``; ``metrics.jsonl`` (the logged training loss of every cell, and its final
-  metrics at the last epoch); ``cells/<cell>.json`` (per-cell results; a rerun skips them);
+  metrics at the last epoch); ``cells/<cell>.json`` (per-cell results, written atomically by
+  :class:`experiments.common.sweep.CellStore`; a rerun skips them);
 - ``results.md``: graph statistics with the Forster-type necessary dimension, the d x K sweep,
   the baselines at small d, the synthetic size/density control, and the trend checks of
   specs.md section 4 marked as reproduced or not; ``results.json`` with the same numbers;
@@ -12,8 +13,10 @@ layer, d, K), each in seconds, and writes:
   ``synthetic_fit.png``, ``synthetic_bound.png``.
 
 Training is full batch by default (``schedule.batch_size = 0``); each epoch is one jitted call
-with the parameters and optimizer state donated (``lowrank_jax.kge.make_train_epoch``), and the
-loss comes to the host only every ``log.every`` epochs.
+with the parameters and optimizer state donated (``lowrank_jax.kge.make_train_epoch``, driven by
+:func:`experiments.common.sweep.train_epochs`), and the loss comes to the host only every
+``log.every`` epochs. The trend checks, tables and plots are in
+:mod:`experiments.common.kge_report`.
 """
 
 from __future__ import annotations
