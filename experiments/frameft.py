@@ -36,11 +36,7 @@ COMMAND = "python -m experiments.train --config=configs/frameft.py"
 def check_config(config: Any) -> None:
     """Validates ``config`` before anything is computed (raises ``common.ConfigError``)."""
     c = common
-    c.check_nonnegative(config, "seed", integer=True)
-    c.check_positive(config, "eval.num_seeds", integer=True)
-    c.check_positive(config, "schedule.num_steps", integer=True)
-    c.check_positive(config, "data.batch_size", integer=True)
-    c.check_positive(config, "data.num_train", integer=True)
+    sweep.check_config(config)
     c.check_positive(config, "data.num_valid", integer=True)
     c.check_fraction(config, "data.noise", allow_zero=True)
     c.check_positive(config, "model.pretrain_steps", integer=True)
@@ -114,9 +110,7 @@ def run_cell(config: Any, make_spec, lr: float, seed: int, *, valid: bool) -> di
     Returns ``{"accuracy", "final_train_loss", "params"}`` and, for FrameFT, ``"delta_flops"``
     (the multiply-adds of forming ``ΔW`` over the adapted kernels).
     """
-    model, variables, _ = digits_shift.pretrain_mlp(
-        tuple(config.model.features), config.model.pretrain_steps
-    )
+    model, variables, _ = digits_shift.source_model(config)
     _, tr, va, te = digits_shift.digits_domains(
         seed, num_train=config.data.num_train, noise=config.data.noise,
         num_valid=config.data.num_valid,
@@ -180,9 +174,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
     """Runs (or resumes) every cell; writes the table and trend checks; returns the headlines."""
     os.makedirs(workdir, exist_ok=True)
     cells = sweep.CellStore(workdir, resume=config.ckpt.resume)
-    _, _, src_acc = digits_shift.pretrain_mlp(
-        tuple(config.model.features), config.model.pretrain_steps
-    )
+    _, _, src_acc = digits_shift.source_model(config)
     table = []
     seeds = range(config.seed, config.seed + config.eval.num_seeds)
     for name, budget, make in methods(config):

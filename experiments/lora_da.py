@@ -38,11 +38,8 @@ _UNMERGE = {"pissa", "lora_ga"}  # initialisers that move W: train on the residu
 def check_config(config: Any) -> None:
     """Validates ``config`` before anything is computed (raises ``common.ConfigError``)."""
     c = common
-    c.check_nonnegative(config, "seed", integer=True)
-    c.check_positive(config, "eval.num_seeds", integer=True)
-    steps = c.check_positive(config, "schedule.num_steps", integer=True)
-    c.check_positive(config, "data.batch_size", integer=True)
-    c.check_positive(config, "data.num_train", integer=True)
+    sweep.check_config(config)
+    steps = config.schedule.num_steps
     c.check_fraction(config, "data.noise", allow_zero=True)
     c.check_positive(config, "model.pretrain_steps", integer=True)
     ranks = c.get_path(config, "adapter.ranks")
@@ -117,9 +114,7 @@ def _stat_loss(fwd, batch):
 
 def run_cell(config: Any, name: str, init_fn, rank: int, seed: int) -> dict[str, Any]:
     """One initialiser at one rank and seed: losses along training, test accuracy, timings."""
-    model, variables, _ = digits_shift.pretrain_mlp(
-        tuple(config.model.features), config.model.pretrain_steps
-    )
+    model, variables, _ = digits_shift.source_model(config)
     _, tr, _, te = digits_shift.digits_domains(
         seed, num_train=config.data.num_train, noise=config.data.noise
     )
@@ -210,9 +205,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
     """Runs (or resumes) every cell; writes the table, trend checks and plot; returns headlines."""
     os.makedirs(workdir, exist_ok=True)
     cells = sweep.CellStore(workdir, resume=config.ckpt.resume)
-    _, _, src_acc = digits_shift.pretrain_mlp(
-        tuple(config.model.features), config.model.pretrain_steps
-    )
+    _, _, src_acc = digits_shift.source_model(config)
     table, per = [], {}
     seeds = range(config.seed, config.seed + config.eval.num_seeds)
     loss_cols = ["loss@0", *(f"loss@{k}" for k in config.eval.loss_steps)]

@@ -36,11 +36,7 @@ _TARGETS = r"params/(dense_\d+|head)/kernel"
 def check_config(config: Any) -> None:
     """Validates ``config`` before anything is computed (raises ``common.ConfigError``)."""
     c = common
-    c.check_nonnegative(config, "seed", integer=True)
-    c.check_positive(config, "eval.num_seeds", integer=True)
-    c.check_positive(config, "schedule.num_steps", integer=True)
-    c.check_positive(config, "data.batch_size", integer=True)
-    c.check_positive(config, "data.num_train", integer=True)
+    sweep.check_config(config)
     c.check_positive(config, "data.num_test", integer=True)
     c.check_positive(config, "adapter.r_max", integer=True)
     ranks = c.get_path(config, "data.true_ranks")

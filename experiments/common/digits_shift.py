@@ -17,7 +17,14 @@ import optax
 from experiments.common import sweep
 from lowrank_jax import data, models
 
-__all__ = ["accuracy", "digits_domains", "pretrain_mlp", "shifted_digits", "xent"]
+__all__ = [
+    "accuracy",
+    "digits_domains",
+    "pretrain_mlp",
+    "shifted_digits",
+    "source_model",
+    "xent",
+]
 
 
 def shifted_digits(x: np.ndarray, *, noise: float, seed: int) -> np.ndarray:
@@ -83,3 +90,8 @@ def pretrain_mlp(features: tuple[int, ...], steps: int, seed: int = 0):
         tx=sweep.adam(1e-3), trace=False,
     )  # fmt: skip
     return model, variables, accuracy(model.apply(variables, x), y)
+
+
+def source_model(config):
+    """:func:`pretrain_mlp` for a study config (``model.features``, ``model.pretrain_steps``)."""
+    return pretrain_mlp(tuple(config.model.features), config.model.pretrain_steps)

@@ -40,6 +40,7 @@ import numpy as np
 import optax
 from absl import logging
 
+from experiments.common import config_checks
 from experiments.common import metrics as metrics_lib
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "adam",
     "batch_indices",
     "check",
+    "check_config",
     "checks_markdown",
     "command_line",
     "format_cell",
@@ -57,6 +59,21 @@ __all__ = [
     "train_scan",
     "write_sweep_results",
 ]
+
+
+def check_config(config: Any) -> None:
+    """Checks the keys every seeded sweep of small cells has (``seed``, ``eval.num_seeds``,
+    ``schedule.num_steps``, ``data.batch_size``, ``data.num_train``, ``ckpt.resume``).
+
+    Raises:
+      experiments.common.ConfigError: naming the first bad key.
+    """
+    config_checks.check_nonnegative(config, "seed", integer=True)
+    config_checks.check_positive(config, "eval.num_seeds", integer=True)
+    config_checks.check_positive(config, "schedule.num_steps", integer=True)
+    config_checks.check_positive(config, "data.batch_size", integer=True)
+    config_checks.check_positive(config, "data.num_train", integer=True)
+    config_checks.check_choice(config, "ckpt.resume", (True, False))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -156,3 +156,13 @@ def test_tables_and_results(tmp_path):
     )
     assert json.loads((tmp_path / "summary.json").read_text())["checks"][1]["evidence"] == "L2/L8"
     assert sweep.command_line("default") == "default"  # not run through experiments.train
+
+
+def test_check_config_names_the_bad_key():
+    from configs import sbvi as sbvi_config
+
+    config = sbvi_config.get_config("smoke")
+    sweep.check_config(config)
+    config.eval.num_seeds = 0
+    with pytest.raises(common.ConfigError, match="eval.num_seeds"):
+        sweep.check_config(config)
