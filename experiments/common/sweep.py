@@ -85,7 +85,11 @@ def _filename(key: str) -> str:
 
 
 def _write_atomic(path: str, obj: Any) -> None:
-    """Writes JSON to ``path`` through a temporary file and ``os.replace`` (never half-written)."""
+    """Writes JSON to ``path`` through a temporary file and ``os.replace`` (never half-written).
+
+    Process 0 only (every process of a multi-host run computes the same cells)."""
+    if jax.process_index() != 0:
+        return
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
         json.dump(obj, f, indent=1, sort_keys=True, default=str)
