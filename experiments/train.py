@@ -22,11 +22,14 @@ import logging as stdlib_logging
 import os
 import re
 import sys
+from contextlib import nullcontext
 
+import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from experiments.common import config_checks, metrics, sharding
+from experiments.common import checkpoint, config_checks, loop, metrics, sharding
+from experiments.common import workdir as workdir_lock
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
@@ -117,14 +120,26 @@ def load_experiment(config):
 _FREE = ("log", "ckpt", "parallel")
 
 
+def _has_checkpoint(workdir: str) -> bool:
+    """Whether any ``checkpoints/<step>`` directory exists under ``workdir`` (3 levels deep)."""
+    for root, dirs, _ in os.walk(workdir):
+        if os.path.basename(root) == "checkpoints" and any(d.isdigit() for d in dirs):
+            return True
+        if root.count(os.sep) - workdir.count(os.sep) >= 3:
+            dirs[:] = []
+    return False
+
+
 def _check_workdir(workdir: str, config) -> None:
     """Refuses to resume a workdir that holds a run of a different config.
 
     Differences in the ``log``, ``ckpt`` and ``parallel`` sections are allowed: they change how a
-    run is logged, saved and laid out over devices, not what it computes.
+    run is logged, saved and laid out over devices, not what it computes. A workdir without any
+    checkpoint holds nothing to resume (e.g. a run that failed while starting), so its
+    ``config.json`` is simply replaced.
     """
     path = os.path.join(workdir, "config.json")
-    if not os.path.exists(path):
+    if not os.path.exists(path) or not _has_checkpoint(workdir):
         return
     with open(path) as f:
         old = json.load(f)
@@ -145,22 +160,44 @@ class _QuietLibraries(stdlib_logging.Filter):
         return record.levelno >= stdlib_logging.WARNING or "/orbax/" not in record.pathname
 
 
+# Errors a user can act on: reported in one line (set LOWRANK_JAX_TRACEBACK=1 for the traceback).
+_USER_ERRORS = (
+    config_checks.ConfigError,
+    loop.NonFiniteError,
+    checkpoint.CheckpointError,
+    ValueError,
+    OSError,
+)
+
+
+def _run(config, workdir: str) -> dict:
+    module = load_experiment(config)
+    sharding.initialize_distributed(config)
+    lock = workdir_lock.lock_workdir(workdir) if jax.process_index() == 0 else nullcontext()
+    with lock:
+        _check_workdir(workdir, config)
+        logging.info("Experiment %s, workdir %s", config.experiment, workdir)
+        metrics.write_config_json(workdir, config)
+        return module.run(config, workdir)
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     logging.get_absl_handler().addFilter(_QuietLibraries())
     config = _CONFIG.value
-    workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
+    workdir = _WORKDIR.value
+    if workdir is None:
+        workdir = default_workdir(flags.FLAGS["config"].config_filename)
     try:
-        module = load_experiment(config)
-        _check_workdir(workdir, config)
+        result = _run(config, workdir)
     except config_checks.ConfigError as e:
         sys.exit(f"FATAL Invalid config: {e}")
-    sharding.initialize_distributed(config)
-    logging.info("Experiment %s, workdir %s", config.experiment, workdir)
-    metrics.write_config_json(workdir, config)
-    result = module.run(config, workdir)
-    print(json.dumps({"workdir": workdir, **result}, indent=2, default=str))
+    except _USER_ERRORS as e:
+        if os.environ.get("LOWRANK_JAX_TRACEBACK"):
+            raise
+        sys.exit(f"FATAL {type(e).__name__}: {e} (LOWRANK_JAX_TRACEBACK=1 shows the traceback)")
+    print(json.dumps(metrics.json_safe({"workdir": workdir, **result}), indent=2, default=str))
     if result.get("interrupted"):
         sys.exit(130)
 

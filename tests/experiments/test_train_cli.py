@@ -146,6 +146,9 @@ def test_default_workdir_and_mismatched_resume(tmp_path):
     relogged = digits_mlp.get_config("smoke")
     relogged.log.progress, relogged.parallel.fsdp = False, True
     train._check_workdir(str(tmp_path), relogged)  # logging and device layout may change
+    # Without a checkpoint nothing can be resumed: a failed start's config.json is just replaced.
+    train._check_workdir(str(tmp_path), digits_mlp.get_config())
+    (tmp_path / "checkpoints" / "10").mkdir(parents=True)
     with pytest.raises(common.ConfigError, match=r"holds a run of a different config") as err:
         train._check_workdir(str(tmp_path), digits_mlp.get_config())
     assert "schedule.num_steps" in str(err.value) and "--workdir" in str(err.value)
