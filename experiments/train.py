@@ -51,6 +51,41 @@ def default_workdir(config_arg: str) -> str:
     return os.path.join("runs", f"{name}_{suffix}" if suffix else name)
 
 
+CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
+
+def available_configs() -> list[tuple[str, str]]:
+    """``(path, options)`` of every runnable config in ``configs/``; options as ``parse_arg`` says.
+
+    A config's ``:arg`` options are read by asking its ``get_config`` for an unknown option: the
+    ``ConfigError`` lists the allowed ones with their defaults.
+    """
+    import configs.common
+
+    out = []
+    for name in sorted(os.listdir(CONFIGS_DIR)):
+        stem, ext = os.path.splitext(name)
+        if ext != ".py" or stem in ("__init__", "common") or stem.endswith("_base"):
+            continue
+        module = importlib.import_module(f"configs.{stem}")
+        if not hasattr(module, "get_config"):
+            continue
+        try:
+            module.get_config("__list_options__")
+            options = ""
+        except configs.common.ConfigError as e:
+            options = str(e).partition("allowed are ")[2]
+        out.append((os.path.join("configs", name), options))
+    return out
+
+
+def _configs_help() -> str:
+    lines = ["", "Configs (--config=<path>[:<option>,<option>=<value>]; defaults shown):"]
+    for path, options in available_configs():
+        lines.append(f"  {path}" + (f"  [{options}]" if options else ""))
+    return "\n".join(lines) + "\n"
+
+
 def _config_arg(argv: list[str]) -> str | None:
     for i, a in enumerate(argv):
         if a.startswith("--config="):
@@ -83,6 +118,12 @@ def _explain_override_error(argv: list[str]) -> str | None:
 
 def _parse_flags(argv: list[str]) -> list[str]:
     """absl's parser, with a clear message for ``--config.<key>`` overrides of missing keys."""
+    if any(a in ("-h", "--help", "--helpshort", "-?") for a in argv[1:]):
+        sys.modules["__main__"].__doc__ = (sys.modules["__main__"].__doc__ or "") + _configs_help()
+    spec = _config_arg(argv)
+    if spec is not None and not os.path.isfile(spec.partition(":")[0]):
+        listing = "\n".join(f"  {path}" for path, _ in available_configs())
+        sys.exit(f"FATAL --config={spec}: no such file. Available configs:\n{listing}")
     try:
         return flags.FLAGS(argv)
     except flags.Error as e:
