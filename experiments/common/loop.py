@@ -297,8 +297,8 @@ def fit(
     state = {**state, "step": jnp.asarray(state["step"], jnp.int32)}
     state_sh = sharding_lib.param_sharding(mesh, state, fsdp=fsdp)
     frozen_sh = sharding_lib.param_sharding(mesh, frozen, fsdp=fsdp)
-    state = jax.device_put(state, state_sh)
-    frozen = jax.device_put(frozen, frozen_sh)
+    state = sharding_lib.put_global(state, state_sh)
+    frozen = sharding_lib.put_global(frozen, frozen_sh)
     leaves = jax.tree.leaves((state_sh, frozen_sh))
     logging.info(
         "Mesh of %d devices; batches split over 'data'; %d of %d parameter/state arrays sharded "
@@ -347,7 +347,7 @@ def fit(
         in_shardings=(state_sh, frozen_sh, sharding_lib.batch_sharding(mesh), rep),
         out_shardings=(state_sh, rep),
     )
-    key = jax.device_put(key, rep)
+    key = sharding_lib.put_global(key, rep)
 
     def meta():
         host_window = _host_window(window)  # waits for the step, so the timing below is right
