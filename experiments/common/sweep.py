@@ -84,10 +84,12 @@ def _filename(key: str) -> str:
     return urllib.parse.quote(key, safe="-_.=@,") + ".json"
 
 
-def _write_atomic(path: str, obj: Any) -> None:
-    """Writes JSON to ``path`` through a temporary file and ``os.replace`` (never half-written).
+def _write_cell(path: str, obj: Any) -> None:
+    """Writes a cell's JSON atomically (temporary file + ``os.replace``), on process 0 only.
 
-    Process 0 only (every process of a multi-host run computes the same cells)."""
+    Unlike ``metrics.write_json`` it keeps NaN (Python's JSON reads it back): a diverged cell
+    stays NaN and shows as such in the means, as in the run that computed it.
+    """
     if jax.process_index() != 0:
         return
     tmp = f"{path}.tmp{os.getpid()}"
@@ -144,8 +146,8 @@ class CellStore:
             with open(path) as f:
                 self.cells[key] = json.load(f)
             return self.cells[key]
-        result = json.loads(json.dumps(dict(fn()), default=str))  # what a rerun would read
-        _write_atomic(path, result)
+        result = json.loads(json.dumps(dict(fn()), default=str))  # what a rerun reads back
+        _write_cell(path, result)
         self.cells[key] = result
         self.computed.append(key)
         if self._writer is not None:

@@ -166,3 +166,9 @@ def test_check_config_names_the_bad_key():
     config.eval.num_seeds = 0
     with pytest.raises(common.ConfigError, match="eval.num_seeds"):
         sweep.check_config(config)
+
+
+def test_a_diverged_cell_stays_nan_after_resume(tmp_path):
+    sweep.CellStore(tmp_path, log_metrics=False).get("bad", lambda: {"loss": float("nan")})
+    again = sweep.CellStore(tmp_path, log_metrics=False).get("bad", dict)
+    assert np.isnan(again["loss"]) and np.isnan(sweep.mean_sd([again["loss"], 1.0])[0])
