@@ -12,7 +12,9 @@ pooling and a fresh linear head. Three ways to train it, same data, steps and ev
 ``kind=frameft`` swaps LoRA for FrameFT (P10): 921 coefficients per kernel (33,156 = 10% of LoRA
 r=8's 331,776) in a fusion-frame basis (``L = 2``, scale 50), at their own peak learning rate
 5e-2 (head: 1e-3); also ``--config=configs/frameft.py:minilm``. Measured (240 steps, 25 min wall
-on the loaded 2-core CPU, 4.6 s/step): test accuracy 0.623 (valid 0.661) vs LoRA r=8's 0.670.
+on the loaded 2-core CPU, 4.6 s/step): test accuracy 0.623 (valid 0.661) vs LoRA r=8's 0.670 —
+with the pre-issue-11 module ``peft_kinds.run_frameft_minilm``, whose ``:smoke`` losses and
+accuracies this run reproduces exactly (the full run was not repeated).
 
 Commands (``:smoke`` for a one-minute check; overrides such as ``--config.adapter.rank=4``)::
 
