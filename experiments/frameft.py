@@ -87,16 +87,6 @@ def _lr_grid(config: Any, name: str) -> tuple[float, ...]:
 
 
 @functools.cache
-def _adapter_loss(model):
-    fwd = adapters.adapt(model.apply)
-
-    def loss(ad, variables, batch):
-        return digits_shift.xent(fwd(variables, ad, batch["x"]), batch["y"])
-
-    return loss
-
-
-@functools.cache
 def _full_loss(model):
     def loss(v, _, batch):
         return digits_shift.xent(model.apply(v, batch["x"]), batch["y"])
@@ -128,7 +118,7 @@ def run_cell(config: Any, make_spec, lr: float, seed: int, *, valid: bool) -> di
     else:
         spec = make_spec()
         ad = adapters.init(jax.random.key(seed), variables, [(config.adapter.targets, spec)])
-        loss = _adapter_loss(model)
+        loss = digits_shift.adapter_loss(model)
         p, _, trace = sweep.train_scan(ad, variables, train, idx, loss_fn=loss, tx=tx)
         logits = adapters.adapt(model.apply)(variables, p, ev[0])
         n_params = adapters.count_params(ad)

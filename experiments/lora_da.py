@@ -98,16 +98,6 @@ def _apply_fn(model):
     return model.apply
 
 
-@functools.cache
-def _adapter_loss(model):
-    fwd = adapters.adapt(model.apply)
-
-    def loss(ad, variables, batch):
-        return digits_shift.xent(fwd(variables, ad, batch["x"]), batch["y"])
-
-    return loss
-
-
 def _stat_loss(fwd, batch):
     return digits_shift.xent(fwd(batch["x"]), batch["y"])
 
@@ -142,7 +132,7 @@ def run_cell(config: Any, name: str, init_fn, rank: int, seed: int) -> dict[str,
     base = adapters.unmerge(variables, ad) if name in _UNMERGE else variables
     steps = config.schedule.num_steps
     idx = sweep.batch_indices(seed, len(tr[1]), config.data.batch_size, steps)
-    kw = dict(loss_fn=_adapter_loss(model), tx=sweep.adam(config.optim.learning_rate))
+    kw = dict(loss_fn=digits_shift.adapter_loss(model), tx=sweep.adam(config.optim.learning_rate))
     sweep.train_scan(ad, base, train, idx, **kw)[2].block_until_ready()  # compile
     t0 = time.perf_counter()
     p, _, trace = sweep.train_scan(ad, base, train, idx, **kw)
@@ -150,7 +140,7 @@ def run_cell(config: Any, name: str, init_fn, rank: int, seed: int) -> dict[str,
     train_s = time.perf_counter() - t0
     logits = adapters.adapt(model.apply)(base, p, te[0])
     out = {
-        "loss@0": float(_adapter_loss(model)(ad, base, train)),
+        "loss@0": float(digits_shift.adapter_loss(model)(ad, base, train)),
         "accuracy": digits_shift.accuracy(logits, te[1]),
         "init_s": init_s,
         "train_s": train_s,

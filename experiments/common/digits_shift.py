@@ -15,10 +15,11 @@ import numpy as np
 import optax
 
 from experiments.common import sweep
-from lowrank_jax import data, models
+from lowrank_jax import adapters, data, models
 
 __all__ = [
     "accuracy",
+    "adapter_loss",
     "digits_domains",
     "pretrain_mlp",
     "shifted_digits",
@@ -61,6 +62,18 @@ def xent(logits: jax.Array, y: jax.Array) -> jax.Array:
 
 def accuracy(logits: jax.Array, y: jax.Array) -> float:
     return float(jnp.mean(jnp.argmax(logits, -1) == y))
+
+
+@functools.cache
+def adapter_loss(model):
+    """``loss(adapters, variables, batch)``: cross-entropy of the adapted ``model`` (one function
+    per model, so that :func:`experiments.common.sweep.train_scan` compiles once)."""
+    fwd = adapters.adapt(model.apply)
+
+    def loss(ad, variables, batch):
+        return xent(fwd(variables, ad, batch["x"]), batch["y"])
+
+    return loss
 
 
 @functools.cache
