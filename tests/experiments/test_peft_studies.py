@@ -54,7 +54,9 @@ def test_sbvi_cell_reports_ranks_and_state(tmp_path):
     ada = sbvi.run_cell(config, "adalora", 0)
     assert cell["params"] == ada["params"] and cell["opt_state"] < ada["opt_state"]
     lora = sbvi.run_cell(config, "lora_r4", 0)  # numeric ranks of ΔW from Adapter.matrix
-    assert all(1 <= r <= 4 for r in lora["ranks"]) and len(lora["spectra"]["params/head/kernel"]) == 10
+    assert (
+        all(1 <= r <= 4 for r in lora["ranks"]) and len(lora["spectra"]["params/head/kernel"]) == 10
+    )
 
 
 def test_frameft_cell_counts_parameters_and_flops():
