@@ -8,9 +8,10 @@
   ``run_detector`` (``lax.scan``, ``vmap`` over streams), ``first_alarm``.
 * :mod:`~lowrank_jax.changepoint.calibration`: block-bootstrap threshold calibration.
 * :mod:`~lowrank_jax.changepoint.peers`: FOCuS (changepoint-online) and a ruptures Poisson cost.
+* :mod:`~lowrank_jax.changepoint.synthetic`: the synthetic low-rank streams of §17.
 """
 
-from lowrank_jax.changepoint import peers
+from lowrank_jax.changepoint import peers, synthetic
 from lowrank_jax.changepoint.calibration import (
     Calibration,
     block_bootstrap_indices,
@@ -59,6 +60,7 @@ __all__ = [
     "lowrank_threshold",
     "page_cusum_totals",
     "peers",
+    "synthetic",
     "quantile_threshold",
     "rank_truncate",
     "run_detector",
