@@ -2,7 +2,7 @@ r"""Benchmark: time per observation of the P17 low-rank scan at t = 1e3, 1e4, 1e
 
 One ``p × L = 30 × 30`` Poisson stream (rank-2 intensity, 2 events per cell; observation ``t``
 is row ``t mod 4096`` of a sampled block, since the cost does not depend on the values). For each
-``t`` every detector is first advanced to ``t`` (untimed), then ``--steps`` further observations
+``t`` every detector is first advanced to ``t`` (untimed), then the next ``--steps`` observations
 are timed, all methods interleaved in rounds (``experiments.bench.common.run_rounds``):
 
 * ``lowrank``: :func:`lowrank_jax.changepoint.lowrank_detector` (rank 2, J = 5, one subspace
@@ -73,14 +73,14 @@ def main(argv=None) -> dict:
     focus = Focus(Poisson(lam=float(lam.sum())))
     done = 0
     for t in sorted(args.ts):
-        start = t - args.steps
+        start = t  # time observations t+1 .. t+steps
         # Advance every detector to `start` (untimed).
         for chunk in (1, 16):
             prev = states.get((chunk, "state"), det.init())
             n_adv = start - states.get((chunk, "t"), 0)
             n_adv -= n_adv % chunk
             idx = jnp.arange(states.get((chunk, "t"), 0), states.get((chunk, "t"), 0) + n_adv)
-            st, _ = _advance(det, prev, idx % BLOCK, chunk, source)
+            st = _advance(det, prev, idx % BLOCK, chunk, source)[0] if n_adv else prev
             states[(chunk, "state")], states[(chunk, "t")] = st, states.get((chunk, "t"), 0) + n_adv
             timed = jnp.arange(states[(chunk, "t")], states[(chunk, "t")] + args.steps) % BLOCK
             fn = functools.partial(_advance, det, st, timed, chunk, source)
