@@ -104,7 +104,9 @@ def get_config(arg=None):
     c.minilm.power_iters = 100
 
     c.ckpt = ml_collections.ConfigDict()
-    c.ckpt.note = "finished policies in <workdir>/policies, donor checkpoint in <workdir>/donor"
+    c.ckpt.every = (
+        100  # fit checkpoints of each run in <workdir>/policies/<policy>, <workdir>/donor
+    )
 
     c.log = ml_collections.ConfigDict()
     c.log.progress = not arg.smoke

@@ -5,7 +5,7 @@ heads, 8 key/value heads, ``d_h = 128``; random Gaussian weights, generated per 
 keys so that only one layer is in memory at a time) it computes the per-head
 ``σ_max(W^Q_h W^{K⊤}_{g(h)})`` and the geometry-aware FP8 scales in two ways:
 
-* **implicit**: :func:`lowrank_jax.spectral.attention_fp8_scales` from a cold start
+* **implicit**: :func:`lowrank_jax.fp8.attention_fp8_scales` from a cold start
   (``--iters`` = 30 Golub–Kahan–Lanczos steps by default, ``--method power`` for plain power
   iteration; GQA without repeating keys); a warm-started training step needs 1 power step, whose
   cost is reported too;
@@ -39,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lowrank_jax import spectral
+from lowrank_jax import fp8, spectral
 
 
 def _weights(key, *, d: int, h: int, g: int, dh: int):
@@ -96,12 +96,12 @@ def main(argv=None) -> dict:
     gen = jax.jit(lambda k: _weights(k, d=d, h=h, g=g, dh=dh))
 
     def implicit(wq, wk, st):
-        return spectral.attention_fp8_scales(
+        return fp8.attention_fp8_scales(
             wq, wk, st, seq_len=a.seq_len, num_iters=a.iters, method=a.method
         )
 
     def one_step(wq, wk, st):  # what a warm-started training step costs
-        return spectral.attention_fp8_scales(wq, wk, st, seq_len=a.seq_len, num_iters=1)
+        return fp8.attention_fp8_scales(wq, wk, st, seq_len=a.seq_len, num_iters=1)
 
     def explicit(wq_h, wk_g):
         m = wq_h @ wk_g.T  # (d, d)

@@ -1,4 +1,5 @@
-"""Small Flax linen models used by experiments: MLP, ViT, char-level GPT, BERT (MiniLM loader).
+"""Small Flax linen models used by experiments: MLP, ViT, char-level GPT, BERT (MiniLM loader),
+and a transformer with FP8-simulated attention logits (P14).
 
 Every projection is a plain `nn.Dense` with a 2-D kernel (in, out), so adapter rules over
 '/'-joined parameter paths (e.g. `.*attention/(query|value)/kernel`) see one matrix per projection.
@@ -15,6 +16,9 @@ from lowrank_jax.models.bert import mean_pool as mean_pool
 from lowrank_jax.models.bert import peft_module_name as peft_module_name
 from lowrank_jax.models.bert import sentence_embedding as sentence_embedding
 from lowrank_jax.models.bert import split_encoder as split_encoder
+from lowrank_jax.models.fp8_transformer import Fp8SelfAttention as Fp8SelfAttention
+from lowrank_jax.models.fp8_transformer import Fp8Transformer as Fp8Transformer
+from lowrank_jax.models.fp8_transformer import fp8_attention_geometry as fp8_attention_geometry
 from lowrank_jax.models.gpt import CharGPT as CharGPT
 from lowrank_jax.models.layers import FeedForward as FeedForward
 from lowrank_jax.models.layers import PreLNBlock as PreLNBlock
@@ -36,6 +40,8 @@ __all__ = [
     "BertTopClassifier",
     "CharGPT",
     "FeedForward",
+    "Fp8SelfAttention",
+    "Fp8Transformer",
     "PreLNBlock",
     "SelfAttention",
     "TransformerStack",
@@ -43,6 +49,7 @@ __all__ = [
     "classifier_variables",
     "convert_bert_weights",
     "flax_path_from_peft",
+    "fp8_attention_geometry",
     "load_minilm",
     "mean_pool",
     "minilm_dir",
