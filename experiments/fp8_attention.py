@@ -1,35 +1,22 @@
 """FP8 attention logits under transients: geometry-aware scales against delayed scaling (P14).
 
-A small pre-LN causal transformer (:class:`lowrank_jax.models.Fp8Transformer`) is trained from
-scratch on a synthetic copy task with its attention logits ``S = QKᵀ/√d_h`` cast to FP8 E4M3 at a
-per-(layer, head) scale chosen by a :class:`lowrank_jax.fp8.ScalingPolicy`:
+A small pre-LN causal transformer (``models.Fp8Transformer``) is trained from scratch on a copy
+task with its attention logits cast to FP8 E4M3 at per-(layer, head) scales from an
+``fp8.ScalingPolicy``: ``delayed:<h>`` (Transformer Engine, ``amax`` history ``h``), ``current``
+(the just-in-time oracle), ``rank_aware:<γ|auto>`` (P14's scale from ``σ_max(W^Q_h W^{K⊤}_h)``,
+one warm-started power step per step), ``rank_agnostic``, ``none`` (float32). Three transients
+are injected inside the jitted step as functions of the step: ``W^Q ← 4 W^Q``, a learning-rate
+spike, and loading a donor run's parameters (then ``policy.reset``). Per policy and step:
+overflows (saturated logits), utilisation ``max|S|·s/R``, softmax error vs float32, loss, and
+``max|S|`` over the rank-aware bound. Optionally the pretrained MiniLM's per-layer scales are
+compared with its max logit on Shakespeare passages.
 
-* ``delayed:<h>``: Transformer Engine delayed scaling, ``amax`` history of length ``h`` (max);
-* ``current``: the just-in-time oracle ``s = R / amax`` of the present logits;
-* ``rank_aware:<γ>``: geometry-aware scales from ``σ_max(W^Q_h W^{K⊤}_h)`` (one warm-started power
-  iteration per step) and the LayerNorm gain, ``γ`` a number or ``auto`` (``chernoff_gamma``);
-* ``rank_agnostic``: the same with the rank-agnostic bound;
-* ``none``: no quantisation (float32 reference).
+Each run (the donor, one per policy) trains through ``common.fit`` in ``<workdir>/donor`` and
+``<workdir>/policies/<policy>``, so rerunning resumes. Writes ``config.json``, ``metrics.jsonl``
+(keys ``<policy>/<metric>``), TensorBoard events, five PNG timelines, ``results.md`` and
+``results.json``.
 
-Three transients are injected into every run, as functions of the step inside the jitted step:
-``W^Q ← 4 W^Q`` (all layers), a learning-rate spike, and loading another run's parameters (a donor
-model trained from another seed), after which the policy is ``reset`` (delayed scaling forgets its
-history, the power iteration re-converges). Per policy and step the run records overflow
-(``|S·s| > R``, saturated) counts, utilisation ``max|S|·s/R``, the softmax error
-``‖P_fp8 − P_fp32‖_F/‖P_fp32‖_F``, the loss and, for the geometry policies, ``max|S|`` over the
-rank-aware bound. Optionally the pretrained MiniLM's per-layer scales are compared with the
-empirical max logit on Shakespeare passages.
-
-Every run (the donor and one per policy) trains through ``experiments.common.fit`` in
-``<workdir>/donor`` and ``<workdir>/policies/<policy>`` (checkpoints and per-step
-``metrics.jsonl``), so rerunning the same command resumes. Writes ``config.json``,
-``metrics.jsonl`` (one record per step, keys ``<policy>/<metric>``), TensorBoard events,
-``overflow.png``, ``utilisation.png``, ``softmax_error.png``, ``loss.png``, ``bound_ratio.png``,
-``results.md`` and ``results.json`` to the workdir.
-
-References:
-    P14, arXiv 2602.18851 (geometry-aware scales; reconstruction, see ``lowrank_jax.fp8``);
-    specs.md §14 (4) for the experiment design.
+References: P14, arXiv 2602.18851 (reconstruction, see ``lowrank_jax.fp8``); specs.md §14 (4).
 """
 
 from __future__ import annotations
@@ -64,27 +51,19 @@ class Policy(NamedTuple):
 def parse_policy(name: str) -> Policy:
     """``"delayed:<h>" | "current" | "rank_aware:<γ|auto>" | "rank_agnostic" | "none"``."""
     kind, _, arg = name.partition(":")
-    if kind not in POLICY_KINDS:
-        raise common.ConfigError(
-            f"policy {name!r} is invalid: kinds are {', '.join(POLICY_KINDS)} "
-            "(e.g. 'delayed:16', 'rank_aware:2', 'rank_aware:auto')"
-        )
-    if kind == "delayed":
-        if not arg.isdigit() or int(arg) < 1:
-            raise common.ConfigError(
-                f"policy {name!r}: write delayed:<history length>, e.g. delayed:16"
-            )
-        return Policy(name, kind, history_len=int(arg))
-    if kind == "rank_aware":
-        try:
+    try:
+        if kind == "delayed" and int(arg) >= 1:
+            return Policy(name, kind, history_len=int(arg))
+        if kind == "rank_aware" and (arg in ("", "auto") or float(arg) > 0):
             return Policy(name, kind, gamma=None if arg in ("", "auto") else float(arg))
-        except ValueError as e:
-            raise common.ConfigError(
-                f"policy {name!r}: write rank_aware:<gamma> or rank_aware:auto"
-            ) from e
-    if arg:
-        raise common.ConfigError(f"policy {name!r}: {kind} takes no argument")
-    return Policy(name, kind)
+        if kind in POLICY_KINDS and kind not in ("delayed", "rank_aware") and not arg:
+            return Policy(name, kind)
+    except ValueError:
+        pass
+    raise common.ConfigError(
+        f"policy {name!r} is invalid: write delayed:<history length> (e.g. delayed:16), current, "
+        "rank_aware:<gamma> or rank_aware:auto, rank_agnostic, or none"
+    )
 
 
 def make_policy(p: Policy, config) -> fp8.ScalingPolicy:
@@ -120,39 +99,24 @@ def copy_batch(key: jax.Array, *, batch_size: int, seq_len: int, vocab_size: int
 
 
 class _KeyedData:
-    """``fit``'s batch source for data drawn inside the step from its key: nothing to feed."""
+    """``fit``'s batch source when the step draws its data from its key: nothing to feed."""
 
-    def __next__(self) -> dict:
-        return {}
-
-    def state(self) -> dict:
-        return {}
-
-    def restore(self, state: Any) -> None:
-        del state
+    __next__ = state = lambda self: {}
+    restore = lambda self, state: None
 
 
 def make_model(config, *, quantize: bool = True) -> models.Fp8Transformer:
-    m = config.model
-    return models.Fp8Transformer(
-        vocab_size=config.data.vocab_size,
-        num_layers=m.num_layers,
-        d_model=m.d_model,
-        num_heads=m.num_heads,
-        mlp_dim=m.mlp_dim,
-        max_len=config.data.seq_len,
-        fmt=m.fmt,
-        quantize=quantize,
-    )
+    arch = {k: config.model[k] for k in ("num_layers", "d_model", "num_heads", "mlp_dim", "fmt")}
+    d = config.data
+    return models.Fp8Transformer(d.vocab_size, max_len=d.seq_len, quantize=quantize, **arch)
 
 
 def make_optimizer(config) -> optax.GradientTransformation:
     o = config.optim
+    adamw = optax.inject_hyperparams(optax.adamw)
     return optax.chain(
         optax.clip_by_global_norm(o.grad_clip),
-        optax.inject_hyperparams(optax.adamw)(
-            learning_rate=o.learning_rate, weight_decay=o.weight_decay
-        ),
+        adamw(learning_rate=o.learning_rate, weight_decay=o.weight_decay),
     )
 
 
@@ -244,67 +208,34 @@ def scale_queries(params, fn):
     return out
 
 
-def _train(p: Policy, config, workdir: str, *, seed: int, data_key, frozen, num_steps, transients):
-    step, tx, policy = make_train_step(p, config, transients=transients)
-    params = make_model(config).init(
-        jax.random.key(seed), jnp.zeros((1, config.data.seq_len - 1), jnp.int32), None
-    )["params"]
-    pkey = jax.random.split(jax.random.key(config.seed + 7))[0]
-    wq, wk, gains = models.fp8_attention_geometry(params, num_layers=config.model.num_layers)
-    pstate = policy.init(pkey, wq, wk, gains)  # geometry: burn-in (eager: same bits as before)
-    state = {"params": params, "opt_state": tx.init(params), "policy": pstate, "step": 0}
+def train_run(p: Policy, config, workdir: str, donor=None) -> common.FitResult:
+    """One resumable run through ``common.fit``: the donor (``donor=None``: float32 from
+    ``seed + 1``, no transients) or a run under policy ``p`` with the transients."""
+    is_donor = donor is None
+    n = config.transients.donor_steps if is_donor else config.schedule.num_steps
+    step, tx, policy = make_train_step(p, config, transients=not is_donor)
+    tokens = jnp.zeros((1, config.data.seq_len - 1), jnp.int32)
+    params = make_model(config).init(jax.random.key(config.seed + is_donor), tokens, None)["params"]
+    pkey, dkey = jax.random.split(jax.random.key(config.seed + 7))
+    geometry = models.fp8_attention_geometry(params, num_layers=config.model.num_layers)
+    pstate = policy.init(pkey, *geometry)  # geometry: burn-in (eager: same bits as before)
+    frozen = {"lr": learning_rates(config, n, spikes=not is_donor)}
+    if not is_donor:
+        frozen["donor"] = donor
+    name = "donor" if is_donor else os.path.join("policies", p.name.replace(":", "_"))
     return common.fit(
-        state,
+        {"params": params, "opt_state": tx.init(params), "policy": pstate, "step": 0},
         frozen,
         step,
         _KeyedData(),
-        key=data_key,
-        num_steps=num_steps,
-        workdir=workdir,
-        log_every=1 if transients else num_steps,
+        key=jax.random.key(config.seed + 1001) if is_donor else dkey,
+        num_steps=n,
+        workdir=os.path.join(workdir, name),
+        log_every=n if is_donor else 1,
         ckpt_every=config.ckpt.every,
         progress=config.log.progress,
         description=p.name,
     )
-
-
-def donor_params(config, workdir: str):
-    """Float32 training from ``seed + 1`` (no FP8, no transients): the parameters loaded later."""
-    n = config.transients.donor_steps
-    result = _train(
-        Policy("none", "none"),
-        config,
-        os.path.join(workdir, "donor"),
-        seed=config.seed + 1,
-        data_key=jax.random.key(config.seed + 1001),
-        frozen={"lr": learning_rates(config, n, spikes=False)},
-        num_steps=n,
-        transients=False,
-    )
-    return None if result.interrupted else result.state["params"]
-
-
-def run_policy(p: Policy, config, donor, workdir: str) -> dict[str, np.ndarray] | None:
-    """Trains (or resumes) one run under ``p`` with the transients; per-step metric arrays."""
-    n = config.schedule.num_steps
-    result = _train(
-        p,
-        config,
-        os.path.join(workdir, "policies", p.name.replace(":", "_")),
-        seed=config.seed,
-        data_key=jax.random.split(jax.random.key(config.seed + 7))[1],
-        frozen={"lr": learning_rates(config, n), "donor": donor},
-        num_steps=n,
-        transients=True,
-    )
-    if result.interrupted:
-        return None
-    series = {k: np.full(n, np.nan) for k in METRICS}
-    for record in result.history:
-        for k in METRICS:
-            if f"train/{k}" in record and 1 <= record["step"] <= n:
-                series[k][record["step"] - 1] = record[f"train/{k}"]
-    return series
 
 
 def summarise(policy: str, series: Mapping[str, np.ndarray], config) -> dict[str, Any]:
@@ -336,46 +267,32 @@ def minilm_scales(config) -> list[dict[str, Any]]:
     layer's output LayerNorm after). Real tokens are not isotropic, so the rank-aware bound is not
     guaranteed here: the table shows how it fares.
     """
-    from lowrank_jax import data, models
+    from lowrank_jax import data
 
     mcfg, variables, tokenizer = models.load_minilm()
-    per_play = max(1, -(-config.minilm.num_passages // 35))
+    m = config.minilm
     ds = data.load_shakespeare(
-        passage_chars=config.minilm.passage_chars, max_passages_per_play=per_play, seed=config.seed
+        passage_chars=m.passage_chars,
+        max_passages_per_play=-(-m.num_passages // 35),
+        seed=config.seed,
     )
-    rng = np.random.default_rng(config.seed)
-    idx = rng.choice(len(ds.x), size=min(config.minilm.num_passages, len(ds.x)), replace=False)
-    batch = models.tokenize(tokenizer, [str(ds.x[i]) for i in idx], max_len=config.minilm.max_len)
+    idx = np.random.default_rng(config.seed).choice(
+        len(ds.x), min(m.num_passages, len(ds.x)), False
+    )
+    batch = models.tokenize(tokenizer, [str(ds.x[i]) for i in idx], max_len=m.max_len)
     ids, am = jnp.asarray(batch["input_ids"]), jnp.asarray(batch["attention_mask"])
-    _, state = models.BertEncoder(mcfg).apply(
-        variables, ids, am, capture_intermediates=True, mutable=["intermediates"]
-    )
-    inter, params = state["intermediates"], variables["params"]
-    layers = mcfg.num_hidden_layers
-    inputs = [inter["embeddings"]["__call__"][0]]
-    inputs += [inter["encoder"][f"layer_{i}"]["__call__"][0] for i in range(layers - 1)]
-    norms = [params["embeddings"]["ln"]]
-    norms += [params["encoder"][f"layer_{i}"]["ln_mlp"] for i in range(layers - 1)]
-    h, d, r = mcfg.num_attention_heads, mcfg.hidden_size, fp8.fp8_max(config.model.fmt)
+    h, r = mcfg.num_attention_heads, fp8.fp8_max(config.model.fmt)
+    heads = lambda a: a.reshape(*a.shape[:-1], h, a.shape[-1] // h)
     rows = []
-    for i in range(layers):
-        attn = params["encoder"][f"layer_{i}"]["attention"]
-        gain = fp8.norm_gain_bound(norms[i]["scale"], norms[i]["bias"])
-        heads = lambda a: a.reshape(*a.shape[:-1], h, d // h)
+    for i, (x, ln, attn) in enumerate(models.bert_attention_inputs(mcfg, variables, ids, am)):
+        q, k = attn["query"], attn["key"]
+        gain = fp8.norm_gain_bound(ln["scale"], ln["bias"])
         rep = fp8.attention_logit_report(
-            inputs[i],
-            heads(attn["query"]["kernel"]),
-            heads(attn["key"]["kernel"]),
-            b_q=heads(attn["query"]["bias"]),
-            b_k=heads(attn["key"]["bias"]),
-            mask=am > 0,
-            key=jax.random.key(i),
-            seq_len=int((am > 0).sum(axis=1).max()),
-            norm_gain=gain,
-            delta=config.policy.delta,
-            fmt=config.model.fmt,
-            num_iters=config.minilm.power_iters,
-        )
+            x, heads(q["kernel"]), heads(k["kernel"]), b_q=heads(q["bias"]), b_k=heads(k["bias"]),
+            mask=am > 0, key=jax.random.key(i), seq_len=int((am > 0).sum(axis=1).max()),
+            norm_gain=gain, delta=config.policy.delta, fmt=config.model.fmt,
+            num_iters=m.power_iters,
+        )  # fmt: skip
         rows.append(
             {
                 "layer": i,
@@ -396,87 +313,63 @@ def minilm_scales(config) -> list[dict[str, Any]]:
 
 
 def _plot_timelines(workdir: str, all_series, config) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    t = config.transients
+    t, paths = config.transients, []
     marks = {"Q x4": t.q_spike_step, "LR spike": t.lr_spike_step, "load": t.load_step}
-    specs = {
-        "overflow": "overflowed logits per step (cumulative)",
-        "utilisation": "utilisation max|S|·s/R (mean over heads)",
-        "softmax_error": "softmax error vs fp32",
-        "loss": "training loss",
-        "bound_ratio": "max|S| / rank-aware bound",
-    }
-    paths = []
-    for name, title in specs.items():
-        fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-        for policy, series in all_series.items():
-            if np.isfinite(series[name]).any():
-                y = np.cumsum(series[name]) if name == "overflow" else series[name]
-                ax.plot(y, label=policy, lw=1)
-        for label, x in marks.items():
-            if 0 <= x < config.schedule.num_steps:
-                ax.axvline(x, color="k", ls=":", lw=0.8)
-                ax.text(x, ax.get_ylim()[1], label, fontsize=7, va="top")
-        if name == "bound_ratio":
-            ax.axhline(1.0, color="r", lw=0.8)
-        if name == "overflow":
-            ax.set_yscale("symlog", linthresh=1.0)
-            ax.set_ylim(bottom=0)
-        elif name in ("softmax_error", "loss"):
-            ax.set_yscale("log")
-        ax.set_title(title)
-        ax.set_xlabel("step")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        paths.append(os.path.join(workdir, f"{name}.png"))
-        fig.savefig(paths[-1])
-        plt.close(fig)
+    marks = {k: v for k, v in marks.items() if 0 <= v < config.schedule.num_steps}
+    for name, title in (
+        ("overflow", "overflowed logits (cumulative)"),
+        ("utilisation", "utilisation max|S|·s/R (mean over heads)"),
+        ("softmax_error", "softmax error vs fp32"),
+        ("loss", "training loss"),
+        ("bound_ratio", "max|S| / rank-aware bound"),
+    ):
+        curves = {
+            policy: (np.arange(len(y)), np.cumsum(y) if name == "overflow" else y)
+            for policy, series in all_series.items()
+            if np.isfinite(y := series[name]).any()
+        }
+        path = os.path.join(workdir, f"{name}.png")
+        logy = name in ("softmax_error", "loss")
+        hline = 1.0 if name == "bound_ratio" else None
+        paths.append(
+            common.plot_curves(path, curves, title=title, logy=logy, marks=marks, hline=hline)
+        )
     return paths
 
 
 def tightness_rows() -> list[dict[str, Any]]:
     """Rank-aware vs rank-agnostic tightness for real attention shapes (r = d_h per head; GQA
     shares keys but each head still has rank d_h)."""
-    shapes = [
+    rows = []
+    for name, d, hq, hkv, dh in (
         ("GPT-2 XL", 1600, 25, 25, 64),
         ("Mistral-7B", 4096, 32, 8, 128),
         ("Llama-2-13B", 5120, 40, 40, 128),
         ("Llama-2-70B", 8192, 64, 8, 128),
-    ]
-    rows = []
-    for name, d, hq, hkv, dh in shapes:
-        row = {"model": name, "d": d, "heads q/kv": f"{hq}/{hkv}", "d_h": dh}
-        for gamma in (1.0, 2.0):
-            row[f"d/(γ r), γ={gamma:g}"] = fp8.rank_aware_tightness(d=d, rank=dh, gamma=gamma)[0]
+    ):
         g_auto = fp8.chernoff_gamma(rank=dh, seq_len=4096, delta=1e-6)
         ratio, sq = fp8.rank_aware_tightness(d=d, rank=dh, gamma=g_auto)
-        row["γ auto (n=4096, δ=1e-6)"] = g_auto
-        row["d/(γ r), auto"] = ratio
-        row["scale gain √(d/(γ r)), auto"] = sq
-        rows.append(row)
+        rows.append(
+            {
+                "model": name, "d": d, "heads q/kv": f"{hq}/{hkv}", "d_h": dh,
+                "d/(γ r), γ=1": fp8.rank_aware_tightness(d=d, rank=dh, gamma=1.0)[0],
+                "d/(γ r), γ=2": fp8.rank_aware_tightness(d=d, rank=dh, gamma=2.0)[0],
+                "γ auto (n=4096, δ=1e-6)": g_auto,
+                "d/(γ r), auto": ratio,
+                "scale gain √(d/(γ r)), auto": sq,
+            }
+        )  # fmt: skip
     return rows
 
 
 def check_config(config) -> None:
     """Validates the config before anything runs (raises ``common.ConfigError``)."""
     c = common
-    for path in (
-        "data.batch_size",
-        "data.seq_len",
-        "data.vocab_size",
-        "model.num_layers",
-        "model.d_model",
-        "model.num_heads",
-        "model.mlp_dim",
-        "schedule.num_steps",
-        "eval.window",
-        "eval.final_loss_steps",
-        "policy.burn_in_iters",
-    ):
+    for path in (  # noqa: SIM905
+        "data.batch_size data.seq_len data.vocab_size model.num_layers model.d_model "
+        "model.num_heads model.mlp_dim schedule.num_steps eval.window eval.final_loss_steps "
+        "policy.burn_in_iters ckpt.every"
+    ).split():
         c.check_positive(config, path, integer=True)
     c.check_divisible(
         config, "model.d_model", config.model.num_heads, why="d_model = heads x head_dim"
@@ -500,14 +393,22 @@ def run(config, workdir: str) -> dict[str, Any]:
     workdir = os.fspath(workdir)
     common.write_config_json(workdir, config)
     t0 = time.time()
-    donor = donor_params(config, workdir)
-    all_series = {}
+    donor = train_run(Policy("none", "none"), config, workdir)
+    all_series, n = {}, config.schedule.num_steps
     for name in config.policies:
         logging.info("fp8_attention: policy %s", name)
-        series = None if donor is None else run_policy(parse_policy(name), config, donor, workdir)
-        if series is None:  # Ctrl-C: fit saved a checkpoint; rerun to resume
+        result = (
+            donor
+            if donor.interrupted
+            else train_run(parse_policy(name), config, workdir, donor.state["params"])
+        )
+        if result.interrupted:  # Ctrl-C: fit saved a checkpoint; rerun to resume
             return {"interrupted": True}
-        all_series[name] = series
+        series = all_series[name] = {k: np.full(n, np.nan) for k in METRICS}
+        for record in result.history:  # one record per step 1..n
+            for k in METRICS:
+                if f"train/{k}" in record and 1 <= record["step"] <= n:
+                    series[k][record["step"] - 1] = record[f"train/{k}"]
 
     writer = common.MetricWriter(workdir, tensorboard=config.log.tensorboard)
     for s in range(config.schedule.num_steps):
@@ -517,7 +418,6 @@ def run(config, workdir: str) -> dict[str, Any]:
     plots = _plot_timelines(workdir, all_series, config)
 
     rows = [summarise(name, series, config) for name, series in all_series.items()]
-    d, h = config.model.d_model, config.model.num_heads
     geo = [r for r in rows if r["policy"].startswith("rank_")]
     delayed = [r for r in rows if r["policy"].startswith("delayed")]
     tight = tightness_rows()
@@ -527,7 +427,7 @@ def run(config, workdir: str) -> dict[str, Any]:
             minilm = minilm_scales(config)
         except (FileNotFoundError, ModuleNotFoundError, ImportError, KeyError) as e:
             logging.warning("MiniLM part skipped: %s", e)
-    notes = _notes(config, tight, minilm, d, h)
+    notes = _notes(config, tight, minilm)
     common.write_results_md(
         workdir, rows, title="FP8 attention logits under transients (P14)", notes=notes
     )
@@ -548,35 +448,30 @@ def run(config, workdir: str) -> dict[str, Any]:
     return result
 
 
-def _notes(config, tight, minilm, d, h) -> str:
-    t = config.transients
+def _notes(config, tight, minilm) -> str:
+    t, m, w = config.transients, config.model, config.eval.window
     lines = [
-        f"Model: {config.model.num_layers} layers, d={d}, {h} heads (d_h={d // h}), n={config.data.seq_len - 1}, "
-        f"{config.schedule.num_steps} steps, batch {config.data.batch_size}, copy task (vocab {config.data.vocab_size}). "
-        f"Transients: W^Q x{t.q_spike_factor:g} at step {t.q_spike_step}; LR x{t.lr_spike_factor:g} for "
-        f"{t.lr_spike_steps} steps at {t.lr_spike_step}; donor checkpoint loaded at {t.load_step} "
-        f"(history reset: {t.reset_history_on_load}). delta={config.policy.delta:g}, calibration c={config.policy.calibration:g}, "
-        f"delayed margin={config.policy.margin:g}. "
-        f"'after X' = overflowed logits in the {config.eval.window} steps from X; steady = the "
-        f"{config.eval.window} steps before the first transient.",
-        "",
-        "## Tightness of the rank-aware bound (exponent ratio d/(γ r); abstract: 8–28× (arXiv v1), 25–64× (ICML))",
-        "",
+        f"Model: {m.num_layers} layers, d={m.d_model}, {m.num_heads} heads (d_h="
+        f"{m.d_model // m.num_heads}), n={config.data.seq_len - 1}, {config.schedule.num_steps} "
+        f"steps, batch {config.data.batch_size}, copy task (vocab {config.data.vocab_size}). "
+        f"Transients: W^Q x{t.q_spike_factor:g} at step {t.q_spike_step}; LR "
+        f"x{t.lr_spike_factor:g} for {t.lr_spike_steps} steps at {t.lr_spike_step}; donor "
+        f"checkpoint loaded at {t.load_step} (history reset: {t.reset_history_on_load}). "
+        f"delta={config.policy.delta:g}, calibration c={config.policy.calibration:g}, delayed "
+        f"margin={config.policy.margin:g}. 'after X' = overflowed logits in the {w} steps from X; "
+        f"steady = the {w} steps before the first transient.",
     ]
-    cols = list(tight[0])
-    lines += ["| " + " | ".join(cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
-    for r in tight:
-        lines.append("| " + " | ".join(_cell(r[c]) for c in cols) + " |")
-    if minilm:
-        lines += ["", "## Pretrained MiniLM (all-MiniLM-L6-v2) on Shakespeare passages", ""]
-        cols = list(minilm[0])
-        lines += ["| " + " | ".join(cols) + " |", "| " + " | ".join("---" for _ in cols) + " |"]
-        for r in minilm:
-            lines.append("| " + " | ".join(_cell(r[c]) for c in cols) + " |")
+    for title, rows in (
+        ("Tightness of the rank-aware bound (exponent ratio d/(γ r); abstract: 8–28× (arXiv v1), "
+         "25–64× (ICML))", tight),
+        ("Pretrained MiniLM (all-MiniLM-L6-v2) on Shakespeare passages", minilm),
+    ):  # fmt: skip
+        if rows:
+            lines += ["", f"## {title}", "", "| " + " | ".join(rows[0]) + " |"]
+            lines += ["| " + " | ".join("---" for _ in rows[0]) + " |"]
+            lines += ["| " + " | ".join(_cell(v) for v in r.values()) + " |" for r in rows]
     return "\n".join(lines)
 
 
 def _cell(v) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
