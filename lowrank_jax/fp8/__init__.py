@@ -2,6 +2,9 @@
 
 * :mod:`~lowrank_jax.fp8.bounds`: rank-aware / rank-agnostic logit bounds and the geometry-aware
   scale ``s = c R √d_h / (g² σ_max(W^Q W^{K⊤}) √(γ r log(2n²/δ)))`` (P14, reconstruction);
+* :mod:`~lowrank_jax.fp8.sigma`: exact ``σ_max(W^Q_h W^{K⊤}_h)`` from the ``d_h × d_h`` core of
+  thin QR factors (``O(d·d_h²)`` per head, GQA without key expansion) and the offline scales
+  :func:`attention_scales` built on it (the default outside a training loop);
 * :mod:`~lowrank_jax.fp8.policies`: scaling policies as pure state machines
   (:class:`ScalingPolicy`: ``init``/``scales``/``observe``/``reset``) for a user's own loop:
   geometry-aware (warm-started power iteration), delayed scaling, current scaling;
@@ -61,6 +64,7 @@ from lowrank_jax.fp8.policies import (
     init_geometry_scaling,
     update_geometry_scaling,
 )
+from lowrank_jax.fp8.sigma import attention_scales, attention_sigma_max, attention_top_singular
 
 __all__ = [
     # bounds and scales
@@ -90,6 +94,10 @@ __all__ = [
     "fp8_max",
     "fp8_overflow_count",
     "fp8_quantize_dequantize",
+    # exact sigma (thin-QR core) and offline scales
+    "attention_scales",
+    "attention_sigma_max",
+    "attention_top_singular",
     # policies
     "GeometryScalingState",
     "ScalingPolicy",
