@@ -27,6 +27,7 @@ from lowrank_jax.models.layers import SelfAttention as SelfAttention
 from lowrank_jax.models.layers import TransformerStack as TransformerStack
 from lowrank_jax.models.layers import stack_layers as stack_layers
 from lowrank_jax.models.layers import unstack_layers as unstack_layers
+from lowrank_jax.models.minilm import MINILM_NAME as MINILM_NAME
 from lowrank_jax.models.minilm import load_minilm as load_minilm
 from lowrank_jax.models.minilm import minilm_dir as minilm_dir
 from lowrank_jax.models.minilm import tokenize as tokenize
@@ -34,6 +35,7 @@ from lowrank_jax.models.mlp import MLP as MLP
 from lowrank_jax.models.vit import ViT as ViT
 
 __all__ = [
+    "MINILM_NAME",
     "MLP",
     "BertClassifier",
     "BertConfig",
