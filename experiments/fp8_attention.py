@@ -8,8 +8,8 @@ one warm-started power step per step), ``rank_agnostic``, ``none`` (float32). Th
 are injected inside the jitted step as functions of the step: ``W^Q ← 4 W^Q``, a learning-rate
 spike, and loading a donor run's parameters (then ``policy.reset``). Per policy and step:
 overflows (saturated logits), utilisation ``max|S|·s/R``, softmax error vs float32, loss, and
-``max|S|`` over the rank-aware bound. Optionally the pretrained MiniLM's per-layer scales are
-compared with its max logit on Shakespeare passages.
+``max|S|`` over the rank-aware bound. The pretrained
+MiniLM's scales against its max logit on real text are ``experiments/fp8_minilm.py``.
 
 Each run (the donor, one per policy) trains through ``common.fit`` in ``<workdir>/donor`` and
 ``<workdir>/policies/<policy>``, so rerunning resumes. Writes ``config.json``, ``metrics.jsonl``
@@ -37,6 +37,7 @@ from lowrank_jax import fp8, models
 
 POLICY_KINDS = ("delayed", "current", "rank_aware", "rank_agnostic", "none")
 METRICS = ("loss", "overflow", "utilisation", "softmax_error", "amax", "bound_ratio", "scale")
+TRACKING = "sigma_track_err"  # geometry policies: the power tracker's σ vs the exact thin-QR σ
 
 
 class Policy(NamedTuple):
@@ -223,6 +224,16 @@ def train_run(p: Policy, config, workdir: str, donor=None) -> common.FitResult:
     if not is_donor:
         frozen["donor"] = donor
     name = "donor" if is_donor else os.path.join("policies", p.name.replace(":", "_"))
+    track = None
+    if isinstance(pstate, fp8.GeometryScalingState):  # σ the next step will use vs exact σ
+
+        @jax.jit
+        def track(state, frozen):
+            w = models.fp8_attention_geometry(state["params"], num_layers=config.model.num_layers)
+            exact = fp8.attention_sigma_max(w[0], w[1])
+            est = policy.scales(state["policy"], *w)[1].sigma
+            return {f"tracking/{TRACKING}": jnp.max(jnp.abs(est - exact) / exact)}
+
     return common.fit(
         {"params": params, "opt_state": tx.init(params), "policy": pstate, "step": 0},
         frozen,
@@ -232,6 +243,8 @@ def train_run(p: Policy, config, workdir: str, donor=None) -> common.FitResult:
         num_steps=n,
         workdir=os.path.join(workdir, name),
         log_every=n if is_donor else 1,
+        eval_fn=track,
+        eval_every=1 if track else 0,
         ckpt_every=config.ckpt.every,
         progress=config.log.progress,
         description=p.name,
@@ -244,7 +257,7 @@ def summarise(policy: str, series: Mapping[str, np.ndarray], config) -> dict[str
     first = min(t.q_spike_step, t.lr_spike_step, t.load_step)
     steady = slice(max(0, first - w), first)
     over = series["overflow"]
-    ratio = series["bound_ratio"]
+    ratio, track = series["bound_ratio"], series[TRACKING]
     return {
         "policy": policy,
         "overflows (total)": int(over.sum()),
@@ -256,60 +269,8 @@ def summarise(policy: str, series: Mapping[str, np.ndarray], config) -> dict[str
         "steady softmax err": float(np.mean(series["softmax_error"][steady])),
         "final loss": float(np.mean(series["loss"][-config.eval.final_loss_steps :])),
         "max abs(S) / bound": float(np.nanmax(ratio)) if np.isfinite(ratio).any() else "",
+        "σ tracking err (max)": float(np.nanmax(track)) if np.isfinite(track).any() else "",
     }
-
-
-def minilm_scales(config) -> list[dict[str, Any]]:
-    """Per-layer geometry-aware scales of the pretrained MiniLM vs its max logit on Shakespeare.
-
-    ``fp8.attention_logit_report`` folds BERT's q/k biases into the weights; ``g`` is the gain of
-    the LayerNorm feeding each layer (post-LN: the embedding LayerNorm for layer 0, the previous
-    layer's output LayerNorm after). Real tokens are not isotropic, so the rank-aware bound is not
-    guaranteed here: the table shows how it fares.
-    """
-    from lowrank_jax import data
-
-    mcfg, variables, tokenizer = models.load_minilm()
-    m = config.minilm
-    ds = data.load_shakespeare(
-        passage_chars=m.passage_chars,
-        max_passages_per_play=-(-m.num_passages // 35),
-        seed=config.seed,
-    )
-    idx = np.random.default_rng(config.seed).choice(
-        len(ds.x), min(m.num_passages, len(ds.x)), False
-    )
-    batch = models.tokenize(tokenizer, [str(ds.x[i]) for i in idx], max_len=m.max_len)
-    ids, am = jnp.asarray(batch["input_ids"]), jnp.asarray(batch["attention_mask"])
-    h, r = mcfg.num_attention_heads, fp8.fp8_max(config.model.fmt)
-    heads = lambda a: a.reshape(*a.shape[:-1], h, a.shape[-1] // h)
-    rows = []
-    for i, (x, ln, attn) in enumerate(models.bert_attention_inputs(mcfg, variables, ids, am)):
-        q, k = attn["query"], attn["key"]
-        gain = fp8.norm_gain_bound(ln["scale"], ln["bias"])
-        rep = fp8.attention_logit_report(
-            x, heads(q["kernel"]), heads(k["kernel"]), b_q=heads(q["bias"]), b_k=heads(k["bias"]),
-            mask=am > 0, key=jax.random.key(i), seq_len=int((am > 0).sum(axis=1).max()),
-            norm_gain=gain, delta=config.policy.delta, fmt=config.model.fmt,
-            num_iters=m.power_iters,
-        )  # fmt: skip
-        rows.append(
-            {
-                "layer": i,
-                "g": float(gain),
-                "max σ": float(rep.sigma.max()),
-                "max abs(S) (text)": float(rep.max_logit.max()),
-                "rank-aware bound": float(rep.rank_aware_bound.max()),
-                "rank-agnostic bound": float(rep.rank_agnostic_bound.max()),
-                "B_wc": float(rep.worst_case_bound.max()),
-                "max_h abs(S)/bound (= utilisation)": float(
-                    (rep.max_logit / rep.rank_aware_bound).max()
-                ),
-                "min scale": float(rep.scale.min()),
-                "overflowing heads": int(jnp.sum(rep.max_logit * rep.scale > r)),
-            }
-        )
-    return rows
 
 
 def _plot_timelines(workdir: str, all_series, config) -> list[str]:
@@ -404,15 +365,17 @@ def run(config, workdir: str) -> dict[str, Any]:
         )
         if result.interrupted:  # Ctrl-C: fit saved a checkpoint; rerun to resume
             return {"interrupted": True}
-        series = all_series[name] = {k: np.full(n, np.nan) for k in METRICS}
-        for record in result.history:  # one record per step 1..n
-            for k in METRICS:
-                if f"train/{k}" in record and 1 <= record["step"] <= n:
-                    series[k][record["step"] - 1] = record[f"train/{k}"]
+        series = all_series[name] = {k: np.full(n, np.nan) for k in (*METRICS, TRACKING)}
+        for record in result.history:  # train and tracking records for steps 1..n
+            for key, k in [(f"train/{k}", k) for k in METRICS] + [
+                (f"tracking/{TRACKING}", TRACKING)
+            ]:
+                if key in record and 1 <= record["step"] <= n:
+                    series[k][record["step"] - 1] = record[key]
 
     writer = common.MetricWriter(workdir, tensorboard=config.log.tensorboard)
     for s in range(config.schedule.num_steps):
-        record = {f"{n}/{k}": v[k][s] for n, v in all_series.items() for k in METRICS}
+        record = {f"{n}/{k}": v[k][s] for n, v in all_series.items() for k in v}
         writer.write(s, {k: v for k, v in record.items() if np.isfinite(v)})
     writer.close()
     plots = _plot_timelines(workdir, all_series, config)
@@ -421,13 +384,7 @@ def run(config, workdir: str) -> dict[str, Any]:
     geo = [r for r in rows if r["policy"].startswith("rank_")]
     delayed = [r for r in rows if r["policy"].startswith("delayed")]
     tight = tightness_rows()
-    minilm = []
-    if config.minilm.enabled:
-        try:
-            minilm = minilm_scales(config)
-        except (FileNotFoundError, ModuleNotFoundError, ImportError, KeyError) as e:
-            logging.warning("MiniLM part skipped: %s", e)
-    notes = _notes(config, tight, minilm)
+    notes = _notes(config, tight)
     common.write_results_md(
         workdir, rows, title="FP8 attention logits under transients (P14)", notes=notes
     )
@@ -437,10 +394,13 @@ def run(config, workdir: str) -> dict[str, Any]:
         "delayed_overflows": int(sum(r["overflows (total)"] for r in delayed)),
         "delayed_overflows_after_q_spike": int(sum(r["after Q spike"] for r in delayed)),
         "max_bound_ratio": max(ratios, default=float("nan")),
+        "max_sigma_track_err": max(
+            (r["σ tracking err (max)"] for r in geo if r["σ tracking err (max)"] != ""),
+            default=float("nan"),
+        ),
         "final_loss": {r["policy"]: r["final loss"] for r in rows},
         "steady_softmax_error": {r["policy"]: r["steady softmax err"] for r in rows},
         "steady_utilisation": {r["policy"]: r["steady utilisation"] for r in rows},
-        "minilm": minilm,
         "plots": [os.path.basename(p) for p in plots],
         "runtime_s": time.time() - t0,
     }
@@ -448,7 +408,7 @@ def run(config, workdir: str) -> dict[str, Any]:
     return result
 
 
-def _notes(config, tight, minilm) -> str:
+def _notes(config, tight) -> str:
     t, m, w = config.transients, config.model, config.eval.window
     lines = [
         f"Model: {m.num_layers} layers, d={m.d_model}, {m.num_heads} heads (d_h="
@@ -461,15 +421,10 @@ def _notes(config, tight, minilm) -> str:
         f"margin={config.policy.margin:g}. 'after X' = overflowed logits in the {w} steps from X; "
         f"steady = the {w} steps before the first transient.",
     ]
-    for title, rows in (
-        ("Tightness of the rank-aware bound (exponent ratio d/(γ r); abstract: 8–28× (arXiv v1), "
-         "25–64× (ICML))", tight),
-        ("Pretrained MiniLM (all-MiniLM-L6-v2) on Shakespeare passages", minilm),
-    ):  # fmt: skip
-        if rows:
-            lines += ["", f"## {title}", "", "| " + " | ".join(rows[0]) + " |"]
-            lines += ["| " + " | ".join("---" for _ in rows[0]) + " |"]
-            lines += ["| " + " | ".join(_cell(v) for v in r.values()) + " |" for r in rows]
+    title = "Tightness of the rank-aware bound (exponent ratio d/(γ r); abstract: 8–28× (arXiv v1), 25–64× (ICML))"
+    lines += ["", f"## {title}", "", "| " + " | ".join(tight[0]) + " |"]
+    lines += ["| " + " | ".join("---" for _ in tight[0]) + " |"]
+    lines += ["| " + " | ".join(_cell(v) for v in r.values()) + " |" for r in tight]
     return "\n".join(lines)
 
 

@@ -19,6 +19,7 @@ def test_smoke_run_writes_results_and_shows_the_trend(tmp_path):
     records = common.read_metrics(tmp_path)
     assert len(records) == config.schedule.num_steps
     assert {"delayed:16/overflow", "rank_aware:auto/bound_ratio"} <= set(records[0])
+    assert "rank_aware:auto/sigma_track_err" in records[1]
     text = (tmp_path / "results.md").read_text()
     assert "rank_aware:auto" in text and "Llama-2-70B" in text
     # The trend of P14: delayed scaling overflows right after the W^Q spike, the geometry-aware
@@ -26,6 +27,8 @@ def test_smoke_run_writes_results_and_shows_the_trend(tmp_path):
     assert result["delayed_overflows_after_q_spike"] > 0
     assert result["geometry_overflows"] == 0
     assert 0 < result["max_bound_ratio"] < 1
+    # the warm-started power tracker (one step per training step) stays close to the exact σ
+    assert result["max_sigma_track_err"] < 1e-2
     err = result["steady_softmax_error"]
     assert err["rank_aware:auto"] <= 1.5 * err["delayed:16"]
     assert all(math.isfinite(v) for v in result["final_loss"].values())
