@@ -9,6 +9,11 @@
   ``write_config_json``, ``write_results_md``, ``read_metrics``.
 * :mod:`~experiments.common.plots`: ``plot_metrics``, ``plot_curves`` (PNG).
 * :mod:`~experiments.common.config_checks`: ``ConfigError`` and one-line ``check_*`` validators.
+* :mod:`~experiments.common.sweep` (import it as a module): grids of small cells — ``CellStore``
+  (resumable, one JSON per finished cell), ``train_scan`` / ``train_epochs``, ``mean_sd``,
+  trend-check tables and ``write_sweep_results``.
+* :mod:`~experiments.common.digits_shift`: the rotated-digits domain shift of the FrameFT and
+  LoRA-DA studies; :mod:`~experiments.common.kge_report`: the KGE study's checks and tables.
 """
 
 from experiments.common.checkpoint import CheckpointError, make_manager, restore_latest, save

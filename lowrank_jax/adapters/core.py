@@ -9,6 +9,7 @@ stacked on one model by passing ``{"name": set, ...}`` (or a list of sets) where
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -153,7 +154,8 @@ def delta(adapter: Adapter, kernel_shape: Sequence[int]) -> jax.Array:
     """The full update ``ΔW`` in the kernel's shape (for merging and export, never in training)."""
     stack, n, m = adapter.matrix_shape(kernel_shape)
     flat = jax.tree.map(lambda f: jnp.reshape(f, (-1, *f.shape[len(stack) :])), adapter.factors)
-    return jnp.reshape(jax.vmap(adapter.kind.materialize)(flat), tuple(kernel_shape))
+    dw = jax.vmap(functools.partial(adapter.kind.materialize, shape=(n, m)))(flat)
+    return jnp.reshape(dw, tuple(kernel_shape))
 
 
 def group_by_path(adapters: Any) -> dict[str, list[Adapter]]:

@@ -171,7 +171,7 @@ def test_configs_import_no_experiment_code():
 
 def test_help_lists_configs_with_options_and_a_missing_config_lists_them(tmp_path):
     proc = run_cli("--help", workdir=tmp_path)
-    assert "configs/lora_finetune.py  [smoke=False, method='lora']" in proc.stdout
+    assert "configs/lora_finetune.py  [smoke=False, method='lora', kind='lora']" in proc.stdout
     proc = run_cli("--config=configs/nope.py", workdir=tmp_path)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "FATAL --config=configs/nope.py: no such file. Available configs:" in proc.stderr
