@@ -52,38 +52,11 @@ __all__ = [
 ]
 
 
-_MOVED_TO_FP8 = frozenset(
-    {
-        "FP8_FORMATS",
-        "DelayedScalingState",
-        "attention_fp8_scales",
-        "chernoff_gamma",
-        "current_scale",
-        "fp8_dtype",
-        "fp8_max",
-        "fp8_overflow_count",
-        "fp8_quantize_dequantize",
-        "geometry_aware_scale",
-        "init_delayed_scaling",
-        "logit_bound",
-        "norm_gain_bound",
-        "rank_agnostic_alpha",
-        "rank_agnostic_scale",
-        "rank_agnostic_tail_bound",
-        "rank_aware_alpha",
-        "rank_aware_tail_bound",
-        "rank_aware_tightness",
-        "update_delayed_scaling",
-        "worst_case_logit_bound",
-    }
-)
-
-
 def __getattr__(name: str):
     """Old ``lowrank_jax.spectral.<fp8 name>`` spellings forward to :mod:`lowrank_jax.fp8`."""
-    if name in _MOVED_TO_FP8:
-        from lowrank_jax import fp8
+    from lowrank_jax import fp8
 
+    if name in fp8.__all__:
         _warnings.warn(
             f"lowrank_jax.spectral.{name} moved to lowrank_jax.fp8.{name}",
             DeprecationWarning,
