@@ -69,7 +69,7 @@ def split_shape(
     )
 
 
-def _resolve_layout(kind: AdapterKind, shape: tuple[int, ...], path: str) -> tuple[int, int]:
+def resolve_layout(kind: AdapterKind, shape: tuple[int, ...], path: str) -> tuple[int, int]:
     ndim = len(shape)
     i, o = kind.in_ndim, kind.out_ndim
     hint = (
@@ -96,7 +96,7 @@ def _resolve_layout(kind: AdapterKind, shape: tuple[int, ...], path: str) -> tup
 def _init_one(key: jax.Array, kernel: jax.Array, kind: AdapterKind, path: str) -> Adapter:
     if not jnp.issubdtype(kernel.dtype, jnp.floating):
         raise TypeError(f"{path!r} has dtype {kernel.dtype}; only floating kernels can be adapted.")
-    i, o = _resolve_layout(kind, tuple(kernel.shape), path)
+    i, o = resolve_layout(kind, tuple(kernel.shape), path)
     stack, n, m = split_shape(kernel.shape, i, o)
     kind.check_shape(n, m, path)
     matrices = jnp.reshape(kernel, (-1, n, m))

@@ -29,7 +29,7 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from lowrank_jax.adapters import paths
-from lowrank_jax.adapters.core import Adapter, AdapterSet, _resolve_layout
+from lowrank_jax.adapters.core import Adapter, AdapterSet, resolve_layout
 from lowrank_jax.adapters.kinds import LoRA
 
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -301,7 +301,7 @@ def load_peft(
             out_ndim=getattr(spec, "out_ndim", None),
         )
         shape = tuple(kernels[path].shape)
-        i, o = _resolve_layout(kind, shape, path)
+        i, o = resolve_layout(kind, shape, path)
         n, m = int(np.prod(shape[:i])), int(np.prod(shape[i:]))
         if a.shape != (n, kind.rank) or b.shape != (kind.rank, m):
             raise ValueError(

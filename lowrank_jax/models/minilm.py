@@ -25,7 +25,8 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from lowrank_jax.models.bert import BertConfig, convert_bert_weights
+from lowrank_jax.models.bert import BertConfig
+from lowrank_jax.models.hf_bert import convert_bert_weights
 
 __all__ = ["MINILM_NAME", "load_minilm", "minilm_dir", "tokenize"]
 
