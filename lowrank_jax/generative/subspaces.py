@@ -136,8 +136,12 @@ def class_subspaces(x: ArrayLike, labels: ArrayLike, *, k: int) -> np.ndarray:
 def project_onto_class_subspaces(x: ArrayLike, labels: ArrayLike, bases: np.ndarray) -> np.ndarray:
     """``x_i ↦ U_c U_cᵀ x_i`` with ``c`` the label of ``x_i`` (labels ``0..C-1``)."""
     x = np.asarray(x, np.float64)
-    u = bases[np.asarray(labels)]  # (N, D, k)
-    return np.einsum("ndk,nk->nd", u, np.einsum("ndk,nd->nk", u, x))
+    labels = np.asarray(labels)
+    out = np.empty_like(x)
+    for c, u in enumerate(bases):
+        rows = labels == c
+        out[rows] = (x[rows] @ u) @ u.T
+    return out
 
 
 def isometric_embedding(bases: np.ndarray, *, dim: int) -> np.ndarray:
