@@ -437,29 +437,65 @@ def sample_kernel_diffusion(
     times = geometric_time_grid(t_max, t0, num_steps)
     _check_chunk(chunk_size)
 
+    return _sample_kernel(
+        key,
+        data,
+        times.astype(data.dtype),
+        None if log_density_floor is None else jnp.asarray(log_density_floor, data.dtype),
+        num_samples=int(num_samples),
+        stochastic=bool(stochastic),
+        tweedie=bool(tweedie),
+        chunk_size=chunk_size,
+        sample_chunk_size=sample_chunk_size,
+        clip=clip,
+    )
+
+
+@functools.partial(
+    jax.jit,
+    static_argnames=(
+        "num_samples",
+        "stochastic",
+        "tweedie",
+        "chunk_size",
+        "sample_chunk_size",
+        "clip",
+    ),
+)
+def _sample_kernel(
+    key,
+    data,
+    times,
+    log_density_floor,
+    *,
+    num_samples,
+    stochastic,
+    tweedie,
+    chunk_size,
+    sample_chunk_size,
+    clip,
+):
+    """The jitted body of :func:`sample_kernel_diffusion` (compiled once per shape, so that
+    different ``k``, ``n``-independent grids and keys reuse it)."""
+    d = data.shape[1]
+
     def denoise(x, t):
         return kernel_denoiser(
             x, data, t, chunk_size=chunk_size, clip=clip, log_density_floor=log_density_floor
         )
 
-    @jax.jit
-    def run(key):
-        k_init, k_noise = jax.random.split(key)
-        x = jax.random.normal(k_init, (num_samples, d), data.dtype)
-        if sample_chunk_size is None or sample_chunk_size >= num_samples:
-            return reverse_diffusion(
-                k_noise, denoise, x, times, stochastic=stochastic, tweedie=tweedie
-            )
-        b = sample_chunk_size
-        num = -(-num_samples // b)
-        xs = jnp.pad(x, ((0, num * b - num_samples), (0, 0))).reshape(num, b, d)
-        ks = jax.random.split(k_noise, num)
-        out = jax.lax.map(
-            lambda a: reverse_diffusion(
-                a[1], denoise, a[0], times, stochastic=stochastic, tweedie=tweedie
-            ),
-            (xs, ks),
-        )
-        return out.reshape(num * b, d)[:num_samples]
-
-    return run(key)
+    k_init, k_noise = jax.random.split(key)
+    x = jax.random.normal(k_init, (num_samples, d), data.dtype)
+    if sample_chunk_size is None or sample_chunk_size >= num_samples:
+        return reverse_diffusion(k_noise, denoise, x, times, stochastic=stochastic, tweedie=tweedie)
+    b = sample_chunk_size
+    num = -(-num_samples // b)
+    xs = jnp.pad(x, ((0, num * b - num_samples), (0, 0))).reshape(num, b, d)
+    ks = jax.random.split(k_noise, num)
+    out = jax.lax.map(
+        lambda a: reverse_diffusion(
+            a[1], denoise, a[0], times, stochastic=stochastic, tweedie=tweedie
+        ),
+        (xs, ks),
+    )
+    return out.reshape(num * b, d)[:num_samples]
