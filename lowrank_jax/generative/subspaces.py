@@ -12,7 +12,6 @@ r"""Data on a union of linear subspaces, intrinsic dimension by local PCA, and e
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import os
 import sys
@@ -37,16 +36,20 @@ __all__ = [
 LAWS = ("uniform", "laplace", "two_point")
 
 
-def _sample_law(key: jax.Array, law: str, num: int, k: int) -> jax.Array:
+def _sample_law(rng: np.random.Generator, law: str, num: int, k: int) -> np.ndarray:
     if law == "uniform":  # uniform on the cube [-1, 1]^k: a density with jumps
-        return jax.random.uniform(key, (num, k), minval=-1.0, maxval=1.0)
+        return rng.uniform(-1.0, 1.0, (num, k))
     if law == "laplace":  # i.i.d. Laplace(0, 1/2): a cusp at 0, exponential tails
-        return 0.5 * jax.random.laplace(key, (num, k))
+        return rng.laplace(0.0, 0.5, (num, k))
     if law == "two_point":  # ±(0.75, …) plus U[-0.25, 0.25]^k: two separated flat modes
-        k1, k2 = jax.random.split(key)
-        sign = jnp.where(jax.random.bernoulli(k1, 0.5, (num, 1)), 1.0, -1.0)
-        return 0.75 * sign + jax.random.uniform(k2, (num, k), minval=-0.25, maxval=0.25)
+        sign = np.where(rng.random((num, 1)) < 0.5, 1.0, -1.0)
+        return 0.75 * sign + rng.uniform(-0.25, 0.25, (num, k))
     raise ValueError(f"unknown law {law!r}: allowed are {LAWS}.")
+
+
+def _numpy_rng(key: jax.Array) -> np.random.Generator:
+    """A NumPy generator seeded from a JAX key (host-side sampling compiles nothing)."""
+    return np.random.default_rng(np.asarray(jax.random.bits(key, (4,), jnp.uint32)).tolist())
 
 
 def random_subspaces(key: jax.Array, dim: int, ks: Sequence[int]) -> list[jax.Array]:
@@ -97,20 +100,15 @@ def sample_union_of_subspaces(
     for law in laws:
         if law not in LAWS:
             raise ValueError(f"unknown law {law!r}: allowed are {LAWS}.")
-    return _sample_union(key, tuple(jnp.asarray(u) for u in bases), w / w.sum(), tuple(laws), num)
-
-
-@functools.partial(jax.jit, static_argnames=("laws", "num"))
-def _sample_union(key, bases, weights, laws, num):
-    kc, kz = jax.random.split(key)
-    comp = jax.random.choice(kc, len(bases), (num,), p=weights)
-    x = jnp.zeros((num, bases[0].shape[0]))
+    rng = _numpy_rng(key)
+    comp = rng.choice(len(bases), size=num, p=w / w.sum())
+    x = np.zeros((num, bases[0].shape[0]), np.float32)
     for j, (u, law) in enumerate(zip(bases, laws, strict=True)):
-        if u.shape[1] == 0:
-            continue
-        z = _sample_law(jax.random.fold_in(kz, j), law, num, u.shape[1])
-        x = jnp.where((comp == j)[:, None], z @ u.T, x)
-    return x, comp
+        u = np.asarray(u, np.float64)
+        rows = comp == j
+        if u.shape[1] and rows.any():
+            x[rows] = _sample_law(rng, law, int(rows.sum()), u.shape[1]) @ u.T
+    return jnp.asarray(x), jnp.asarray(comp)
 
 
 def class_subspaces(x: ArrayLike, labels: ArrayLike, *, k: int) -> np.ndarray:
