@@ -402,20 +402,7 @@ def _cached(path: str, resume: bool, fn):
     return out
 
 
-def run(config, workdir: str) -> dict[str, Any]:
-    """Runs every cell (resuming finished ones), then writes the tables, checks and plots."""
-    check_config(config)
-    common.write_config_json(workdir, config)
-    cdir = os.path.join(workdir, "cells")
-    resume = config.ckpt.resume
-    sources = [_synthetic(config, k, d) for k in config.data.ks for d in config.data.dims]
-    sources += _mnist_sources(config)
-    cells, floors = [], {}
-    todo = [
-        (s, n)
-        for s in sources
-        for n in (config.data.sizes if s["family"] == "synthetic" else config.data.mnist_sizes)
-    ]
+def _run_cells(config, todo, cdir, resume, cells, floors) -> None:
     from tqdm import tqdm
 
     for src, n in tqdm(todo, desc="cells"):
@@ -437,6 +424,22 @@ def run(config, workdir: str) -> dict[str, Any]:
             cells[-1]["id"],
             {k: round(v, 4) for k, v in cells[-1].items() if k.startswith("w1_")},
         )
+
+
+def run(config, workdir: str) -> dict[str, Any]:
+    """Runs every cell (resuming finished ones), then writes the tables, checks and plots."""
+    check_config(config)
+    common.write_config_json(workdir, config)
+    cdir = os.path.join(workdir, "cells")
+    resume = config.ckpt.resume
+    sources = [_synthetic(config, k, d) for k in config.data.ks for d in config.data.dims]
+    cells, floors = [], {}
+    for family in ("synthetic", "mnist"):
+        if family == "mnist":  # loaded only once the synthetic cells are done
+            sources += _mnist_sources(config)
+        sizes = config.data.sizes if family == "synthetic" else config.data.mnist_sizes
+        todo = [(s, n) for s in sources if s["family"] == family for n in sizes]
+        _run_cells(config, todo, cdir, resume, cells, floors)
     by_id = {s["id"]: s for s in sources}
     mlp = []
     for fam, k, dim, n in config.model.mlp_cells:
