@@ -14,7 +14,8 @@ interleaved in rounds (``experiments.bench.common.run_rounds``), and the sampler
 **extrapolated** to ``--steps`` steps: ``samples/s = m / (steps · t_step)`` (the integrator's own
 work is ``O(m·D)`` per step, negligible next to the score). ``--full`` instead runs the whole
 sampler (``sample_kernel_diffusion``, ``--steps`` steps) once per method and reports the measured
-time. Peak RSS is sampled while each method runs.
+time. Peak RSS is sampled while each method runs; the RSS rise is the part above what was
+resident before it (the dataset, compiled code), i.e. the method's own working memory.
 
 Command (the issue's size; ~minutes on a 2-core CPU per timed step, more when loaded)::
 
@@ -100,10 +101,11 @@ def main(argv: list[str] | None = None) -> dict:
         per_run = t.median
         total = per_run if args.full else per_run * args.steps
         sps = m / total
-        rows.append([name, per_run, total, sps, t.peak_rss / MB])
+        rows.append([name, per_run, total, sps, t.peak_rss / MB, t.rss_rise / MB])
         prefix = "" if name == "chunked" else "unchunked_"
         out[f"{prefix}samples_per_s"] = sps
         out[f"{prefix}peak_rss_mb"] = t.peak_rss / MB
+        out[f"{prefix}rss_rise_mb"] = t.rss_rise / MB
     if "unchunked" not in chunks:
         out["unchunked"] = f"skipped: ~{unchunked_mb:.0f} MB > --max-unchunked-mb"
     out.update(
@@ -124,7 +126,15 @@ def main(argv: list[str] | None = None) -> dict:
     )
     print(
         bench.markdown_table(
-            ["method", label, f"s for {args.steps} steps", "samples/s", "peak RSS MB"], rows
+            [
+                "method",
+                label,
+                f"s for {args.steps} steps",
+                "samples/s",
+                "peak RSS MB",
+                "RSS rise MB",
+            ],
+            rows,
         )
     )
     print(json.dumps(out))
