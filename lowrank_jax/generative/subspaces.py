@@ -206,8 +206,8 @@ def estimate_intrinsic_dim(
     for a, i in enumerate(idx):
         d2 = sq - 2.0 * data @ data[i] + sq[i]
         nb = data[np.argpartition(d2, kk)[: kk + 1]]
-        cov = np.cov(nb, rowvar=False)
-        ev = np.sort(np.linalg.eigvalsh(np.atleast_2d(cov)))[::-1].clip(min=0)
+        # covariance eigenvalues from the singular values of the small (K+1, D) block
+        ev = np.linalg.svd(nb - nb.mean(0), compute_uv=False) ** 2
         total = ev.sum()
         dims[a] = (
             0
