@@ -7,6 +7,7 @@ import pytest
 
 from configs import subspace_diffusion as cfg
 from experiments import common, subspace_diffusion
+from experiments import subspace_diffusion_report as report
 
 
 def _tiny():
@@ -40,7 +41,7 @@ def test_smoke_run_writes_outputs_and_resumes(tmp_path):
         assert os.path.exists(tmp_path / name), name
     assert result["cells"] == 4
     rows = {(r["source"], r["method"]): r for r in result["rows"]}
-    assert set(rows) == {(f"syn-k2-D{d}", m) for d in (4, 12) for m in subspace_diffusion.METHODS}
+    assert set(rows) == {(f"syn-k2-D{d}", m) for d in (4, 12) for m in report.METHODS}
     for r in rows.values():
         assert r["w1_n_max"] > 0 and r["floor"] > 0 and r["target"] == -0.5
     text = (tmp_path / "results.md").read_text()
