@@ -38,8 +38,8 @@ def get_config(arg=None):
     c.data.seq_len = 32
     c.data.max_passages_per_play = 40 if arg.smoke else 3000
     c.data.batch_size = 16 if arg.smoke else 32
-    c.data.valid_fraction = 0.05
-    c.data.test_fraction = 0.1
+    c.data.valid_fraction = 0.05 if arg.smoke else 0.01
+    c.data.test_fraction = 0.1 if arg.smoke else 0.02
 
     c.model = ml_collections.ConfigDict()
     c.model.dim = 32 if arg.smoke else 64
