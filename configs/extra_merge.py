@@ -52,8 +52,8 @@ def get_config(arg=None):
     c.optim.weight_decay = 0.1
 
     c.schedule = ml_collections.ConfigDict()
-    c.schedule.num_steps = 60 if arg.smoke else 2000
-    c.schedule.warmup_steps = 5 if arg.smoke else 100
+    c.schedule.num_steps = 60 if arg.smoke else 1000
+    c.schedule.warmup_steps = 5 if arg.smoke else 50
     c.schedule.window_fraction = 0.4
     c.schedule.num_checkpoints = 8 if arg.smoke else 40
 

@@ -218,7 +218,8 @@ def _cell(config, model, arrays, name, seed, root) -> dict[str, Any]:
     key = jax.random.key(seed)
     chosen: dict[str, tuple[str, Any]] = {"last": ("", ckpts[-1])}
     lawa = {w: merging.lawa(ckpts, window=w) for w in m.lawa_windows}
-    w, _ = _best({w: valid(p) for w, p in lawa.items()})
+    lawa_valid = {w: valid(p) for w, p in lawa.items()}
+    w, _ = _best(lawa_valid)
     chosen["LAWA"] = (f"W={w}", lawa[w])
     ema = {b: merging.ema(ckpts, decay=b) for b in m.ema_decays}
     b, _ = _best({b: valid(p) for b, p in ema.items()})
@@ -250,6 +251,7 @@ def _cell(config, model, arrays, name, seed, root) -> dict[str, Any]:
         "sketch_exact": bool(sketch.exact),
         "test": {k: test(p) for k, (_, p) in chosen.items()},
         "valid": {k: valid(p) for k, (_, p) in chosen.items()},
+        "lawa_valid": {str(w): v for w, v in lawa_valid.items()},
         "choice": {k: c for k, (c, _) in chosen.items()},
         "alpha_curves": curves,
         "rates": {str(w): float(searches[w][0].pca.rate) for w in searches},
