@@ -38,7 +38,7 @@ def get_config(arg=None):
     c.data.seq_len = 32
     c.data.max_passages_per_play = 40 if arg.smoke else 3000
     c.data.batch_size = 16 if arg.smoke else 32
-    c.data.valid_fraction = 0.05 if arg.smoke else 0.01
+    c.data.valid_fraction = 0.05 if arg.smoke else 0.005
     c.data.test_fraction = 0.1 if arg.smoke else 0.02
 
     c.model = ml_collections.ConfigDict()
@@ -52,8 +52,8 @@ def get_config(arg=None):
     c.optim.weight_decay = 0.1
 
     c.schedule = ml_collections.ConfigDict()
-    c.schedule.num_steps = 60 if arg.smoke else 1000
-    c.schedule.warmup_steps = 5 if arg.smoke else 50
+    c.schedule.num_steps = 60 if arg.smoke else 600
+    c.schedule.warmup_steps = 5 if arg.smoke else 30
     c.schedule.window_fraction = 0.4
     c.schedule.num_checkpoints = 8 if arg.smoke else 40
 
@@ -63,7 +63,7 @@ def get_config(arg=None):
     c.merge.lawa_windows = (3, 7) if arg.smoke else (5, 10, 20, 39)
     c.merge.ema_decays = (0.5, 0.8) if arg.smoke else (0.8, 0.9, 0.95, 0.98)
     c.merge.expo_alphas = (0.0, 1.0) if arg.smoke else (0.0, 0.5, 1.0, 2.0, 4.0)
-    c.merge.alpha_step = 1.0 if arg.smoke else 0.5
+    c.merge.alpha_step = 1.0
     c.merge.sketch_dim = 1 << 16
 
     c.eval = ml_collections.ConfigDict()

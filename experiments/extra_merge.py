@@ -313,8 +313,8 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
         len(vocab), config.model.dim, config.model.depth, config.model.heads, config.data.seq_len
     )
     cells = []
-    for name in config.optim.names:
-        for seed in range(config.seed, config.seed + config.num_seeds):
+    for seed in range(config.seed, config.seed + config.num_seeds):  # seed-major: a partial
+        for name in config.optim.names:  # run covers every optimizer equally
             path = os.path.join(cell_dir, f"{name}_s{seed}.json")
             if os.path.exists(path):
                 with open(path) as f:

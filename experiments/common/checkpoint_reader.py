@@ -6,7 +6,7 @@ orbax. This module turns the orbax directory that ``experiments.common.fit`` wri
 (``<workdir>/checkpoints/<step>/{state,meta}``) into such a sequence: item ``i`` is restored from
 disk when asked for, so a merge holds one checkpoint at a time::
 
-    ckpts = CheckpointSequence(workdir / "checkpoints", target=state, steps=steps[-40:])
+    ckpts = CheckpointSequence(workdir / "checkpoints", steps=saved_steps(...)[-40:])
     merged = merging.extra_merge(ckpts, window=10, key=jax.random.key(0))
 """
 
@@ -37,7 +37,8 @@ class CheckpointSequence(Sequence):
     Args:
       directory: the ``checkpoints/`` folder written by ``experiments.common.fit``.
       target: a train-state pytree (arrays or ``jax.ShapeDtypeStruct``) with the saved state's
-        structure, e.g. the freshly initialised state.
+        structure, e.g. the freshly initialised state (restored arrays get its dtypes and
+        shardings); None restores the saved structure as plain dicts and lists.
       steps: the steps to read, oldest first (default: all saved steps).
       select: maps a restored train state to the pytree to merge (default: ``state["params"]``).
 
@@ -49,7 +50,7 @@ class CheckpointSequence(Sequence):
         self,
         directory: str | os.PathLike,
         *,
-        target: Any,
+        target: Any = None,
         steps: Sequence[int] | None = None,
         select: Callable[[Any], Any] | None = None,
     ):
@@ -62,7 +63,7 @@ class CheckpointSequence(Sequence):
                 f"steps {missing} are not saved in {self.directory} (saved: {available}); "
                 "keep them with fit(max_to_keep=...)"
             )
-        self._abstract = ckpt_lib.abstract_like(target)
+        self._abstract = None if target is None else ckpt_lib.abstract_like(target)
         self._select = select or (lambda state: state["params"])
 
     def __len__(self) -> int:

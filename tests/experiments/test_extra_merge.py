@@ -34,13 +34,7 @@ def test_smoke_run_writes_tables_and_merges_saved_checkpoints(tmp_path):
     ckpt_dir = tmp_path / "runs" / "adamw_s0" / "const" / "checkpoints"
     steps = saved_steps(ckpt_dir)
     assert len(steps) == config.schedule.num_checkpoints + 1 and steps[-1] == 60
-    arrays, vocab = extra_merge.load_text(config)
-    model = extra_merge.models.CharGPT(len(vocab), 32, 1, 4, 32)
-    params = model.init(jax.random.key(0), arrays["train"][:1, :-1])["params"]
-    target = {"params": params, "opt_state": None, "step": np.int32(0)}
-    lazy = CheckpointSequence(
-        ckpt_dir, target=target, steps=steps[1:], select=lambda s: s["params"]
-    )
+    lazy = CheckpointSequence(ckpt_dir, steps=steps[1:])
     eager = [lazy[i] for i in range(len(lazy))]
     a = merging.lawa(lazy, window=3)
     b = merging.lawa(eager, window=3)
@@ -48,7 +42,7 @@ def test_smoke_run_writes_tables_and_merges_saved_checkpoints(tmp_path):
     # A rerun reads the finished cells back.
     assert extra_merge.run(config, str(tmp_path))["rows"] == out["rows"]
     with pytest.raises(ValueError, match="not saved"):
-        CheckpointSequence(ckpt_dir, target=target, steps=[7])
+        CheckpointSequence(ckpt_dir, steps=[7])
 
 
 def test_bench_tiny_prints_the_json_line(capsys):
