@@ -177,6 +177,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     p.add_argument("--window", type=int, default=10)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--tiny", action="store_true", help="a tiny tree (tests)")
+    p.add_argument("--no_naive", action="store_true", help="skip the naive stack (O(N·P) memory)")
     p.add_argument("--workdir", default=None, help="where the checkpoints go (default: a temp dir)")
     p.add_argument("--_child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--_dir", default=None, help=argparse.SUPPRESS)
@@ -201,7 +202,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 runs[method].append(_spawn(method, directory, args.num_checkpoints, args.window))
         need = 1.5 * 4 * num_params * (args.num_checkpoints + 2)
         naive = None
-        if _mem_available() > need:
+        if args.no_naive:
+            print("naive skipped (--no_naive)")
+        elif _mem_available() > need:
             naive = _spawn("naive", directory, args.num_checkpoints, args.window)
         else:
             print(f"naive skipped: needs ~{need / MB:.0f} MB, {_mem_available() / MB:.0f} MB free")

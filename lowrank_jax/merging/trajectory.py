@@ -107,6 +107,7 @@ def _stream(checkpoints: Iterable[PyTree], indices: Iterable[int] | None = None)
                 signature=signature,
             )
         yield i, tree
+        del tree  # before the next one is loaded
 
 
 def _reiterable(checkpoints: Checkpoints, what: str) -> Callable[[], Iterable[PyTree]]:
@@ -153,6 +154,10 @@ def _ema_step(acc: PyTree, tree: PyTree, decay: jax.Array) -> PyTree:
 
 def _cast_like(acc: PyTree, signature_tree: PyTree) -> PyTree:
     return jax.tree.map(lambda a, x: a.astype(x.dtype), acc, signature_tree)
+
+
+def _shapes(tree: PyTree) -> PyTree:
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), x.dtype), tree)
 
 
 def _zeros_like_acc(tree: PyTree) -> PyTree:
@@ -226,7 +231,7 @@ def weighted_sums(
             raise ValueError(f"got more than {n} checkpoints for weight vectors of length {n}")
         if accs is None:
             _check_float(tree, f"checkpoint {i}")
-            template = jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), x.dtype), tree)
+            template = _shapes(tree)
             accs = [_zeros_like_acc(tree) for _ in specs]
             names = [p for p, _, _ in trees.leaf_signature(tree)]
             treedef = jax.tree.structure(tree)
@@ -237,11 +242,16 @@ def weighted_sums(
                         f"per-tensor weights have no entry for {missing[0]!r} (and "
                         f"{len(missing) - 1} more paths); give one (N,) vector per path"
                     )
-        accs = [
-            _axpy(a, tree, _weight_tree(s, names, treedef, i))
-            for a, s in zip(accs, specs, strict=True)
-        ]
+        # Blocking keeps one checkpoint in flight: asynchronous dispatch would otherwise let the
+        # loader run ahead and hold many checkpoints at once.
+        accs = jax.block_until_ready(
+            [
+                _axpy(a, tree, _weight_tree(s, names, treedef, i))
+                for a, s in zip(accs, specs, strict=True)
+            ]
+        )
         count = i + 1
+        del tree
     if accs is None:
         raise ValueError("no checkpoints to merge (the iterable was empty)")
     if indices is None and count != n:
@@ -285,9 +295,12 @@ def lawa(checkpoints: Iterable[PyTree], *, window: int | None = None) -> PyTree:
         for i, tree in _stream(checkpoints):
             if acc is None:
                 _check_float(tree, f"checkpoint {i}")
-                template, acc = tree, _zeros_like_acc(tree)
-            acc = _axpy(acc, tree, jax.tree.map(lambda _: np.float32(1.0), tree))
+                template, acc = _shapes(tree), _zeros_like_acc(tree)
+            acc = jax.block_until_ready(
+                _axpy(acc, tree, jax.tree.map(lambda _: np.float32(1.0), tree))
+            )
             count += 1
+            del tree
         if acc is None:
             raise ValueError("no checkpoints to average (the iterable was empty)")
         return _cast_like(jax.tree.map(lambda a: a / count, acc), template)
@@ -328,10 +341,11 @@ def ema(checkpoints: Iterable[PyTree], *, decay: float) -> PyTree:
     for i, tree in _stream(checkpoints):
         if acc is None:
             _check_float(tree, f"checkpoint {i}")
-            template = tree
+            template = _shapes(tree)
             acc = jax.tree.map(lambda x: jnp.array(x, _acc_dtype(x.dtype), copy=True), tree)
         else:
-            acc = _ema_step(acc, tree, beta)
+            acc = jax.block_until_ready(_ema_step(acc, tree, beta))
+        del tree
     if acc is None:
         raise ValueError("no checkpoints to average (the iterable was empty)")
     return _cast_like(acc, template)
@@ -465,7 +479,9 @@ def _sketch_leaves(leaves, ref_leaves, sign_leaves, dims):
         d = _acc_dtype(x.dtype)
         y = (x.astype(d) - r.astype(d)).ravel() * s.astype(d)
         if y.size > k:
-            y = jnp.pad(y, (0, (-y.size) % k)).reshape(-1, k).sum(0)
+            main = (y.size // k) * k
+            folded = y[:main].reshape(-1, k).sum(0)
+            y = folded.at[: y.size - main].add(y[main:]) if y.size > main else folded
         out.append(y)
     return out
 
@@ -511,7 +527,7 @@ def sketch_trajectory(
         leaves = jax.tree.leaves(tree)
         if ref is None:
             _check_float(tree, f"checkpoint {i}")
-            ref = leaves
+            ref = [jnp.asarray(x) for x in leaves]  # kept on device: one copy, not one per call
             names = [p for p, _, _ in trees.leaf_signature(tree)]
             sizes = [int(np.prod(np.shape(x), dtype=np.int64)) for x in leaves]
             total = int(sum(sizes))
@@ -534,6 +550,7 @@ def sketch_trajectory(
         if per_tensor:
             for name, part in zip(names, parts, strict=True):
                 leaf_rows.setdefault(name, []).append(part)
+        del tree, leaves
     if len(rows) < 2:
         raise ValueError(f"need at least 2 checkpoints for a trajectory; got {len(rows)}")
     return TrajectorySketch(
