@@ -161,10 +161,9 @@ def _train_target(config, model, feats, source, splits, seed, workdir):
         teacher = feats(frozen, batch["x"])
 
         def loss_fn(p):
-            ce = optax.softmax_cross_entropy_with_integer_labels(
-                model.apply({"params": p}, x_noisy), batch["y"]
-            ).mean()
             student = feats({k: v for k, v in p.items() if k != "head"}, x_noisy)
+            logits = student @ p["head"]["kernel"] + p["head"]["bias"]  # the classifier's head
+            ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
             distill = jnp.mean(jnp.sum((student - teacher) ** 2, -1)) / jnp.mean(
                 jnp.sum(teacher**2, -1)
             )
