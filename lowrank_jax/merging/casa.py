@@ -443,7 +443,7 @@ def casa(
     Args:
       source_params, target_params: parameter pytrees of one architecture (same paths, shapes).
       adapters: the adapter set trained on the source (any kind; its update is materialised).
-      rank: output rank per kernel (capped by nothing: must be ``<= min(n, m)``).
+      rank: output rank per kernel, at most ``min(n, m)`` of every adapted kernel.
       weight, rotation_threshold, q_threshold, arbitrate_q, energy: see :func:`casa_matrix`.
 
     Returns:
