@@ -39,7 +39,7 @@ def stream():
     return model, model.init(jax.random.key(0), x[:1]), tasks
 
 
-def _loop(method, variables, tasks, steps=5):
+def _loop(method, variables, tasks, steps=3):
     """The loop of the protocol's docstring, in ten lines (one fixed batch per task)."""
     state = method.init(variables)
     for task in tasks:
@@ -63,11 +63,25 @@ def _loop(method, variables, tasks, steps=5):
     return state
 
 
-@pytest.mark.parametrize("name", sorted(FACTORIES))
-def test_every_method_runs_from_a_users_loop_and_its_state_is_a_pytree(stream, name):
+@pytest.fixture(scope="module")
+def trained(stream):
+    """``trained(name) -> (method, state after both tasks)``, computed once per method."""
     model, variables, tasks = stream
-    method = FACTORIES[name](model.apply)
-    state = _loop(method, variables, tasks)
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            method = FACTORIES[name](model.apply)
+            cache[name] = method, _loop(method, variables, tasks)
+        return cache[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", sorted(FACTORIES))
+def test_every_method_runs_from_a_users_loop_and_its_state_is_a_pytree(stream, trained, name):
+    _, _, tasks = stream
+    method, state = trained(name)
     assert isinstance(state, continual.ContinualState)
     # the state survives jit (a pytree of arrays) unchanged
     again = jax.jit(lambda s: s)(state)
@@ -84,13 +98,12 @@ def test_every_method_runs_from_a_users_loop_and_its_state_is_a_pytree(stream, n
     assert np.abs(moved).max() > 0
 
 
-def test_state_survives_checkpoint_restore(stream, tmp_path):
+def test_state_survives_checkpoint_restore(stream, trained, tmp_path):
     from experiments.common import checkpoint
 
-    model, variables, tasks = stream
+    _, _, tasks = stream
     for name in ("saber", "gr_lora", "sd_lora"):
-        method = FACTORIES[name](model.apply)
-        state = _loop(method, variables, tasks, steps=2)
+        method, state = trained(name)
         manager = checkpoint.make_manager(tmp_path / name, every=1)
         checkpoint.save(manager, 1, state, meta={}, force=True)
         manager.wait_until_finished()
@@ -104,22 +117,23 @@ def test_state_survives_checkpoint_restore(stream, tmp_path):
         )
 
 
-def test_projection_methods_keep_a_off_the_memory(stream):
+def test_projection_methods_keep_a_off_the_memory(stream, trained):
     """GPM-LoRA and InfLoRA start A ⟂ M, so an input the memory spans sees no new update."""
-    model, variables, tasks = stream
+    _, _, tasks = stream
     for name in ("gpm_lora", "inflora"):
-        method = FACTORIES[name](model.apply)
-        state = _loop(method, variables, tasks[:1], steps=2)
-        trainable, frozen, _ = method.begin_task(state, jax.random.key(5), tasks[1])
+        method, state = trained(name)
+        assert int(state.memory["params/dense_0/kernel"].size) > 0
+        trainable, frozen, _ = method.begin_task(
+            state, jax.random.key(5), tasks[1]._replace(index=2)
+        )
         k = "params/dense_0/kernel"
         a = frozen["a"][k] if name == "inflora" else trainable["shared"][k].factors["a"]
         basis = np.asarray(state.memory[k].basis, np.float64)
         np.testing.assert_allclose(basis.T @ np.asarray(a, np.float64), 0.0, atol=1e-5)
 
 
-def test_sd_lora_kernel_is_base_plus_scaled_unit_directions(stream):
-    model, variables, tasks = stream
-    state = _loop(FACTORIES["sd_lora"](model.apply), variables, tasks, steps=3)
+def test_sd_lora_kernel_is_base_plus_scaled_unit_directions(trained):
+    _, state = trained("sd_lora")
     k = "params/dense_1/kernel"
     dirs = np.asarray(state.extra.directions[k], np.float64)
     mags = np.asarray(state.extra.magnitudes[k], np.float64)
