@@ -141,6 +141,12 @@ class MethodBase(NamedTuple):
         return {k: adapters.delta(ad, state.kernels[k].shape) for k, ad in adapter_set.items()}
 
 
+def common_args(local_vars: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword arguments every factory shares, picked from its ``locals()``."""
+    keys = ("targets", "rank", "alpha", "learning_rate", "grad_clip")
+    return {k: local_vars[k] for k in keys}
+
+
 def method_base(
     apply_fn: Callable[..., Any],
     *,

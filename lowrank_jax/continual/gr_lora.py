@@ -34,6 +34,7 @@ import numpy as np
 
 from lowrank_jax.continual._src import (
     check_threshold,
+    common_args,
     method_base,
     replace_a,
 )
@@ -373,15 +374,7 @@ def gr_lora(
         )
     if ood_batch < 1:
         raise ValueError(f"ood_batch must be >= 1, got {ood_batch!r}.")
-    base = method_base(
-        apply_fn,
-        targets=targets,
-        rank=rank,
-        alpha=alpha,
-        learning_rate=learning_rate,
-        grad_clip=grad_clip,
-        head_path=head_path,
-    )
+    base = method_base(apply_fn, head_path=head_path, **common_args(locals()))
     adapted = base.adapted
 
     def init(variables):

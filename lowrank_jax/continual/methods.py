@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from lowrank_jax.continual._src import (
     MethodBase,
     check_threshold,
+    common_args,
     method_base,
     no_diagnostics,
     no_penalty,
@@ -111,10 +112,6 @@ def _begin_frozen(base: MethodBase, state: ContinualState) -> dict[str, Any]:
     return {"params": base.full(state.params, state.head)}
 
 
-def _factory_args(kwargs: dict[str, Any]) -> dict[str, Any]:
-    return {k: kwargs[k] for k in ("targets", "rank", "alpha", "learning_rate", "grad_clip")}
-
-
 def sequential_lora(
     apply_fn: Callable[..., Any],
     *,
@@ -143,15 +140,7 @@ def sequential_lora(
     Raises:
       ValueError: a hyper-parameter out of range; (in ``init``) targets that match no kernel.
     """
-    base = method_base(
-        apply_fn,
-        targets=targets,
-        rank=rank,
-        alpha=alpha,
-        learning_rate=learning_rate,
-        grad_clip=grad_clip,
-        head_path=head_path,
-    )
+    base = method_base(apply_fn, head_path=head_path, **common_args(locals()))
 
     def begin_task(state, key, task):
         del task
@@ -200,15 +189,7 @@ def o_lora(
     """
     if not lambda_orth >= 0:
         raise ValueError(f"lambda_orth must be >= 0, got {lambda_orth!r}.")
-    base = method_base(
-        apply_fn,
-        targets=targets,
-        rank=rank,
-        alpha=alpha,
-        learning_rate=learning_rate,
-        grad_clip=grad_clip,
-        head_path=head_path,
-    )
+    base = method_base(apply_fn, head_path=head_path, **common_args(locals()))
 
     def init(variables):
         return base.init(
@@ -238,7 +219,7 @@ def o_lora(
             old_a[k] = jnp.concatenate([old_a[k], ad.factors["a"][None]])
         return new._replace(extra=OLoRAState(old_a))
 
-    sequential = sequential_lora(apply_fn, head_path=head_path, **_factory_args(locals()))
+    sequential = sequential_lora(apply_fn, head_path=head_path, **common_args(locals()))
     return sequential._replace(init=init, begin_task=begin_task, loss=loss, end_task=end_task)
 
 
@@ -266,15 +247,7 @@ def inflora(
     References: Liang & Li 2024, arXiv 2404.00228 (the paper's DualGPM memory is replaced by GPM).
     """
     check_threshold("memory_threshold", memory_threshold)
-    base = method_base(
-        apply_fn,
-        targets=targets,
-        rank=rank,
-        alpha=alpha,
-        learning_rate=learning_rate,
-        grad_clip=grad_clip,
-        head_path=head_path,
-    )
+    base = method_base(apply_fn, head_path=head_path, **common_args(locals()))
 
     def begin_task(state, key, task):
         template = base.lora(key, state)
@@ -334,15 +307,7 @@ def gpm_lora(
     References: Saha et al. 2021 (GPM).
     """
     check_threshold("memory_threshold", memory_threshold)
-    base = method_base(
-        apply_fn,
-        targets=targets,
-        rank=rank,
-        alpha=alpha,
-        learning_rate=learning_rate,
-        grad_clip=grad_clip,
-        head_path=head_path,
-    )
+    base = method_base(apply_fn, head_path=head_path, **common_args(locals()))
 
     def begin_task(state, key, task):
         del task
@@ -360,7 +325,7 @@ def gpm_lora(
             base, state, task, examples=memory_examples, threshold=memory_threshold
         )
 
-    sequential = sequential_lora(apply_fn, head_path=head_path, **_factory_args(locals()))
+    sequential = sequential_lora(apply_fn, head_path=head_path, **common_args(locals()))
     return sequential._replace(
         init=lambda variables: base.init(variables, memory=True, extra=lambda w0: ()),
         begin_task=begin_task,
@@ -387,15 +352,7 @@ def sd_lora(
     References: Wu et al. 2025, "SD-LoRA: Scalable Decoupled Low-Rank Adaptation for Class
     Incremental Learning".
     """
-    base = method_base(
-        apply_fn,
-        targets=targets,
-        rank=rank,
-        alpha=alpha,
-        learning_rate=learning_rate,
-        grad_clip=grad_clip,
-        head_path=head_path,
-    )
+    base = method_base(apply_fn, head_path=head_path, **common_args(locals()))
 
     def init(variables):
         def extra(w0):

@@ -56,6 +56,7 @@ import numpy as np
 
 from lowrank_jax.continual._src import (
     check_threshold,
+    common_args,
     method_base,
     replace_a,
 )
@@ -334,15 +335,7 @@ def saber(
     balance_weights(jnp.zeros(1), gamma=gamma, min_weight=min_weight)  # validates both
     if shared_mode not in ("balanced", "mean"):
         raise ValueError(f"shared_mode must be 'balanced' or 'mean', got {shared_mode!r}.")
-    base = method_base(
-        apply_fn,
-        targets=targets,
-        rank=rank,
-        alpha=alpha,
-        learning_rate=learning_rate,
-        grad_clip=grad_clip,
-        head_path=head_path,
-    )
+    base = method_base(apply_fn, head_path=head_path, **common_args(locals()))
 
     def init(variables):
         def extra(w0):
