@@ -85,7 +85,10 @@ def _adapter_inputs(apply_fn, wanted, params, args, kwargs):
     from lowrank_jax import adapters  # (adapters imports nothing from continual)
 
     sink: dict[str, list[jax.Array]] = {}
-    rules = [(re.escape(p), _Recorder(p, sink)) for p in sorted(wanted)]
+    present = sorted(wanted & set(adapters.named_leaves(params)))  # the rest: reported missing
+    if not present:
+        return apply_fn(params, *args, **kwargs), sink
+    rules = [(re.escape(p), _Recorder(p, sink)) for p in present]
     recorders = adapters.init(jax.random.key(0), params, rules)
     out = adapters.adapt(apply_fn)(params, recorders, *args, **kwargs)
     return out, sink
