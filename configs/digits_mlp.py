@@ -36,6 +36,7 @@ def get_config(arg=None):
 
     c.adapter = ml_collections.ConfigDict()
     c.adapter.method = arg.method
+    c.adapter.kind = "lora"
     c.adapter.rank = 4
     c.adapter.alpha = 8.0
     c.adapter.dropout = 0.0

@@ -30,9 +30,7 @@ def get_config(arg=None):
     """``arg``: ``"smoke"``."""
     arg = parse_arg(arg, smoke=False)
     c = ml_collections.ConfigDict()
-    c.experiment = "peft_kinds"
-    c.study = "lora_da"
-    c.study_config = "lora_da.py" + (":smoke" if arg.smoke else "")
+    c.experiment = "lora_da"
     c.seed = 0
 
     c.data = ml_collections.ConfigDict()
@@ -67,7 +65,7 @@ def get_config(arg=None):
     c.eval.loss_steps = (10, 50) if arg.smoke else (10, 50, 300)
 
     c.ckpt = ml_collections.ConfigDict()
-    c.ckpt.note = "sweeps resume per cell from results.json"
+    c.ckpt.resume = True  # finished cells in <workdir>/cells are read back, not recomputed
     c.log = ml_collections.ConfigDict()
     c.log.progress = False
     c.parallel = ml_collections.ConfigDict()

@@ -27,9 +27,7 @@ def get_config(arg=None):
     """``arg``: ``"smoke"``."""
     arg = parse_arg(arg, smoke=False)
     c = ml_collections.ConfigDict()
-    c.experiment = "peft_kinds"
-    c.study = "sbvi"
-    c.study_config = "sbvi.py" + (":smoke" if arg.smoke else "")
+    c.experiment = "sbvi"
     c.seed = 0
 
     c.data = ml_collections.ConfigDict()
@@ -68,7 +66,7 @@ def get_config(arg=None):
     c.eval.num_seeds = 1 if arg.smoke else 3
 
     c.ckpt = ml_collections.ConfigDict()
-    c.ckpt.note = "sweeps resume per cell from results.json"
+    c.ckpt.resume = True  # finished cells in <workdir>/cells are read back, not recomputed
     c.log = ml_collections.ConfigDict()
     c.log.progress = False
     c.parallel = ml_collections.ConfigDict()

@@ -67,13 +67,74 @@ class Stream:
     keep_base_head: bool = False
 
 
-def optimizer(config: Any, extra: list[optax.GradientTransformation] = ()) -> Any:
-    """Clip (``optim.grad_clip``), Adam, ``extra`` transforms, then ``-optim.learning_rate``."""
-    parts = []
-    if config.optim.grad_clip:
-        parts.append(optax.clip_by_global_norm(config.optim.grad_clip))
-    parts += [optax.scale_by_adam(), *extra, optax.scale(-config.optim.learning_rate)]
-    return optax.chain(*parts)
+def check_setup(config: Any) -> None:
+    """Validates the stream and backbone keys (``data.*``, ``model.*``) of ``config``.
+
+    Raises:
+      experiments.common.ConfigError: naming the first bad key, its value and what is allowed.
+    """
+    c = common
+    benchmark = c.check_choice(config, "data.benchmark", BENCHMARKS)
+    c.check_positive(config, "data.batch_size", integer=True)
+    c.check_positive(config, "data.num_tasks", integer=True)
+    if benchmark == "long_stream":
+        c.check_positive(config, "data.classes_per_task", integer=True)
+        c.check_positive(config, "data.separation")
+    if benchmark == "shakespeare_plays":
+        for key in ("plays_per_task", "passage_chars", "seq_len", "train_per_class"):
+            c.check_positive(config, f"data.{key}", integer=True)
+        c.check_positive(config, "data.test_per_class", integer=True)
+        plays = c.get_path(config, "data.plays")
+        unknown = sorted(set(plays) - set(data.PLAYS)) if not isinstance(plays, str) else [plays]
+        if unknown or len(set(plays)) != len(plays):
+            raise c.ConfigError(
+                f"config.data.plays={plays!r} is invalid: distinct play keys from "
+                f"{', '.join(data.PLAYS)}"
+            )
+        if config.data.plays_per_task < 2:
+            raise c.ConfigError("config.data.plays_per_task must be >= 2 (a task needs 2 classes)")
+        need = config.data.plays_per_task * config.data.num_tasks
+        if len(plays) < need:
+            raise c.ConfigError(
+                f"config.data.plays has {len(plays)} plays; {config.data.num_tasks} tasks x "
+                f"{config.data.plays_per_task} plays per task need {need}: add plays or lower "
+                "config.data.num_tasks"
+            )
+        if config.data.seq_len > 512:
+            raise c.ConfigError(
+                f"config.data.seq_len={config.data.seq_len} is invalid: MiniLM takes <= 512 tokens"
+            )
+    if benchmark == "split_mnist":
+        c.check_positive(config, "data.train_per_class", integer=True)
+        if config.data.num_tasks not in (2, 3):
+            raise c.ConfigError(
+                f"config.data.num_tasks={config.data.num_tasks} is invalid for split_mnist: the "
+                "base session (0-4) plus 1 or 2 increments over 5-9 (each needs >= 2 classes)"
+            )
+    name = c.check_choice(config, "model.name", MODELS)
+    wanted = {"shakespeare_plays": "minilm", "split_mnist": "vit"}.get(benchmark, "mlp")
+    if name != wanted:
+        raise c.ConfigError(
+            f"config.model.name={name!r} does not fit benchmark {benchmark!r}: use {wanted!r}"
+        )
+    if name == "mlp":
+        feats = c.get_path(config, "model.features")
+        if isinstance(feats, int) or any(not isinstance(f, int) or f < 1 for f in feats):
+            raise c.ConfigError(
+                f"config.model.features={feats!r} is invalid: a tuple of positive ints"
+            )
+    if name == "vit":
+        for key in ("patch", "dim", "depth", "heads", "mlp_dim"):
+            c.check_positive(config, f"model.vit.{key}", integer=True)
+        c.check_divisible(config, "model.vit.dim", config.model.vit.heads, why="heads split dim")
+    if name == "minilm":
+        first = c.get_path(config, "model.first_layer")
+        if isinstance(first, bool) or not isinstance(first, int) or not 1 <= first <= 5:
+            raise c.ConfigError(
+                f"config.model.first_layer={first!r} is invalid: the first adapted MiniLM layer, "
+                "1..5 (layers below it are frozen and cached)"
+            )
+    c.check_nonnegative(config, "model.pretrain_steps", integer=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -272,7 +333,8 @@ def _pretrain(config: Any, stream: Stream, key: jax.Array, workdir: str) -> Any:
     """Trains the whole model on the base session; returns its variables."""
     model = make_model(config, stream.base_classes)
     variables = model.init(key, jnp.zeros((1, *stream.base["x"].shape[1:])))
-    tx = optimizer(config)
+    clip = [optax.clip_by_global_norm(config.optim.grad_clip)] if config.optim.grad_clip else []
+    tx = optax.chain(*clip, optax.scale_by_adam(), optax.scale(-config.optim.learning_rate))
     state = {"params": variables, "opt_state": tx.init(variables), "step": 0}
 
     def step(state, frozen, batch, key):

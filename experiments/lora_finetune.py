@@ -4,13 +4,17 @@ The family behind ``configs/lora_finetune.py`` (pretrained MiniLM on Shakespeare
 classification) and ``configs/digits_mlp.py`` (an MLP on sklearn digits, the fast config the
 machinery tests use). ``config.adapter.method`` picks what is trained:
 
-* ``"lora"``: LoRA factors on the kernels that match ``config.adapter.targets`` (full-match regexes
+* ``"lora"``: adapters on the kernels that match ``config.adapter.targets`` (full-match regexes
   over '/'-joined parameter paths) plus the classifier head; the base model is frozen and the
-  adapted forward is computed factorised (``lowrank_jax.adapters.adapt``);
+  adapted forward is computed factorised (``lowrank_jax.adapters.adapt``). ``config.adapter.kind``
+  picks the adapter: ``"lora"`` (rank, alpha, dropout) or ``"frameft"`` (P10: ``n_coeff``
+  coefficients per kernel in a fusion-frame basis, ``frame_l``, ``frame_scale``);
+  ``config.optim.adapter_learning_rate`` (0: ``optim.learning_rate``) gives the adapters their
+  own peak learning rate (FrameFT's coefficients want a much larger one than the head);
 * ``"full"``: every parameter;
 * ``"head"``: the classifier head only (``params/head/*``).
 
-The train state is ``{"params": trainable params, "adapters": LoRA factors (lora only),
+The train state is ``{"params": trainable params, "adapters": adapter factors (lora only),
 "opt_state", "step"}``; the frozen parameters are passed separately and never donated. The run
 reports test accuracy, the number of trained parameters and the mean step time, and writes
 ``config.json``, ``metrics.jsonl``, TensorBoard events, checkpoints, ``loss.png``,
@@ -34,6 +38,7 @@ from experiments import common
 from lowrank_jax import adapters, data, models
 
 METHODS = ("lora", "full", "head")
+ADAPTER_KINDS = ("lora", "frameft")
 DATASETS = ("shakespeare_genre", "digits")
 MODELS = ("minilm", "mlp")
 OPTIMIZERS = ("adamw", "sgd")
@@ -77,9 +82,17 @@ def check_config(config: Any) -> None:
             f"{adapters.BASE_DTYPES}, and only 'float32' unless adapter.method='lora'"
         )
     if method == "lora":
-        c.check_positive(config, "adapter.rank", integer=True)
-        c.check_positive(config, "adapter.alpha")
-        c.check_fraction(config, "adapter.dropout")
+        kind = c.check_choice(config, "adapter.kind", ADAPTER_KINDS)
+        if kind == "lora":
+            c.check_positive(config, "adapter.rank", integer=True)
+            c.check_positive(config, "adapter.alpha")
+            c.check_fraction(config, "adapter.dropout")
+        else:
+            c.check_positive(config, "adapter.n_coeff", integer=True)
+            c.check_positive(config, "adapter.frame_l", integer=True)
+            c.check_positive(config, "adapter.frame_scale")
+        if "adapter_learning_rate" in config.optim:  # optional: 0 = optim.learning_rate
+            c.check_nonnegative(config, "optim.adapter_learning_rate")
         targets = c.get_path(config, "adapter.targets")
         if isinstance(targets, str) or not targets:
             raise c.ConfigError(
@@ -174,28 +187,48 @@ def _model_kwargs(config: Any, *, train: bool, key: jax.Array | None) -> dict[st
     return {}
 
 
-def _optimizer(config: Any) -> optax.GradientTransformation:
+def _base_optimizer(config: Any, peak: float) -> optax.GradientTransformation:
     schedule = optax.warmup_cosine_decay_schedule(
         init_value=0.0,
-        peak_value=config.optim.learning_rate,
+        peak_value=peak,
         warmup_steps=config.schedule.warmup_steps,
         decay_steps=config.schedule.num_steps,
         end_value=0.0,
     )
     if config.optim.name == "adamw":
-        tx = optax.adamw(schedule, weight_decay=config.optim.weight_decay)
+        return optax.adamw(schedule, weight_decay=config.optim.weight_decay)
+    return optax.sgd(schedule, momentum=0.9)
+
+
+def _group_labels(trained: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: jax.tree.map(lambda _, k=k: k, v) for k, v in trained.items()}
+
+
+def _optimizer(config: Any) -> optax.GradientTransformation:
+    """The (clipped) optimizer; the adapters get their own peak learning rate if one is set."""
+    adapter_lr = config.optim.get("adapter_learning_rate", 0.0)
+    if config.adapter.method == "lora" and adapter_lr:
+        tx = optax.multi_transform(
+            {
+                "params": _base_optimizer(config, config.optim.learning_rate),
+                "adapters": _base_optimizer(config, adapter_lr),
+            },
+            _group_labels,
+        )
     else:
-        tx = optax.sgd(schedule, momentum=0.9)
+        tx = _base_optimizer(config, config.optim.learning_rate)
     if config.optim.grad_clip:
         tx = optax.chain(optax.clip_by_global_norm(config.optim.grad_clip), tx)
     return tx
 
 
-def _lora_rules(config: Any) -> list[tuple[str, Any]]:
-    spec = adapters.lora(
-        rank=config.adapter.rank, alpha=config.adapter.alpha, dropout=config.adapter.dropout
-    )
-    return [(t, spec) for t in config.adapter.targets]
+def _adapter_rules(config: Any) -> list[tuple[str, Any]]:
+    a = config.adapter
+    if a.kind == "frameft":
+        spec = adapters.frameft(a.n_coeff, l=a.frame_l, scale=a.frame_scale)
+    else:
+        spec = adapters.lora(rank=a.rank, alpha=a.alpha, dropout=a.dropout)
+    return [(t, spec) for t in a.targets]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -211,11 +244,11 @@ def init_state(
       config: the experiment config (``adapter``, ``optim``, ``schedule``, ``model`` sections).
       model: the flax module whose ``apply`` computes the logits.
       variables: its (pretrained) variables ``{"params": ...}``.
-      key: PRNG key for the LoRA factors.
+      key: PRNG key for the adapter factors.
 
     Returns:
       ``(state, frozen, logits_fn, tx)``: ``state = {"params": trained params (``None`` where
-      frozen), "adapters": LoRA factors (lora only), "opt_state", "step": 0}``; ``frozen``, the
+      frozen), "adapters": adapter factors (lora only), "opt_state", "step": 0}``; ``frozen``, the
       complementary params (``None`` for ``full``); ``logits_fn(state, frozen, batch, *, train,
       key) -> (b, num_classes)`` logits; the optax transformation.
     """
@@ -227,7 +260,7 @@ def init_state(
     state: dict[str, Any] = {"params": trainable}
     apply = model.apply
     if method == "lora":
-        state["adapters"] = adapters.init(key, variables, _lora_rules(config))
+        state["adapters"] = adapters.init(key, variables, _adapter_rules(config))
         apply = adapters.adapt(model.apply)
         # The frozen kernels in bfloat16 or int8 (adapters and optimizer state stay float32).
         frozen = adapters.low_precision_base(frozen, config.model.get("base_dtype", "float32"))
@@ -241,7 +274,7 @@ def init_state(
         inputs = [batch[k] for k in input_keys]
         kwargs = _model_kwargs(config, train=train, key=key)
         if "adapters" in state:
-            adapter_key = key if train and config.adapter.dropout else None
+            adapter_key = key if train and config.adapter.get("dropout", 0.0) else None
             return apply(params, state["adapters"], *inputs, adapter_key=adapter_key, **kwargs)
         return apply(params, *inputs, **kwargs)
 
@@ -320,6 +353,8 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
         config, len(class_names), init_key, pretrained=pretrained, train=arrays["train"]
     )
     method = config.adapter.method
+    if method == "lora":
+        method = config.adapter.kind  # "lora" or "frameft": what the results table reports
     state, frozen, logits_fn, tx = init_state(config, model, variables, adapter_key)
     num_trained = adapters.count_params(_trained(state))
     num_total = adapters.count_params(variables)

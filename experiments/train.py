@@ -22,11 +22,14 @@ import logging as stdlib_logging
 import os
 import re
 import sys
+from contextlib import nullcontext
 
+import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from experiments.common import config_checks, metrics, sharding
+from experiments.common import checkpoint, config_checks, loop, metrics, sharding
+from experiments.common import workdir as workdir_lock
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
@@ -46,6 +49,41 @@ def default_workdir(config_arg: str) -> str:
     name = os.path.splitext(os.path.basename(path))[0]
     suffix = re.sub(r"[^A-Za-z0-9=.+-]+", "_", arg).strip("_")
     return os.path.join("runs", f"{name}_{suffix}" if suffix else name)
+
+
+CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
+
+def available_configs() -> list[tuple[str, str]]:
+    """``(path, options)`` of every runnable config in ``configs/``; options as ``parse_arg`` says.
+
+    A config's ``:arg`` options are read by asking its ``get_config`` for an unknown option: the
+    ``ConfigError`` lists the allowed ones with their defaults.
+    """
+    import configs.common
+
+    out = []
+    for name in sorted(os.listdir(CONFIGS_DIR)):
+        stem, ext = os.path.splitext(name)
+        if ext != ".py" or stem in ("__init__", "common") or stem.endswith("_base"):
+            continue
+        module = importlib.import_module(f"configs.{stem}")
+        if not hasattr(module, "get_config"):
+            continue
+        try:
+            module.get_config("__list_options__")
+            options = ""
+        except configs.common.ConfigError as e:
+            options = str(e).partition("allowed are ")[2]
+        out.append((os.path.join("configs", name), options))
+    return out
+
+
+def _configs_help() -> str:
+    lines = ["", "Configs (--config=<path>[:<option>,<option>=<value>]; defaults shown):"]
+    for path, options in available_configs():
+        lines.append(f"  {path}" + (f"  [{options}]" if options else ""))
+    return "\n".join(lines) + "\n"
 
 
 def _config_arg(argv: list[str]) -> str | None:
@@ -80,6 +118,12 @@ def _explain_override_error(argv: list[str]) -> str | None:
 
 def _parse_flags(argv: list[str]) -> list[str]:
     """absl's parser, with a clear message for ``--config.<key>`` overrides of missing keys."""
+    if any(a in ("-h", "--help", "--helpshort", "-?") for a in argv[1:]):
+        sys.modules["__main__"].__doc__ = (sys.modules["__main__"].__doc__ or "") + _configs_help()
+    spec = _config_arg(argv)
+    if spec is not None and not os.path.isfile(spec.partition(":")[0]):
+        listing = "\n".join(f"  {path}" for path, _ in available_configs())
+        sys.exit(f"FATAL --config={spec}: no such file. Available configs:\n{listing}")
     try:
         return flags.FLAGS(argv)
     except flags.Error as e:
@@ -117,14 +161,26 @@ def load_experiment(config):
 _FREE = ("log", "ckpt", "parallel")
 
 
+def _has_checkpoint(workdir: str) -> bool:
+    """Whether any ``checkpoints/<step>`` directory exists under ``workdir`` (3 levels deep)."""
+    for root, dirs, _ in os.walk(workdir):
+        if os.path.basename(root) == "checkpoints" and any(d.isdigit() for d in dirs):
+            return True
+        if root.count(os.sep) - workdir.count(os.sep) >= 3:
+            dirs[:] = []
+    return False
+
+
 def _check_workdir(workdir: str, config) -> None:
     """Refuses to resume a workdir that holds a run of a different config.
 
     Differences in the ``log``, ``ckpt`` and ``parallel`` sections are allowed: they change how a
-    run is logged, saved and laid out over devices, not what it computes.
+    run is logged, saved and laid out over devices, not what it computes. A workdir without any
+    checkpoint holds nothing to resume (e.g. a run that failed while starting), so its
+    ``config.json`` is simply replaced.
     """
     path = os.path.join(workdir, "config.json")
-    if not os.path.exists(path):
+    if not os.path.exists(path) or not _has_checkpoint(workdir):
         return
     with open(path) as f:
         old = json.load(f)
@@ -145,22 +201,44 @@ class _QuietLibraries(stdlib_logging.Filter):
         return record.levelno >= stdlib_logging.WARNING or "/orbax/" not in record.pathname
 
 
+# Errors a user can act on: reported in one line (set LOWRANK_JAX_TRACEBACK=1 for the traceback).
+_USER_ERRORS = (
+    config_checks.ConfigError,
+    loop.NonFiniteError,
+    checkpoint.CheckpointError,
+    ValueError,
+    OSError,
+)
+
+
+def _run(config, workdir: str) -> dict:
+    module = load_experiment(config)
+    sharding.initialize_distributed(config)
+    lock = workdir_lock.lock_workdir(workdir) if jax.process_index() == 0 else nullcontext()
+    with lock:
+        _check_workdir(workdir, config)
+        logging.info("Experiment %s, workdir %s", config.experiment, workdir)
+        metrics.write_config_json(workdir, config)
+        return module.run(config, workdir)
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     logging.get_absl_handler().addFilter(_QuietLibraries())
     config = _CONFIG.value
-    workdir = _WORKDIR.value or default_workdir(flags.FLAGS["config"].config_filename)
+    workdir = _WORKDIR.value
+    if workdir is None:
+        workdir = default_workdir(flags.FLAGS["config"].config_filename)
     try:
-        module = load_experiment(config)
-        _check_workdir(workdir, config)
+        result = _run(config, workdir)
     except config_checks.ConfigError as e:
         sys.exit(f"FATAL Invalid config: {e}")
-    sharding.initialize_distributed(config)
-    logging.info("Experiment %s, workdir %s", config.experiment, workdir)
-    metrics.write_config_json(workdir, config)
-    result = module.run(config, workdir)
-    print(json.dumps({"workdir": workdir, **result}, indent=2, default=str))
+    except _USER_ERRORS as e:
+        if os.environ.get("LOWRANK_JAX_TRACEBACK"):
+            raise
+        sys.exit(f"FATAL {type(e).__name__}: {e} (LOWRANK_JAX_TRACEBACK=1 shows the traceback)")
+    print(json.dumps(metrics.json_safe({"workdir": workdir, **result}), indent=2, default=str))
     if result.get("interrupted"):
         sys.exit(130)
 

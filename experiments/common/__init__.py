@@ -9,9 +9,14 @@
   ``write_config_json``, ``write_results_md``, ``read_metrics``.
 * :mod:`~experiments.common.plots`: ``plot_metrics``, ``plot_curves`` (PNG).
 * :mod:`~experiments.common.config_checks`: ``ConfigError`` and one-line ``check_*`` validators.
+* :mod:`~experiments.common.sweep` (import it as a module): grids of small cells — ``CellStore``
+  (resumable, one JSON per finished cell), ``train_scan`` / ``train_epochs``, ``mean_sd``,
+  trend-check tables and ``write_sweep_results``.
+* :mod:`~experiments.common.digits_shift`: the rotated-digits domain shift of the FrameFT and
+  LoRA-DA studies; :mod:`~experiments.common.kge_report`: the KGE study's checks and tables.
 """
 
-from experiments.common.checkpoint import make_manager, restore_latest, save
+from experiments.common.checkpoint import CheckpointError, make_manager, restore_latest, save
 from experiments.common.config_checks import (
     ConfigError,
     check_choice,
@@ -26,12 +31,14 @@ from experiments.common.config_checks import (
 from experiments.common.loop import (
     FitResult,
     MapBatches,
+    NonFiniteError,
     ResumableIterator,
     fit,
     padded_batches,
 )
 from experiments.common.metrics import (
     MetricWriter,
+    json_safe,
     read_metrics,
     to_scalars,
     write_config_json,
@@ -47,13 +54,17 @@ from experiments.common.sharding import (
     replicated,
     shard_batch,
 )
+from experiments.common.workdir import WorkdirError, lock_workdir
 
 __all__ = [
+    "CheckpointError",
     "ConfigError",
     "FitResult",
     "MapBatches",
     "MetricWriter",
+    "NonFiniteError",
     "ResumableIterator",
+    "WorkdirError",
     "batch_sharding",
     "check_choice",
     "check_divisible",
@@ -66,6 +77,8 @@ __all__ = [
     "padded_batches",
     "get_path",
     "initialize_distributed",
+    "json_safe",
+    "lock_workdir",
     "make_manager",
     "make_mesh",
     "param_sharding",

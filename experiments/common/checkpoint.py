@@ -26,8 +26,9 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from absl import logging
 
-__all__ = ["abstract_like", "make_manager", "restore_latest", "save"]
+__all__ = ["CheckpointError", "abstract_like", "make_manager", "restore_latest", "save"]
 
 
 def make_manager(
@@ -103,7 +104,11 @@ def abstract_like(tree: Any) -> Any:
 
 
 def restore_latest(manager: ocp.CheckpointManager, target: Any) -> tuple[Any, dict] | None:
-    """Restores the newest checkpoint into the structure, dtypes and shardings of ``target``.
+    """Restores the newest readable checkpoint into the structure, dtypes and shardings of ``target``.
+
+    A step directory that cannot be read (truncated or corrupted files) is reported by step and
+    renamed to ``unreadable_<step>`` (kept for inspection, out of the manager's way, so the step
+    can be trained and saved again), and the previous step is restored instead.
 
     Args:
       manager: from :func:`make_manager`.
@@ -111,15 +116,56 @@ def restore_latest(manager: ocp.CheckpointManager, target: Any) -> tuple[Any, di
         ``jax.ShapeDtypeStruct``; restored arrays get its shardings.
 
     Returns:
-      ``(state, meta)`` from the latest step, or None when the directory holds no checkpoint.
+      ``(state, meta)`` from the latest readable step, or None when the directory holds no
+      checkpoint.
+
+    Raises:
+      CheckpointError: no checkpoint in the directory can be read (the message names each step
+        directory and says which to delete).
     """
-    step = manager.latest_step()
-    if step is None:
+    steps = sorted(manager.all_steps(), reverse=True)
+    if not steps:
         return None
-    restored = manager.restore(
-        step,
-        args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_like(target)), meta=ocp.args.JsonRestore()
-        ),
+    failures = []
+    abstract = abstract_like(target)
+    for step in steps:
+        try:
+            restored = manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+                ),
+            )
+        except Exception as e:  # orbax/TensorStore raise many types for unreadable files
+            reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            failures.append(f"{os.path.join(manager.directory, str(step))} ({reason})")
+            logging.warning(
+                "Checkpoint step %d in %s cannot be read (%s); trying the previous one.",
+                step,
+                manager.directory,
+                reason,
+            )
+            continue
+        if failures:
+            _set_aside(manager, [s for s in steps if s > step])
+        return restored["state"], dict(restored["meta"])
+    raise CheckpointError(
+        "no checkpoint can be read: " + "; ".join(failures) + ". Delete these step directories "
+        "to start over from step 0 (or restore them from a backup)."
     )
-    return restored["state"], dict(restored["meta"])
+
+
+def _set_aside(manager: ocp.CheckpointManager, steps: list[int]) -> None:
+    """Renames unreadable step directories to ``unreadable_<step>`` (process 0) and reloads."""
+    if jax.process_index() == 0:
+        for step in steps:
+            src = os.path.join(os.fspath(manager.directory), str(step))
+            dst = os.path.join(os.fspath(manager.directory), f"unreadable_{step}")
+            if os.path.isdir(src) and not os.path.exists(dst):
+                os.rename(src, dst)
+                logging.warning("Set aside the unreadable checkpoint %s as %s.", src, dst)
+    manager.reload()
+
+
+class CheckpointError(RuntimeError):
+    """No checkpoint of a run directory can be restored."""

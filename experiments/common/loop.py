@@ -27,6 +27,12 @@ What ``fit`` does:
   a finished run only re-evaluates;
 * **checkpoints** every ``ckpt_every`` steps and at the end; **Ctrl-C** (SIGINT) finishes the
   current step, saves, and returns with ``interrupted=True`` (a second Ctrl-C aborts at once);
+* **numerical faults**: the jitted step also reports whether its metrics and the new state are
+  finite (no extra host round-trip: the flags are read at the logging and checkpoint cadence). A
+  non-finite step stops the run with :class:`NonFiniteError`, naming the step, the metric and the
+  last good checkpoint, which is left intact (nothing non-finite is ever saved); with
+  ``skip_nonfinite=True`` such steps keep the previous state instead (as ``optax.apply_if_finite``)
+  and are counted in ``train/skipped_steps``;
 * **outputs**: ``metrics.jsonl`` and TensorBoard (train metrics averaged over ``log_every`` steps,
   ``eval_fn`` results every ``eval_every`` steps and at the end), a tqdm bar with rate and ETA.
 
@@ -56,7 +62,13 @@ from experiments.common import checkpoint as ckpt_lib
 from experiments.common import metrics as metrics_lib
 from experiments.common import sharding as sharding_lib
 
-__all__ = ["FitResult", "MapBatches", "ResumableIterator", "fit"]
+__all__ = ["FitResult", "MapBatches", "NonFiniteError", "ResumableIterator", "fit"]
+
+_FINITE = "_finite"  # the step's finiteness flag, carried with its metrics but never logged
+
+
+class NonFiniteError(FloatingPointError):
+    """A training step produced a NaN or Inf loss, metric or state; the message says where."""
 
 
 class ResumableIterator(Protocol):
@@ -104,8 +116,9 @@ class FitResult:
         before any evaluation).
       start_step: the step this process started from (> 0 when resumed).
       interrupted: true if Ctrl-C stopped training early (a checkpoint was saved).
-      step_time_s: mean wall time of a training step in this process, excluding the first
-        (compilation) step and evaluation; NaN if fewer than two steps ran.
+      step_time_s: mean wall time of a training step over the whole run (resumed processes
+        included, as recorded in the checkpoints), excluding each process's first
+        (compilation) step and evaluation; NaN if no step was timed.
     """
 
     state: Any
@@ -177,8 +190,37 @@ def _host_window(window: list[Mapping[str, Any]]) -> list[dict[str, float]]:
 
 
 def _mean_metrics(window: list[Mapping[str, Any]]) -> dict[str, float]:
+    """Means over the window's finite steps, plus the count of skipped (non-finite) ones."""
     host = _host_window(window)
-    return {k: float(np.mean(np.asarray([m[k] for m in host], np.float64))) for k in host[0]}
+    good = [m for m in host if m.get(_FINITE, 1.0)] or host
+    names = [k for k in host[0] if k != _FINITE]
+    out = {k: float(np.mean(np.asarray([m[k] for m in good], np.float64))) for k in names}
+    skipped = sum(not m.get(_FINITE, 1.0) for m in host)
+    return {**out, "skipped_steps": float(skipped)} if skipped else out
+
+
+def _all_finite(tree: Any) -> jax.Array:
+    """A scalar bool: every inexact leaf of ``tree`` is finite (integer leaves always are)."""
+    leaves = [
+        jnp.all(jnp.isfinite(x))
+        for x in jax.tree.leaves(tree)
+        if jnp.issubdtype(jnp.result_type(x), jnp.inexact)
+    ]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
+
+
+def _first_nonfinite(window: list[Mapping[str, Any]], last_step: int) -> tuple[int, str] | None:
+    """``(step, what)`` of the first non-finite step in ``window`` (which ends at ``last_step``)."""
+    flags = jax.device_get([m[_FINITE] for m in window])
+    for i, ok in enumerate(flags):
+        if not ok:
+            metrics = _host_window([window[i]])[0]
+            bad = [
+                f"train/{k}={v}" for k, v in metrics.items() if k != _FINITE and not np.isfinite(v)
+            ]
+            what = bad[0] if bad else "the train state (parameters or optimizer state)"
+            return last_step - len(window) + 1 + i, what
+    return None
 
 
 def fit(
@@ -199,6 +241,7 @@ def fit(
     fsdp: bool = False,
     progress: bool = True,
     description: str = "train",
+    skip_nonfinite: bool = False,
 ) -> FitResult:
     """Trains ``state`` for ``num_steps`` steps, resuming from ``<workdir>/checkpoints``.
 
@@ -228,6 +271,8 @@ def fit(
       fsdp: shard ``state`` and ``frozen`` over the devices instead of replicating them.
       progress: show a tqdm progress bar (process 0 only).
       description: the progress bar's label.
+      skip_nonfinite: keep the previous state on a step whose metrics or new state are not
+        finite (counted in ``train/skipped_steps``) instead of stopping.
 
     Returns:
       A :class:`FitResult`.
@@ -235,6 +280,8 @@ def fit(
     Raises:
       ValueError: if ``num_steps``, ``log_every`` or ``ckpt_every`` is not positive, or
         ``state`` has no ``"step"``.
+      NonFiniteError: a step's metrics or new state were NaN/Inf (unless ``skip_nonfinite``);
+        the message names the first such step, the metric and the last good checkpoint.
     """
     if num_steps <= 0 or log_every <= 0 or ckpt_every <= 0 or eval_every < 0:
         raise ValueError(
@@ -250,8 +297,8 @@ def fit(
     state = {**state, "step": jnp.asarray(state["step"], jnp.int32)}
     state_sh = sharding_lib.param_sharding(mesh, state, fsdp=fsdp)
     frozen_sh = sharding_lib.param_sharding(mesh, frozen, fsdp=fsdp)
-    state = jax.device_put(state, state_sh)
-    frozen = jax.device_put(frozen, frozen_sh)
+    state = sharding_lib.put_global(state, state_sh)
+    frozen = sharding_lib.put_global(frozen, frozen_sh)
     leaves = jax.tree.leaves((state_sh, frozen_sh))
     logging.info(
         "Mesh of %d devices; batches split over 'data'; %d of %d parameter/state arrays sharded "
@@ -267,19 +314,32 @@ def fit(
         os.path.join(workdir, "checkpoints"), every=ckpt_every, max_to_keep=max_to_keep
     )
     window: list[Any] = []
+    timing_before: tuple[int, float] = (0, 0.0)
     restored = ckpt_lib.restore_latest(manager, state)
     if restored is not None:
         state, meta = restored
         batches.restore(meta["data"])
         key = _key_from_json(meta["rng"])
         window = list(meta.get("window", []))  # train metrics since the last log record
+        timing_before = tuple(meta.get("timing", (0, 0.0)))  # (timed steps, seconds) so far
         logging.info("Resumed from %s at step %d.", manager.directory, int(state["step"]))
     start = int(jax.device_get(state["step"]))
     writer = metrics_lib.MetricWriter(workdir, start_step=start)
 
     def wrapped(state, frozen, batch, key):
         new_state, metrics = step_fn(state, frozen, batch, jax.random.fold_in(key, state["step"]))
-        return {**new_state, "step": state["step"] + 1}, metrics
+        finite = _all_finite((metrics, new_state))
+        if skip_nonfinite:
+            new_state = jax.tree.map(
+                lambda new, old: (
+                    jnp.where(finite, new, old)
+                    if jnp.issubdtype(jnp.result_type(new), jnp.inexact)
+                    else new
+                ),
+                new_state,
+                state,
+            )
+        return {**new_state, "step": state["step"] + 1}, {**metrics, _FINITE: finite}
 
     jitted = jax.jit(
         wrapped,
@@ -287,10 +347,35 @@ def fit(
         in_shardings=(state_sh, frozen_sh, sharding_lib.batch_sharding(mesh), rep),
         out_shardings=(state_sh, rep),
     )
-    key = jax.device_put(key, rep)
+    key = sharding_lib.put_global(key, rep)
 
     def meta():
-        return {"data": batches.state(), "rng": _key_to_json(key), "window": _host_window(window)}
+        host_window = _host_window(window)  # waits for the step, so the timing below is right
+        elapsed = time.perf_counter() - t_last if timed_steps else 0.0
+        return {
+            "data": batches.state(),
+            "rng": _key_to_json(key),
+            "window": host_window,
+            "timing": [timing_before[0] + timed_steps, timing_before[1] + elapsed],
+        }
+
+    def check_finite(step):
+        """Raises NonFiniteError if a step of the window (ending at ``step``) was not finite."""
+        if skip_nonfinite or not window:
+            return
+        bad = _first_nonfinite(window, step)
+        if bad is None:
+            return
+        good = [s for s in manager.all_steps() if s < bad[0]]
+        where = (
+            f"the last good checkpoint, step {max(good)}, is kept in {manager.directory}"
+            if good
+            else "no checkpoint was saved before it"
+        )
+        raise NonFiniteError(
+            f"{bad[1]} at step {bad[0]}: training stopped; {where}. Lower the learning rate "
+            "(or clip gradients), or pass skip_nonfinite=True to fit to skip such steps."
+        )
 
     def evaluate(step):
         if step == start:  # a finished run, rerun: its records are already in metrics.jsonl
@@ -326,6 +411,7 @@ def fit(
                 else:
                     timed_steps += 1
                 if step % log_every == 0 or step == num_steps:
+                    check_finite(step)
                     train = writer.write(
                         step, {f"train/{k}": v for k, v in _mean_metrics(window).items()}
                     )
@@ -338,7 +424,11 @@ def fit(
                     last_eval, last_eval_step = evaluate(step), step
                     t_last += time.perf_counter() - t_eval
                 if sigint.raised or manager.should_save(step):  # (meta() waits for the step)
+                    check_finite(step)
+                    t_save = time.perf_counter()
                     ckpt_lib.save(manager, step, state, meta=meta(), force=True)
+                    if t_last is not None:  # saving is not a training step's time
+                        t_last += time.perf_counter() - t_save
                 if bar is not None:
                     bar.update(1)
                 if sigint.raised:
@@ -366,7 +456,8 @@ def fit(
             manager.wait_until_finished()
         manager.close()
         writer.close()
-    step_time = timed_s / timed_steps if timed_steps else math.nan
+    total_steps, total_s = timing_before[0] + timed_steps, timing_before[1] + timed_s
+    step_time = total_s / total_steps if total_steps else math.nan
     return FitResult(
         state=state,
         history=metrics_lib.read_metrics(workdir),

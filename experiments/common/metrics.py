@@ -25,6 +25,7 @@ import numpy as np
 
 __all__ = [
     "MetricWriter",
+    "json_safe",
     "read_metrics",
     "to_scalars",
     "write_config_json",
@@ -83,8 +84,10 @@ class MetricWriter:
             return
         os.makedirs(self.workdir, exist_ok=True)
         kept = [r for r in read_metrics(self.workdir) if r["step"] <= start_step]
-        with open(self.path, "w") as f:
+        tmp = f"{self.path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:  # rewritten atomically: a crash here loses no kept row
             f.writelines(json.dumps(r) + "\n" for r in kept)
+        os.replace(tmp, self.path)
         if tensorboard:
             from tensorboardX import SummaryWriter
 
@@ -101,7 +104,7 @@ class MetricWriter:
             return scalars
         record = {"step": int(step), **scalars}
         with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(json.dumps(json_safe(record)) + "\n")
         if self._tb is not None:
             for k, v in scalars.items():
                 if isinstance(v, int | float) and math.isfinite(v):
@@ -120,14 +123,27 @@ class MetricWriter:
             self._tb = None
 
 
+def json_safe(obj: Any) -> Any:
+    """``obj`` with NaN/Inf floats replaced by None, so ``json.dumps`` writes valid JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
 def write_json(path: str | os.PathLike, obj: Any) -> None:
-    """Writes ``obj`` as indented JSON (process 0 only)."""
+    """Writes ``obj`` as indented JSON (process 0 only; NaN/Inf become null), atomically."""
     if not _is_writer():
         return
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True, default=str)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(json_safe(obj), f, indent=2, sort_keys=True, default=str)
         f.write("\n")
+    os.replace(tmp, path)
 
 
 def write_config_json(workdir: str | os.PathLike, config: Any) -> dict[str, Any]:

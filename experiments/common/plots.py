@@ -26,6 +26,8 @@ def plot_curves(
     xlabel: str = "step",
     ylabel: str = "",
     logy: bool = False,
+    marks: Mapping[str, float] | None = None,
+    hline: float | None = None,
 ) -> str:
     """Draws ``{label: (xs, ys)}`` as lines into one PNG at ``path`` and returns the path.
 
@@ -36,6 +38,8 @@ def plot_curves(
       xlabel: x-axis label.
       ylabel: y-axis label.
       logy: logarithmic y axis (only if all values are positive).
+      marks: optional ``{label: x}`` events drawn as labelled dotted vertical lines.
+      hline: optional y value drawn as a red horizontal line (e.g. a bound at 1).
     """
     import matplotlib
 
@@ -53,6 +57,11 @@ def plot_curves(
         positive = positive and all(y > 0 for y in ys)
     if logy and positive:
         ax.set_yscale("log")
+    for label, x in (marks or {}).items():
+        ax.axvline(x, color="k", ls=":", lw=0.8)
+        ax.text(x, ax.get_ylim()[1], label, fontsize=7, va="top")
+    if hline is not None:
+        ax.axhline(hline, color="r", lw=0.8)
     ax.set_title(title)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)

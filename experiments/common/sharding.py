@@ -13,6 +13,7 @@ the rows that belong to its own devices.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import jax
@@ -27,6 +28,7 @@ __all__ = [
     "initialize_distributed",
     "make_mesh",
     "param_sharding",
+    "put_global",
     "replicated",
     "shard_batch",
 ]
@@ -39,11 +41,24 @@ def initialize_distributed(config: Any) -> None:
 
     Must run before any other JAX call. On Cloud TPU and SLURM/Open MPI clusters the coordinator
     address and process ids are detected automatically (see ``jax.distributed.initialize``).
-    Configs without a ``parallel`` section run single-process.
+    Elsewhere (several GPU hosts, or several processes on one machine) set, for each process,
+    ``JAX_COORDINATOR_ADDRESS=<host of process 0>:<port>``, ``JAX_NUM_PROCESSES`` and
+    ``JAX_PROCESS_ID`` (and optionally ``JAX_HEARTBEAT_TIMEOUT_SECONDS``, default 100: how long
+    the survivors wait before a dead process stops the job). On CPU the processes exchange data
+    through gloo collectives. Configs without a ``parallel`` section run single-process.
     """
     parallel = config.get("parallel", None) if hasattr(config, "get") else None
     if parallel is not None and parallel.get("distributed", False):
-        jax.distributed.initialize()
+        kwargs = {}
+        if "JAX_NUM_PROCESSES" in os.environ:
+            kwargs["num_processes"] = int(os.environ["JAX_NUM_PROCESSES"])
+        if "JAX_PROCESS_ID" in os.environ:
+            kwargs["process_id"] = int(os.environ["JAX_PROCESS_ID"])
+        if "JAX_HEARTBEAT_TIMEOUT_SECONDS" in os.environ:  # how soon a dead peer is noticed
+            kwargs["heartbeat_timeout_seconds"] = int(os.environ["JAX_HEARTBEAT_TIMEOUT_SECONDS"])
+        if jax.config.jax_platforms in (None, "", "cpu"):
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(**kwargs)
         logging.info(
             "jax.distributed: process %d of %d, %d local / %d global devices",
             jax.process_index(),
@@ -104,6 +119,27 @@ def param_sharding(mesh: Mesh, tree: Any, *, fsdp: bool = False, min_size: int =
     return jax.tree.map(
         lambda x: NamedSharding(mesh, _fsdp_spec(tuple(np.shape(x)), n, min_size)), tree
     )
+
+
+def put_global(tree: Any, shardings: Any) -> Any:
+    """``jax.device_put(tree, shardings)`` that also works when the shardings span processes.
+
+    Every process must hold the same full value of ``tree`` (e.g. the same initialisation from the
+    same seed); each process places the shards its own devices hold. With one process this is
+    ``jax.device_put``. PRNG key leaves are placed through their key data.
+    """
+    if jax.process_count() == 1:
+        return jax.device_put(tree, shardings)
+
+    def put(x, sharding):
+        if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            return jax.random.wrap_key_data(put(jax.random.key_data(x), sharding))
+        if isinstance(x, jax.Array) and x.sharding == sharding:
+            return x
+        host = np.asarray(jax.device_get(x))
+        return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+    return jax.tree.map(put, tree, shardings)
 
 
 def shard_batch(mesh: Mesh, batch: Any) -> Any:

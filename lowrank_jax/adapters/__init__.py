@@ -16,14 +16,13 @@ from lowrank_jax.adapters.core import (
 from lowrank_jax.adapters.fourierft import FourierFT, fourier_frequencies, fourierft
 from lowrank_jax.adapters.frameft import FrameFT, frame_positions, frameft
 from lowrank_jax.adapters.initializers import (
-    KFACStats,
     eva,
-    kfac_statistics,
     lora_da,
     lora_ga,
     lora_one,
     pissa,
 )
+from lowrank_jax.adapters.kfac import KFACStats, kfac_statistics
 from lowrank_jax.adapters.kinds import AdapterKind, LoRA, lora
 from lowrank_jax.adapters.paths import match_rules, named_leaves
 from lowrank_jax.adapters.peft import load_peft, save_peft

@@ -64,7 +64,10 @@ def _linen_delta(module: nn.Module, x: jax.Array, ads: list, keys: list, path: s
     x = jnp.moveaxis(x, axes, range(x.ndim - len(axes), x.ndim))
     free = x.shape[: x.ndim - len(axes)]
     x = jnp.reshape(x, (math.prod(free), -1))  # 2-D: XLA:CPU then needs no transposed cotangent
-    total = sum(a.kind.apply_delta(a.factors, x, key=k) for a, k in zip(ads, keys, strict=True))
+    total = sum(
+        a.kind.apply_delta(a.factors, x, shape=a.matrix, key=k)
+        for a, k in zip(ads, keys, strict=True)
+    )
     return jnp.reshape(total, (*free, -1))
 
 

@@ -9,6 +9,7 @@ stacked on one model by passing ``{"name": set, ...}`` (or a list of sets) where
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -69,7 +70,7 @@ def split_shape(
     )
 
 
-def _resolve_layout(kind: AdapterKind, shape: tuple[int, ...], path: str) -> tuple[int, int]:
+def resolve_layout(kind: AdapterKind, shape: tuple[int, ...], path: str) -> tuple[int, int]:
     ndim = len(shape)
     i, o = kind.in_ndim, kind.out_ndim
     hint = (
@@ -96,7 +97,7 @@ def _resolve_layout(kind: AdapterKind, shape: tuple[int, ...], path: str) -> tup
 def _init_one(key: jax.Array, kernel: jax.Array, kind: AdapterKind, path: str) -> Adapter:
     if not jnp.issubdtype(kernel.dtype, jnp.floating):
         raise TypeError(f"{path!r} has dtype {kernel.dtype}; only floating kernels can be adapted.")
-    i, o = _resolve_layout(kind, tuple(kernel.shape), path)
+    i, o = resolve_layout(kind, tuple(kernel.shape), path)
     stack, n, m = split_shape(kernel.shape, i, o)
     kind.check_shape(n, m, path)
     matrices = jnp.reshape(kernel, (-1, n, m))
@@ -154,7 +155,8 @@ def delta(adapter: Adapter, kernel_shape: Sequence[int]) -> jax.Array:
     """The full update ``ΔW`` in the kernel's shape (for merging and export, never in training)."""
     stack, n, m = adapter.matrix_shape(kernel_shape)
     flat = jax.tree.map(lambda f: jnp.reshape(f, (-1, *f.shape[len(stack) :])), adapter.factors)
-    return jnp.reshape(jax.vmap(adapter.kind.materialize)(flat), tuple(kernel_shape))
+    dw = jax.vmap(functools.partial(adapter.kind.materialize, shape=(n, m)))(flat)
+    return jnp.reshape(dw, tuple(kernel_shape))
 
 
 def group_by_path(adapters: Any) -> dict[str, list[Adapter]]:

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lowrank_jax.adapters.frameft import _marker_shape, _shape_marker
+from lowrank_jax.adapters.kinds import matrix_dims
 
 
 @functools.lru_cache(maxsize=256)
@@ -48,8 +48,8 @@ def fourier_frequencies(n: int, m: int, *, n_coeff: int, seed: int = 777):
 class FourierFT:
     """FourierFT adapter ``ΔW = α Re(IDFT₂(F))`` with ``n_coeff`` trainable frequencies.
 
-    Factors ``{"coeffs": (n_coeff,), "shape": {"<n>x<m>": {}}}`` (the empty ``"shape"`` subtree
-    records the matrix view, as for :class:`lowrank_jax.adapters.FrameFT`).
+    Factors ``{"coeffs": (n_coeff,)}``; the methods take the matrix view ``shape = (n, m)``
+    (``Adapter.matrix``), as for :class:`lowrank_jax.adapters.FrameFT`.
 
     Attributes:
       n_coeff: number of trainable frequencies, at most ``n·m``.
@@ -83,14 +83,12 @@ class FourierFT:
             )
 
     def init_factors(self, key: jax.Array, kernel: jax.Array) -> dict[str, Any]:
-        n, m = kernel.shape
         dtype = jnp.dtype(self.dtype or kernel.dtype)
-        coeffs = self.init_std * jax.random.normal(key, (self.n_coeff,), dtype)
-        return {"coeffs": coeffs, "shape": _shape_marker(n, m)}
+        return {"coeffs": self.init_std * jax.random.normal(key, (self.n_coeff,), dtype)}
 
-    def _apply(self, factors, x, transposed: bool) -> jax.Array:
+    def _apply(self, factors, x, shape, transposed: bool) -> jax.Array:
         c = factors["coeffs"]
-        n, m = _marker_shape(factors)
+        n, m = matrix_dims(shape, "fourierft")
         k, ell = _frequencies(n, m, self.n_coeff, self.seed)
         src, dst, d_out = (ell, k, n) if transposed else (k, ell, m)
         xh = jnp.fft.ifft(x.astype(c.dtype), axis=-1) * x.shape[-1]
@@ -100,17 +98,24 @@ class FourierFT:
         return (out * (self.scale / x.shape[-1])).astype(c.dtype)
 
     def apply_delta(
-        self, factors: dict[str, Any], x: jax.Array, *, key: jax.Array | None = None
+        self,
+        factors: dict[str, Any],
+        x: jax.Array,
+        *,
+        shape: tuple[int, int],
+        key: jax.Array | None = None,
     ) -> jax.Array:
         del key
-        return self._apply(factors, x, transposed=False)
+        return self._apply(factors, x, shape, transposed=False)
 
-    def apply_delta_transposed(self, factors: dict[str, Any], y: jax.Array) -> jax.Array:
-        return self._apply(factors, y, transposed=True)
+    def apply_delta_transposed(
+        self, factors: dict[str, Any], y: jax.Array, *, shape: tuple[int, int]
+    ) -> jax.Array:
+        return self._apply(factors, y, shape, transposed=True)
 
-    def materialize(self, factors: dict[str, Any]) -> jax.Array:
+    def materialize(self, factors: dict[str, Any], *, shape: tuple[int, int]) -> jax.Array:
         c = factors["coeffs"]
-        n, m = _marker_shape(factors)
+        n, m = matrix_dims(shape, "fourierft")
         k, ell = _frequencies(n, m, self.n_coeff, self.seed)
         f = jnp.zeros((n, m), c.dtype).at[k, ell].add(c)
         return (jnp.fft.ifft2(f).real * self.scale).astype(c.dtype)

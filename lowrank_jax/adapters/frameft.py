@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lowrank_jax.adapters.kinds import matrix_dims
 from lowrank_jax.spectral.frames import BASES, Basis, frame_analysis, frame_basis, frame_synthesis
 
 Strategy = Literal["auto", "fft", "gather", "dense"]
@@ -74,30 +75,13 @@ def frame_positions(
     return rows, cols
 
 
-def _shape_marker(n: int, m: int) -> dict[str, dict]:
-    """Records the ``(n, m)`` matrix view inside the factors without adding a leaf.
-
-    Kinds whose trainable arrays do not reveal ``m`` (FrameFT, FourierFT, VeRA) keep
-    ``{"shape": {"<n>x<m>": {}}}`` in their factors: an empty subtree, so gradients, optax states
-    and parameter counts ignore it, and ``vmap``/``tree.map`` carry it along unchanged.
-    """
-    return {f"{int(n)}x{int(m)}": {}}
-
-
-def _marker_shape(factors: dict[str, Any]) -> tuple[int, int]:
-    """``(n, m)`` from a factors dict made with :func:`_shape_marker`."""
-    (entry,) = factors["shape"]
-    n, m = entry.split("x")
-    return int(n), int(m)
-
-
 @dataclasses.dataclass(frozen=True)
 class FrameFT:
     """FrameFT adapter ``ΔW = (scale/√(nm)) Φ_inᵀ S Φ_out`` with ``n_coeff`` trainable entries of ``S``.
 
-    Factors: ``{"coeffs": (n_coeff,), "shape": {"<n>x<m>": {}}}``; ``"shape"`` is an empty subtree
-    that records the matrix view (so that ``apply_delta``/``materialize`` know ``m``), so the
-    trainable count is ``n_coeff`` per kernel. Coefficients start at ``c ~ N(0, init_std²)`` (FrameFT's default
+    Factors: ``{"coeffs": (n_coeff,)}``, so the trainable count is ``n_coeff`` per kernel; the
+    matrix view ``shape = (n, m)`` (``Adapter.matrix``) is passed to ``apply_delta``,
+    ``apply_delta_transposed`` and ``materialize``. Coefficients start at ``c ~ N(0, init_std²)`` (FrameFT's default
     ``init_std = 1``, a small non-zero ``ΔW`` thanks to ``1/√(nm)``); ``init_std=0`` starts at the
     base model exactly.
 
@@ -188,10 +172,8 @@ class FrameFT:
         return frame_basis(dim, l=ell, basis=self.basis, seed=self.basis_seed)
 
     def init_factors(self, key: jax.Array, kernel: jax.Array) -> dict[str, jax.Array]:
-        n, m = kernel.shape
         dtype = jnp.dtype(self.dtype or kernel.dtype)
-        coeffs = self.init_std * jax.random.normal(key, (self.n_coeff,), dtype)
-        return {"coeffs": coeffs, "shape": _shape_marker(n, m)}
+        return {"coeffs": self.init_std * jax.random.normal(key, (self.n_coeff,), dtype)}
 
     def coefficient_scale(self, n: int, m: int) -> float:
         """``scale / √(n·m)``, the factor in front of ``Φ_inᵀ S Φ_out``."""
@@ -217,9 +199,9 @@ class FrameFT:
         t = jnp.zeros((*u.shape[:-1], dst_size), vals.dtype)
         return t.at[..., dst_pos].add(vals)
 
-    def _apply(self, factors, x, transposed: bool) -> jax.Array:
+    def _apply(self, factors, x, shape, transposed: bool) -> jax.Array:
         c = factors["coeffs"]
-        n, m = _marker_shape(factors)
+        n, m = matrix_dims(shape, "frameft")
         rows, cols, rows_used, row_pos, cols_used, col_pos = self._layout(n, m)
         x = x.astype(c.dtype)
         d_in, d_out = (m, n) if transposed else (n, m)
@@ -247,22 +229,29 @@ class FrameFT:
                 out = jnp.zeros((*x.shape[:-1], d_out), t.dtype)
                 return out.at[..., dst_used].add(t) * s
             return (t @ jnp.asarray(self._basis(d_out, l_out)[dst_used], c.dtype)) * s
-        dw = self.materialize(factors)
+        dw = self.materialize(factors, shape=(n, m))
         return x @ (dw.T if transposed else dw)
 
     def apply_delta(
-        self, factors: dict[str, jax.Array], x: jax.Array, *, key: jax.Array | None = None
+        self,
+        factors: dict[str, jax.Array],
+        x: jax.Array,
+        *,
+        shape: tuple[int, int],
+        key: jax.Array | None = None,
     ) -> jax.Array:
         del key  # FrameFT has no dropout.
-        return self._apply(factors, x, transposed=False)
+        return self._apply(factors, x, shape, transposed=False)
 
-    def apply_delta_transposed(self, factors: dict[str, jax.Array], y: jax.Array) -> jax.Array:
-        return self._apply(factors, y, transposed=True)
+    def apply_delta_transposed(
+        self, factors: dict[str, jax.Array], y: jax.Array, *, shape: tuple[int, int]
+    ) -> jax.Array:
+        return self._apply(factors, y, shape, transposed=True)
 
-    def materialize(self, factors: dict[str, jax.Array]) -> jax.Array:
+    def materialize(self, factors: dict[str, jax.Array], *, shape: tuple[int, int]) -> jax.Array:
         """``ΔW = (scale/√(nm)) Φ_in[R]ᵀ S[R, C] Φ_out[C]`` from the used basis rows only."""
         c = factors["coeffs"]
-        n, m = _marker_shape(factors)
+        n, m = matrix_dims(shape, "frameft")
         _, _, rows_used, row_pos, cols_used, col_pos = self._layout(n, m)
         core = jnp.zeros((len(rows_used), len(cols_used)), c.dtype).at[row_pos, col_pos].add(c)
         p_in = jnp.asarray(self._basis(n, self.l)[rows_used], c.dtype)

@@ -5,14 +5,17 @@ Every kind works on the *matrix view* of a kernel: a kernel of shape ``(*stack, 
 ``m = prod(out_shape)``. A kind is a frozen (hashable, static) dataclass with
 
 * ``init_factors(key, kernel) -> factors``: trainable arrays for one ``(n, m)`` matrix;
-* ``apply_delta(factors, x, *, key=None) -> (..., m)``: ``x @ ΔW`` for ``x`` of shape ``(..., n)``,
-  computed factorised (``ΔW`` is never formed);
-* ``apply_delta_transposed(factors, y) -> (..., n)``: ``y @ ΔWᵀ`` (tied embeddings, ``x @ W.T``);
-* ``materialize(factors) -> (n, m)``: ``ΔW`` itself, for merging and export only;
+* ``apply_delta(factors, x, *, shape, key=None) -> (..., m)``: ``x @ ΔW`` for ``x`` of shape
+  ``(..., n)``, computed factorised (``ΔW`` is never formed);
+* ``apply_delta_transposed(factors, y, *, shape) -> (..., n)``: ``y @ ΔWᵀ`` (tied embeddings,
+  ``x @ W.T``);
+* ``materialize(factors, *, shape) -> (n, m)``: ``ΔW`` itself, for merging and export only;
 * ``factor_specs(in_spec, out_spec)``: each factor's partitioning given the mesh axes of the
   kernel's input and output dimensions (for ``jax.sharding``);
 
-so new kinds (FrameFT, spectral SBVI adapters) slot in beside :class:`LoRA`.
+so new kinds (FrameFT, spectral SBVI adapters) slot in beside :class:`LoRA`. ``shape = (n, m)``
+is the matrix view (``Adapter.matrix``); the callers pass it, so kinds whose trainable arrays do
+not reveal ``m`` (FrameFT, FourierFT, VeRA) keep no shape record in their factors.
 """
 
 from __future__ import annotations
@@ -28,6 +31,22 @@ LoraInit = Literal["kaiming", "gaussian", "pissa"]
 _LORA_INITS = ("kaiming", "gaussian", "pissa")
 
 
+def matrix_dims(shape: Any, kind: str = "this adapter kind") -> tuple[int, int]:
+    """``(n, m)`` as ints from the ``shape`` argument of a kind method (``Adapter.matrix``).
+
+    Raises:
+      ValueError: ``shape`` is not an ``(n, m)`` pair (e.g. ``None`` from an ``Adapter`` built
+        without ``matrix``).
+    """
+    if shape is None or len(shape) != 2:
+        raise ValueError(
+            f"{kind} needs the (n, m) matrix view of the kernel: pass shape=adapter.matrix "
+            f"(got {shape!r})."
+        )
+    n, m = shape
+    return int(n), int(m)
+
+
 class AdapterKind(Protocol):
     """The interface every adapter kind implements (see the module docstring)."""
 
@@ -37,12 +56,21 @@ class AdapterKind(Protocol):
     def init_factors(self, key: jax.Array, kernel: jax.Array) -> dict[str, jax.Array]: ...
 
     def apply_delta(
-        self, factors: dict[str, jax.Array], x: jax.Array, *, key: jax.Array | None = None
+        self,
+        factors: dict[str, jax.Array],
+        x: jax.Array,
+        *,
+        shape: tuple[int, int],
+        key: jax.Array | None = None,
     ) -> jax.Array: ...
 
-    def apply_delta_transposed(self, factors: dict[str, jax.Array], y: jax.Array) -> jax.Array: ...
+    def apply_delta_transposed(
+        self, factors: dict[str, jax.Array], y: jax.Array, *, shape: tuple[int, int]
+    ) -> jax.Array: ...
 
-    def materialize(self, factors: dict[str, jax.Array]) -> jax.Array: ...
+    def materialize(
+        self, factors: dict[str, jax.Array], *, shape: tuple[int, int]
+    ) -> jax.Array: ...
 
     def check_shape(self, n: int, m: int, path: str) -> None: ...
 
@@ -131,19 +159,31 @@ class LoRA:
         return {"a": a, "b": jnp.zeros((self.rank, m), dtype)}
 
     def apply_delta(
-        self, factors: dict[str, jax.Array], x: jax.Array, *, key: jax.Array | None = None
+        self,
+        factors: dict[str, jax.Array],
+        x: jax.Array,
+        *,
+        shape: tuple[int, int] | None = None,
+        key: jax.Array | None = None,
     ) -> jax.Array:
+        del shape  # A and B carry it.
         if key is not None and self.dropout > 0.0:
             keep = jax.random.bernoulli(key, 1.0 - self.dropout, x.shape)
             x = jnp.where(keep, x / (1.0 - self.dropout), 0).astype(x.dtype)
         a, b = factors["a"], factors["b"]
         return ((x.astype(a.dtype) @ a) @ b) * jnp.asarray(self.scale, a.dtype)
 
-    def apply_delta_transposed(self, factors: dict[str, jax.Array], y: jax.Array) -> jax.Array:
+    def apply_delta_transposed(
+        self, factors: dict[str, jax.Array], y: jax.Array, *, shape: tuple[int, int] | None = None
+    ) -> jax.Array:
+        del shape
         a, b = factors["a"], factors["b"]
         return ((y.astype(b.dtype) @ b.T) @ a.T) * jnp.asarray(self.scale, a.dtype)
 
-    def materialize(self, factors: dict[str, jax.Array]) -> jax.Array:
+    def materialize(
+        self, factors: dict[str, jax.Array], *, shape: tuple[int, int] | None = None
+    ) -> jax.Array:
+        del shape
         return (factors["a"] @ factors["b"]) * jnp.asarray(self.scale, factors["a"].dtype)
 
     def factor_specs(self, in_spec: Any, out_spec: Any) -> dict[str, tuple[Any, ...]]:

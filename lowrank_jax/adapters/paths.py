@@ -59,7 +59,7 @@ def named_leaves(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> dic
     return out
 
 
-def _check_rules(rules: Rules) -> list[tuple[re.Pattern[str], Any]]:
+def check_rules(rules: Rules) -> list[tuple[re.Pattern[str], Any]]:
     if isinstance(rules, tuple) and len(rules) == 2 and isinstance(rules[0], str):
         raise TypeError(
             "rules must be a list of (regex, spec) pairs; wrap the single pair in a list."
@@ -96,7 +96,7 @@ def match_rules(tree: Any, rules: Rules) -> dict[str, tuple[Any, Any]]:
     Raises:
       ValueError: no rule with a spec matches any path (the message lists the available paths).
     """
-    compiled = _check_rules(rules)
+    compiled = check_rules(rules)
     leaves = named_leaves(tree)
     targets: dict[str, tuple[Any, Any]] = {}
     for name, leaf in leaves.items():

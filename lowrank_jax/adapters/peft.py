@@ -1,4 +1,4 @@
-"""PEFT interop: LoRA adapters as ``adapter_model.safetensors`` + ``adapter_config.json``.
+r"""PEFT interop: LoRA adapters as ``adapter_model.safetensors`` + ``adapter_config.json``.
 
 PyTorch PEFT stores, for each adapted ``nn.Linear`` named ``<module>``, the tensors
 ``base_model.model.<module>.lora_A.weight`` of shape ``(r, in)`` and ``...lora_B.weight`` of shape
@@ -6,12 +6,20 @@ PyTorch PEFT stores, for each adapted ``nn.Linear`` named ``<module>``, the tens
 are ``(in, out)`` and our factors ``a: (n, r)``, ``b: (r, m)``, so ``A_peft = aᵀ`` and ``B_peft = bᵀ``.
 Module names come from a user-supplied map (for the MiniLM BERT of :mod:`lowrank_jax.models`, its
 ``peft_module_name`` / ``flax_path_from_peft``). No pickle is read or written.
+
+Loading is strict: every tensor of the file and every setting of ``adapter_config.json`` that would
+change the adapted model is either used or refused with an error naming it (DoRA's
+``lora_magnitude_vector``, embedding LoRA's ``lora_embedding_A/B``, ``bias="lora_only"`` tensors,
+``modules_to_save``, ...), never silently dropped. ``rank_pattern``/``alpha_pattern`` keys match a
+module name as PEFT matches them: the key is a regular expression for the name's dotted suffix,
+``(.*\.)?key$``, and the first matching key wins.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -21,12 +29,114 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from lowrank_jax.adapters import paths
-from lowrank_jax.adapters.core import Adapter, AdapterSet, _resolve_layout
+from lowrank_jax.adapters.core import Adapter, AdapterSet, resolve_layout
 from lowrank_jax.adapters.kinds import LoRA
 
 WEIGHTS_NAME = "adapter_model.safetensors"
 CONFIG_NAME = "adapter_config.json"
 _PREFIX = "base_model.model."
+
+# adapter_config.json keys that do not change the adapted function (metadata, initialisation,
+# target selection already reflected by the saved tensors).
+_METADATA_KEYS = frozenset(
+    {
+        "task_type", "peft_type", "auto_mapping", "peft_version", "base_model_name_or_path",
+        "revision", "inference_mode", "target_modules", "exclude_modules", "init_lora_weights",
+        "layers_to_transform", "layers_pattern", "megatron_core", "loftq_config", "eva_config",
+        "corda_config", "lora_ga_config", "runtime_config", "qalora_group_size",
+        "ensure_weight_tying", "fan_in_fan_out",
+    }
+)  # fmt: skip
+# Keys this loader reads.
+_USED_KEYS = frozenset(
+    {"r", "lora_alpha", "lora_dropout", "use_rslora", "rank_pattern", "alpha_pattern"}
+)
+# Keys that change the model and are not supported: allowed only at their neutral value.
+_WHY_UNSUPPORTED = {
+    "use_dora": "DoRA (magnitude vectors) is not supported; merge the DoRA adapter in PEFT first",
+    "bias": 'bias training is not supported; only bias="none" loads',
+    "lora_bias": "LoRA bias terms are not supported",
+    "modules_to_save": "fully trained modules (modules_to_save) are not supported",
+    "trainable_token_indices": "trainable tokens are not supported",
+    "use_qalora": "QA-LoRA is not supported",
+    "alora_invocation_tokens": "activated LoRA (aLoRA) is not supported",
+    "layer_replication": "layer replication is not supported",
+    "target_parameters": "LoRA on nn.Parameter targets is not supported",
+    "megatron_config": "Megatron parallel layers are not supported",
+    "monteclora_config": "MonteCLoRA is not supported",
+    "velora_config": "VeLoRA is not supported",
+    "use_bdlora": "BD-LoRA is not supported",
+    "arrow_config": "Arrow routing is not supported",
+    "kasa_config": "KaSA is not supported",
+}
+_NEUTRAL = (None, False, "none", {}, [], "")
+
+
+def _read_config(directory: str | os.PathLike) -> dict[str, Any]:
+    """Reads and validates ``adapter_config.json``; errors name the file and the key."""
+    file = os.path.join(directory, CONFIG_NAME)
+    try:
+        with open(file) as f:
+            config = json.load(f)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{file} does not exist: not a PEFT adapter directory.") from e
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{file} is not valid JSON ({e.msg} at line {e.lineno}).") from e
+    if not isinstance(config, dict):
+        raise ValueError(f"{file} must hold a JSON object, not {type(config).__name__}.")
+    if config.get("peft_type") != "LORA":
+        raise ValueError(f"{file}: peft_type is {config.get('peft_type')!r}; only LORA loads.")
+    for key in ("r", "lora_alpha"):
+        if key not in config:
+            raise ValueError(f"{file} has no {key!r}; a PEFT LoRA config needs it.")
+        if isinstance(config[key], bool) or not isinstance(config[key], int | float):
+            raise ValueError(f"{file}: {key!r} must be a number, not {config[key]!r}.")
+    for key in ("rank_pattern", "alpha_pattern"):
+        if not isinstance(config.get(key) or {}, dict):
+            raise ValueError(f"{file}: {key!r} must be an object of module-name patterns.")
+    for key, value in config.items():
+        if key in _METADATA_KEYS or key in _USED_KEYS or value in _NEUTRAL:
+            continue
+        why = _WHY_UNSUPPORTED.get(key, "this loader does not know the setting")
+        raise ValueError(f"{file}: {key}={value!r} cannot be loaded: {why}.")
+    return config
+
+
+def _pattern_value(patterns: dict[str, Any], name: str, default: Any) -> Any:
+    r"""PEFT's ``get_pattern_key``: the first key that matches ``(.*\.)?key$`` of ``name``."""
+    for key, value in patterns.items():
+        if re.match(rf"(.*\.)?({key})$", name):
+            return value
+    return default
+
+
+def _check_tensor_keys(tensors: dict[str, np.ndarray], file: str) -> list[str]:
+    """Returns the module names with LoRA A/B pairs; any other tensor is an error naming it."""
+    names = []
+    for key in sorted(tensors):
+        body = key.removeprefix(_PREFIX)
+        if body.endswith(".lora_A.weight"):
+            name = body[: -len(".lora_A.weight")]
+            if f"{_PREFIX}{name}.lora_B.weight" not in tensors:
+                raise ValueError(f"{file}: {key!r} has no matching lora_B.weight.")
+            names.append(name)
+        elif body.endswith(".lora_B.weight"):
+            if f"{_PREFIX}{body[: -len('.lora_B.weight')]}.lora_A.weight" not in tensors:
+                raise ValueError(f"{file}: {key!r} has no matching lora_A.weight.")
+        elif "lora_magnitude_vector" in body:
+            raise ValueError(f"{file}: {key!r} is a DoRA magnitude vector; DoRA is not supported.")
+        elif "lora_embedding_" in body:
+            raise ValueError(
+                f"{file}: {key!r} is an embedding LoRA factor; embedding LoRA is not supported."
+            )
+        else:
+            raise ValueError(
+                f"{file}: tensor {key!r} is not a LoRA factor (a bias, a module to save, ...); "
+                "only lora_A/lora_B weights load."
+            )
+    if not names:
+        raise ValueError(f"{file} holds no lora_A/lora_B tensors.")
+    return names
 
 
 def _numpy(x: jax.Array) -> np.ndarray:
@@ -36,34 +146,58 @@ def _numpy(x: jax.Array) -> np.ndarray:
 
 def save_peft(
     directory: str | os.PathLike,
-    adapters: AdapterSet,
+    adapters: AdapterSet | dict[str, AdapterSet],
     *,
     module_name: Callable[[str], str],
     base_model: str = "",
     task_type: str | None = None,
-) -> None:
+) -> list[str]:
     """Writes LoRA adapters in PEFT's format so ``PeftModel.from_pretrained`` can load them.
 
     Args:
       directory: created if missing; ``adapter_model.safetensors`` and ``adapter_config.json`` go
-        there.
+        there. For named sets, one sub-directory per name (``directory/<name>/``), as PEFT's
+        ``save_pretrained`` writes extra adapters; load each with ``PeftModel.from_pretrained(
+        model, directory/<name>, adapter_name=<name>)``.
       adapters: one adapter set from :func:`lowrank_jax.adapters.init` (LoRA kind, no stacked
-        layers: unstack ``nn.scan`` kernels first).
+        layers: unstack ``nn.scan`` kernels first), or named sets ``{name: set}`` as
+        :func:`lowrank_jax.adapters.adapt` takes them.
       module_name: maps our kernel path to the PyTorch module name, e.g. ``params/encoder/layer_0/
         attention/query/kernel`` -> ``encoder.layer.0.attention.self.query``.
-      base_model: ``base_model_name_or_path`` recorded in the config.
+      base_model: ``base_model_name_or_path`` recorded in the config (for MiniLM:
+        ``models.MINILM_NAME``).
       task_type: PEFT task type (``None``, ``"SEQ_CLS"``, ...).
+
+    Returns:
+      The directories written (one, or one per named set).
 
     Raises:
       TypeError: an adapter is not LoRA.
-      ValueError: stacked adapters, or dropout rates that differ (PEFT has one ``lora_dropout``).
+      ValueError: stacked adapters, dropout rates that differ (PEFT has one ``lora_dropout``),
+        or an empty set.
     """
+    if adapters and all(isinstance(v, dict) for v in adapters.values()):
+        return [
+            _save_one(os.path.join(directory, str(name)), s, module_name, base_model, task_type)
+            for name, s in adapters.items()
+        ]
+    return [_save_one(directory, adapters, module_name, base_model, task_type)]
+
+
+def _save_one(
+    directory: str | os.PathLike,
+    adapters: AdapterSet,
+    module_name: Callable[[str], str],
+    base_model: str,
+    task_type: str | None,
+) -> str:
+    if not adapters:
+        raise ValueError("save_peft got an empty adapter set; nothing to write.")
     tensors, ranks, alphas, dropouts, rslora = {}, {}, {}, set(), set()
     for path, adapter in adapters.items():
-        if not isinstance(adapter.kind, LoRA):
-            raise TypeError(
-                f"{path!r} is a {type(adapter.kind).__name__}; PEFT export is LoRA only."
-            )
+        if not isinstance(adapter, Adapter) or not isinstance(adapter.kind, LoRA):
+            kind = type(getattr(adapter, "kind", adapter)).__name__
+            raise TypeError(f"{path!r} is a {kind}; PEFT export is LoRA only.")
         if adapter.factors["a"].ndim != 2:
             raise ValueError(
                 f"{path!r} is stacked (nn.scan); unstack the layers to export to PEFT."
@@ -103,22 +237,24 @@ def save_peft(
     save_file(tensors, os.path.join(directory, WEIGHTS_NAME), metadata={"format": "pt"})
     with open(os.path.join(directory, CONFIG_NAME), "w") as f:
         json.dump(config, f, indent=2, sort_keys=True)
+    return str(directory)
 
 
 def load_peft(
     directory: str | os.PathLike,
     params: Any,
     *,
-    path_for_module: Callable[[str], str],
+    module_path: Callable[[str], str],
     dtype: Any = None,
     rules: paths.Rules | None = None,
 ) -> AdapterSet:
-    """Reads a PEFT LoRA adapter into an adapter set for ``params``.
+    """Reads a PEFT LoRA adapter into an adapter set for ``params``; the mirror of `save_peft`.
 
     Args:
       directory: holds ``adapter_model.safetensors`` and ``adapter_config.json``.
       params: the parameter pytree to adapt (kernel shapes are checked against the tensors).
-      path_for_module: the inverse of ``save_peft``'s ``module_name``.
+      module_path: maps a PyTorch module name to our kernel path: the inverse of ``save_peft``'s
+        ``module_name`` (for MiniLM: ``models.flax_path_from_peft``).
       dtype: dtype of the factors (default: as stored).
       rules: only needed for kernels that are not 2-D, to give their ``in_ndim``/``out_ndim``.
 
@@ -126,29 +262,35 @@ def load_peft(
       ``{path: Adapter}`` equal to what was saved.
 
     Raises:
-      ValueError: not a LoRA adapter, a module that maps to no kernel, or shapes that disagree.
+      FileNotFoundError: a file is missing.
+      ValueError: not a LoRA adapter; a config that is not valid JSON, lacks ``r`` or
+        ``lora_alpha``, or sets something this loader cannot honour (DoRA, bias training,
+        modules to save, ...: the message names the key); a tensor that is not a LoRA factor
+        (DoRA magnitudes, embedding LoRA, biases); a module that maps to no kernel; or shapes
+        that disagree.
+
+    Example:
+      >>> lora = load_peft("out/", variables, module_path=models.flax_path_from_peft)  # doctest: +SKIP
     """
-    with open(os.path.join(directory, CONFIG_NAME)) as f:
-        config = json.load(f)
-    if config.get("peft_type") != "LORA":
-        raise ValueError(f"{directory} holds a {config.get('peft_type')} adapter; only LORA loads.")
-    tensors = load_file(os.path.join(directory, WEIGHTS_NAME))
+    config = _read_config(directory)
+    file = os.path.join(directory, WEIGHTS_NAME)
+    if not os.path.isfile(file):
+        raise FileNotFoundError(f"{file} does not exist: not a PEFT adapter directory.")
+    tensors = load_file(file)
+    names = _check_tensor_keys(tensors, file)
     kernels = paths.named_leaves(params)
     layouts = (
         {p: spec for p, (_, spec) in paths.match_rules(params, rules).items()} if rules else {}
     )
     out: AdapterSet = {}
-    for key in sorted(tensors):
-        if not key.endswith(".lora_A.weight"):
-            continue
-        name = key[len(_PREFIX) : -len(".lora_A.weight")]
-        path = path_for_module(name)
+    for name in names:
+        path = module_path(name)
         if path not in kernels:
             raise ValueError(f"PEFT module {name!r} maps to {path!r}, which is not in params.")
-        a = tensors[key].T
+        a = tensors[f"{_PREFIX}{name}.lora_A.weight"].T
         b = tensors[f"{_PREFIX}{name}.lora_B.weight"].T
-        rank = config.get("rank_pattern", {}).get(name, config["r"])
-        alpha = config.get("alpha_pattern", {}).get(name, config["lora_alpha"])
+        rank = _pattern_value(config.get("rank_pattern") or {}, name, config["r"])
+        alpha = _pattern_value(config.get("alpha_pattern") or {}, name, config["lora_alpha"])
         spec = layouts.get(path)
         kind = LoRA(
             rank=int(rank),
@@ -159,7 +301,7 @@ def load_peft(
             out_ndim=getattr(spec, "out_ndim", None),
         )
         shape = tuple(kernels[path].shape)
-        i, o = _resolve_layout(kind, shape, path)
+        i, o = resolve_layout(kind, shape, path)
         n, m = int(np.prod(shape[:i])), int(np.prod(shape[i:]))
         if a.shape != (n, kind.rank) or b.shape != (kind.rank, m):
             raise ValueError(
@@ -168,6 +310,4 @@ def load_peft(
             )
         factors = {"a": jnp.asarray(a, dtype), "b": jnp.asarray(b, dtype)}
         out[path] = Adapter(factors=factors, kind=kind, in_ndim=i, out_ndim=o, matrix=(n, m))
-    if not out:
-        raise ValueError(f"{directory}/{WEIGHTS_NAME} holds no lora_A/lora_B tensors.")
     return out

@@ -114,9 +114,9 @@ def _delta_matmul(
     total = None
     for adapter, key in zip(w.adapters, w.keys, strict=True):
         if transposed:
-            d = adapter.kind.apply_delta_transposed(adapter.factors, x)
+            d = adapter.kind.apply_delta_transposed(adapter.factors, x, shape=adapter.matrix)
         else:
-            d = adapter.kind.apply_delta(adapter.factors, x, key=key)
+            d = adapter.kind.apply_delta(adapter.factors, x, shape=adapter.matrix, key=key)
         total = d if total is None else total + d
     total = jnp.reshape(total, (*free, *result_shape))
     if w_is_lhs:  # dot_general puts the kernel's free axes first.

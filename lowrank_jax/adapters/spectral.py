@@ -93,17 +93,28 @@ class Spectral:
         return {"u": u, "s": s, "v": v}
 
     def apply_delta(
-        self, factors: dict[str, jax.Array], x: jax.Array, *, key: jax.Array | None = None
+        self,
+        factors: dict[str, jax.Array],
+        x: jax.Array,
+        *,
+        shape: tuple[int, int] | None = None,
+        key: jax.Array | None = None,
     ) -> jax.Array:
-        del key
+        del key, shape  # U and V carry the shape.
         u, s, v = factors["u"], factors["s"], factors["v"]
         return (((x.astype(u.dtype) @ u) * s) @ v.T) * jnp.asarray(self.scale, u.dtype)
 
-    def apply_delta_transposed(self, factors: dict[str, jax.Array], y: jax.Array) -> jax.Array:
+    def apply_delta_transposed(
+        self, factors: dict[str, jax.Array], y: jax.Array, *, shape: tuple[int, int] | None = None
+    ) -> jax.Array:
+        del shape
         u, s, v = factors["u"], factors["s"], factors["v"]
         return (((y.astype(v.dtype) @ v) * s) @ u.T) * jnp.asarray(self.scale, u.dtype)
 
-    def materialize(self, factors: dict[str, jax.Array]) -> jax.Array:
+    def materialize(
+        self, factors: dict[str, jax.Array], *, shape: tuple[int, int] | None = None
+    ) -> jax.Array:
+        del shape
         u, s, v = factors["u"], factors["s"], factors["v"]
         return ((u * s) @ v.T) * jnp.asarray(self.scale, u.dtype)
 

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lowrank_jax.adapters.frameft import _marker_shape, _shape_marker
+from lowrank_jax.adapters.kinds import matrix_dims
 
 
 @functools.lru_cache(maxsize=128)
@@ -46,7 +46,8 @@ def vera_projections(n: int, m: int, *, rank: int, seed: int = 0) -> tuple[np.nd
 class VeRA:
     """VeRA adapter ``ΔW = Aᵀ diag(d) Bᵀ diag(b)`` with shared frozen ``A``, ``B``.
 
-    Factors ``{"d": (r,), "b": (m,), "shape": {"<n>x<m>": {}}}``.
+    Factors ``{"d": (r,), "b": (m,)}``; the methods take the matrix view ``shape = (n, m)``
+    (``Adapter.matrix``), from which the shared ``A``, ``B`` are regenerated.
 
     Attributes:
       rank: ``r`` of the shared projections (may exceed ``min(n, m)``, as in VeRA).
@@ -71,33 +72,36 @@ class VeRA:
 
     def init_factors(self, key: jax.Array, kernel: jax.Array) -> dict[str, Any]:
         del key
-        n, m = kernel.shape
+        _, m = kernel.shape
         dtype = jnp.dtype(self.dtype or kernel.dtype)
-        return {
-            "d": jnp.full((self.rank,), self.d_initial, dtype),
-            "b": jnp.zeros((m,), dtype),
-            "shape": _shape_marker(n, m),
-        }
+        return {"d": jnp.full((self.rank,), self.d_initial, dtype), "b": jnp.zeros((m,), dtype)}
 
-    def _ab(self, factors):
-        n, m = _marker_shape(factors)
+    def _ab(self, factors, shape):
+        n, m = matrix_dims(shape, "vera")
         a, b = _projections(n, m, self.rank, self.projection_seed)
         dt = factors["d"].dtype
         return jnp.asarray(a, dt), jnp.asarray(b, dt)
 
     def apply_delta(
-        self, factors: dict[str, Any], x: jax.Array, *, key: jax.Array | None = None
+        self,
+        factors: dict[str, Any],
+        x: jax.Array,
+        *,
+        shape: tuple[int, int],
+        key: jax.Array | None = None,
     ) -> jax.Array:
         del key
-        a, b = self._ab(factors)
+        a, b = self._ab(factors, shape)
         return (((x.astype(a.dtype) @ a.T) * factors["d"]) @ b.T) * factors["b"]
 
-    def apply_delta_transposed(self, factors: dict[str, Any], y: jax.Array) -> jax.Array:
-        a, b = self._ab(factors)
+    def apply_delta_transposed(
+        self, factors: dict[str, Any], y: jax.Array, *, shape: tuple[int, int]
+    ) -> jax.Array:
+        a, b = self._ab(factors, shape)
         return (((y.astype(a.dtype) * factors["b"]) @ b) * factors["d"]) @ a
 
-    def materialize(self, factors: dict[str, Any]) -> jax.Array:
-        a, b = self._ab(factors)
+    def materialize(self, factors: dict[str, Any], *, shape: tuple[int, int]) -> jax.Array:
+        a, b = self._ab(factors, shape)
         return ((a.T * factors["d"]) @ b.T) * factors["b"]
 
     def factor_specs(self, in_spec: Any, out_spec: Any) -> dict[str, tuple[Any, ...]]:

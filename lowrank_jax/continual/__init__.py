@@ -1,8 +1,13 @@
-"""lowrank_jax.continual: SABER, GR-LoRA, LoRA continual-learning baselines and CL metrics.
+"""lowrank_jax.continual: SABER, GR-LoRA and LoRA continual-learning baselines as methods; metrics.
 
-SABER (P1) and GR-LoRA (P2) are reconstructions from their abstracts (``papers/specs.md`` §1, §2);
-the optax halves live in :mod:`lowrank_jax.optim` (``scale_by_orthogonal_projection``,
-``scale_by_gradient_recycling``); the training orchestration is ``experiments/continual.py``.
+A method is a :class:`ContinualMethod` (a ``NamedTuple`` of pure functions: ``init``,
+``begin_task``, ``apply``, ``loss``, ``end_task``, ``predict``) over an explicit
+:class:`ContinualState` pytree, returned by a factory with keyword hyper-parameters:
+:func:`saber` (P1), :func:`gr_lora` (P2), :func:`sequential_lora`, :func:`joint`, :func:`o_lora`,
+:func:`inflora`, :func:`gpm_lora`, :func:`sd_lora` (see :mod:`lowrank_jax.continual.protocol` for
+a loop). SABER and GR-LoRA are reconstructions from their abstracts (``papers/specs.md`` §1, §2);
+their optax halves live in :mod:`lowrank_jax.optim` (``scale_by_orthogonal_projection``,
+``scale_by_gradient_recycling``), the per-matrix maths in the submodules below.
 """
 
 from lowrank_jax.continual.baselines import (
@@ -14,12 +19,27 @@ from lowrank_jax.continual.baselines import (
 from lowrank_jax.continual.capture import layer_inputs
 from lowrank_jax.continual.gr_lora import (
     ClassStatistics,
+    GRLoRAState,
     class_statistics,
+    gr_lora,
+    gr_lora_adapters,
     masked_entropy,
     mismatch_loss,
+    module_adapters,
     select_module,
     synthesize_global,
     synthesize_local,
+)
+from lowrank_jax.continual.heads import refit_head
+from lowrank_jax.continual.methods import (
+    OLoRAState,
+    SDLoRAState,
+    gpm_lora,
+    inflora,
+    joint,
+    o_lora,
+    sd_lora,
+    sequential_lora,
 )
 from lowrank_jax.continual.metrics import (
     average_incremental_accuracy,
@@ -29,36 +49,69 @@ from lowrank_jax.continual.metrics import (
     plasticity,
     summarize,
 )
+from lowrank_jax.continual.protocol import (
+    ContinualMethod,
+    ContinualState,
+    Task,
+    get_path,
+    kernel_paths,
+    masked_cross_entropy,
+    set_path,
+)
 from lowrank_jax.continual.saber import (
+    SaberState,
     alignment_penalty,
     balance_by_input_energy,
     balance_weights,
     decompose_update,
     recompose,
+    saber,
 )
 from lowrank_jax.continual.streams import long_stream
 
 __all__ = [
     "ClassStatistics",
+    "ContinualMethod",
+    "ContinualState",
+    "GRLoRAState",
+    "OLoRAState",
+    "SDLoRAState",
+    "SaberState",
+    "Task",
     "alignment_penalty",
     "average_incremental_accuracy",
-    "balance_by_input_energy",
     "backward_transfer",
+    "balance_by_input_energy",
     "balance_weights",
     "class_statistics",
     "decompose_update",
     "final_average_accuracy",
     "forgetting",
+    "get_path",
+    "gpm_lora",
+    "gr_lora",
+    "gr_lora_adapters",
+    "inflora",
     "inflora_down_projection",
+    "joint",
+    "kernel_paths",
     "layer_inputs",
     "long_stream",
+    "masked_cross_entropy",
     "masked_entropy",
     "mismatch_loss",
+    "module_adapters",
+    "o_lora",
     "o_lora_penalty",
     "plasticity",
     "recompose",
+    "refit_head",
+    "saber",
+    "sd_lora",
     "sd_lora_kernel",
     "select_module",
+    "sequential_lora",
+    "set_path",
     "summarize",
     "synthesize_global",
     "synthesize_local",

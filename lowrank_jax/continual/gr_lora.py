@@ -25,17 +25,40 @@ References:
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lowrank_jax.continual._src import (
+    check_threshold,
+    common_args,
+    method_base,
+    replace_a,
+)
+from lowrank_jax.continual.protocol import (
+    ContinualMethod,
+    get_path,
+    set_path,
+)
+from lowrank_jax.optim.projection import (
+    extend_subspace_memory,
+    project_off,
+    project_onto,
+)
+from lowrank_jax.optim.recycling import scale_by_gradient_recycling
+
 __all__ = [
     "ClassStatistics",
+    "GRLoRAState",
     "class_statistics",
+    "gr_lora",
+    "gr_lora_adapters",
     "masked_entropy",
     "mismatch_loss",
+    "module_adapters",
     "select_module",
     "synthesize_global",
     "synthesize_local",
@@ -235,3 +258,220 @@ def synthesize_local(
     std = jnp.sqrt(jnp.asarray(stats.var))[a]
     base = mean[a] + beta * (mean[b] - mean[a])
     return base + noise * std * jax.random.normal(kn, base.shape)
+
+
+# ----------------------------------------------------------------------------------------------
+# The forward wiring and GR-LoRA as a ContinualMethod.
+
+
+def module_adapters(module: Mapping[str, Any], shared: Mapping[str, Any]) -> dict[str, Any]:
+    r"""The task module as it acts in the forward pass: its own ``Ã``, reading the shared ``B``.
+
+    GR-LoRA's module sits beside the shared adapter, ``x (A + Ã) B = x A B + x Ã B``: for every
+    kernel path the module's factor ``a`` is combined with the *shared* factor ``b`` (the
+    module's own ``b`` is never read; :func:`~lowrank_jax.optim.scale_by_gradient_recycling`
+    needs it only as a buffer of ``A``'s layout for the recycled update).
+
+    Args:
+      module: ``{path: Adapter}`` the task module (LoRA adapters).
+      shared: ``{path: Adapter}`` the shared adapters of the same paths.
+
+    Returns:
+      ``{path: Adapter}`` with ``factors = {"a": Ã, "b": B_shared}``.
+
+    Raises:
+      ValueError: a module path has no shared adapter.
+
+    Example:
+      >>> fwd = adapters.adapt(model.apply)
+      >>> logits = fwd(variables, gr_lora_adapters(params["shared"], params["module"]), x)
+    """
+    missing = sorted(set(module) - set(shared))
+    if missing:
+        raise ValueError(f"module paths {missing} have no shared adapter; the shared paths are "
+                         f"{sorted(shared)}.")  # fmt: skip
+    return {
+        k: ad.replace(factors={"a": ad.factors["a"], "b": shared[k].factors["b"]})
+        for k, ad in module.items()
+    }
+
+
+def gr_lora_adapters(shared: Mapping[str, Any], module: Mapping[str, Any]) -> dict[str, Any]:
+    """``{"shared": shared, "module": module_adapters(module, shared)}``: the adapters argument
+    of :func:`lowrank_jax.adapters.adapt`'s function while a task trains (the updates of
+    ``shared`` and ``module`` come from :func:`~lowrank_jax.optim.scale_by_gradient_recycling`)."""
+    return {"shared": shared, "module": module_adapters(module, shared)}
+
+
+class GRLoRAState(NamedTuple):
+    """GR-LoRA's record (``state.memory`` holds the GPM memory ``M``).
+
+    Attributes:
+      modules: one ``{path: Adapter}`` per learned task (:func:`module_adapters` form).
+      classes: the classes of each learned task, in order.
+      stats: per-class input statistics of the tasks so far (None before the first).
+    """
+
+    modules: tuple[dict[str, Any], ...]
+    classes: tuple[np.ndarray, ...]
+    stats: ClassStatistics | None
+
+
+def gr_lora(
+    apply_fn: Callable[..., Any],
+    *,
+    targets: Sequence[str],
+    rank: int = 4,
+    alpha: float = 8.0,
+    learning_rate: float = 3e-3,
+    grad_clip: float = 1.0,
+    head_path: str = "params/head",
+    memory_threshold: float = 0.97,
+    memory_examples: int = 512,
+    recycle_scale: float = 1.0,
+    lambda_local: float = 0.5,
+    lambda_global: float = 0.5,
+    ood_batch: int = 64,
+) -> ContinualMethod:
+    r"""GR-LoRA (P2, reconstruction) as a :class:`~lowrank_jax.continual.ContinualMethod`.
+
+    Per task: a shared LoRA branch with ``A`` started off the memory ``M`` and a task module
+    ``Ã = MMᵀA`` beside it (:func:`gr_lora_adapters`), trained with
+    :func:`~lowrank_jax.optim.scale_by_gradient_recycling` after Adam (the shared branch gets
+    ``(I − MMᵀ)u``, the module ``recycle_scale · MMᵀu``); from the second task on,
+    :attr:`~lowrank_jax.continual.ContinualMethod.loss` adds the mismatch suppression
+    ``λ_loc KL(U‖p(x̃_loc)) + λ_glob KL(U‖p(x̃_glob))`` on ``ood_batch`` synthetic points each
+    (:func:`synthesize_local`, :func:`synthesize_global` from :class:`ClassStatistics` of the
+    model inputs). After the task the shared branch is merged, the module kept, ``M`` extended
+    (GPM ``memory_threshold``) and the statistics updated. ``predict`` runs every module and,
+    without a task id, keeps per example the one of lowest entropy over its task's classes
+    (:func:`select_module`); ``selected`` is its index.
+
+    Args:
+      apply_fn, targets, rank, alpha, learning_rate, grad_clip, head_path: as
+        :func:`~lowrank_jax.continual.sequential_lora`.
+      memory_threshold, memory_examples: as :func:`~lowrank_jax.continual.inflora`.
+      recycle_scale: ``≥ 0`` (0: pure projection).
+      lambda_local, lambda_global: ``≥ 0`` weights of the mismatch terms (both 0 for a
+        task-incremental stream, where the task id picks the module).
+      ood_batch: synthetic points per term and step.
+
+    Returns:
+      A :class:`~lowrank_jax.continual.ContinualMethod` whose ``state.extra`` is a
+      :class:`GRLoRAState`.
+
+    Raises:
+      ValueError: a hyper-parameter out of range.
+
+    References:
+      P2 GR-LoRA (reconstruction, specs.md §2); GPM (Saha et al. 2021); SLCA (Zhang et al. 2023).
+    """
+    check_threshold("memory_threshold", memory_threshold)
+    if not recycle_scale >= 0 or not lambda_local >= 0 or not lambda_global >= 0:
+        raise ValueError(
+            "recycle_scale, lambda_local and lambda_global must be >= 0, got "
+            f"{recycle_scale!r}, {lambda_local!r}, {lambda_global!r}."
+        )
+    if ood_batch < 1:
+        raise ValueError(f"ood_batch must be >= 1, got {ood_batch!r}.")
+    base = method_base(apply_fn, head_path=head_path, **common_args(locals()))
+    adapted = base.adapted
+
+    def init(variables):
+        return base.init(variables, memory=True, extra=lambda w0: GRLoRAState((), (), None))
+
+    def begin_task(state, key, task):
+        lora = base.lora(key, state)
+        mem = state.memory
+        shared = replace_a(
+            lora, {k: project_off(mem[k], ad.factors["a"]) for k, ad in lora.items()}
+        )
+        module = {  # the module's own b is unused (it reads the shared b): a fresh buffer
+            k: ad.replace(
+                factors={
+                    "a": project_onto(mem[k], ad.factors["a"]),
+                    "b": jnp.zeros_like(ad.factors["b"]),
+                }
+            )
+            for k, ad in lora.items()
+        }
+        memory = {f"shared/{k}/factors/a": mem[k] for k in state.kernels}
+        tx = base.tx([scale_by_gradient_recycling(memory, recycle_scale=recycle_scale)])
+        frozen = {"params": base.full(state.params, state.head)}
+        stats = state.extra.stats
+        if (lambda_local or lambda_global) and stats is not None:
+            frozen["stats"] = ClassStatistics(*(jnp.asarray(a) for a in stats))
+            frozen["own"] = jnp.asarray(task.classes)
+            mask = np.zeros(task.num_classes, bool)
+            mask[task.classes] = True
+            frozen["mask"] = jnp.asarray(mask)
+            if state.extra.classes:
+                frozen["others"] = jnp.asarray(np.concatenate(state.extra.classes))
+        return {"shared": shared, "module": module, "head": state.head}, frozen, tx
+
+    def apply(trainable, frozen, x):
+        params = base.full(frozen["params"], trainable["head"])
+        return adapted(params, gr_lora_adapters(trainable["shared"], trainable["module"]), x)
+
+    def loss(trainable, frozen, batch, key):
+        if "stats" not in frozen:
+            return jnp.zeros([], jnp.float32)
+        shape = (ood_batch, *batch["x"].shape[1:])  # the statistics are of flattened inputs
+        k1, k2 = jax.random.split(key)
+        total = 0.0
+        if lambda_local:
+            x = synthesize_local(k1, frozen["stats"], frozen["own"], ood_batch).reshape(shape)
+            total += lambda_local * mismatch_loss(apply(trainable, frozen, x), frozen["mask"])
+        if lambda_global and "others" in frozen:
+            x = synthesize_global(k2, frozen["stats"], frozen["others"], ood_batch)
+            x = x.reshape(shape)
+            total += lambda_global * mismatch_loss(apply(trainable, frozen, x), frozen["mask"])
+        return total
+
+    def end_task(state, trainable, frozen, task):
+        del frozen
+        trained = jax.device_get(trainable)
+        deltas = base.deltas(state, trained["shared"])
+        params = state.params
+        for k in state.kernels:
+            params = set_path(params, k, get_path(params, k) + deltas[k])
+        ex = state.extra
+        module = module_adapters(trained["module"], trained["shared"])
+        state = state._replace(params=params, head=trained["head"], update=deltas)
+        inputs = base.layer_inputs(state, task.x[:memory_examples])
+        memory = {
+            k: extend_subspace_memory(state.memory[k], inputs[k], threshold=memory_threshold)
+            for k in state.kernels
+        }
+        stats = class_statistics(task.x, task.y, task.num_classes, previous=ex.stats)
+        extra = GRLoRAState((*ex.modules, module), (*ex.classes, np.asarray(task.classes)), stats)
+        return state._replace(memory=memory, extra=extra)
+
+    @jax.jit
+    def module_logits(params, modules, x):
+        return jnp.stack([adapted(params, {"module": md}, x) for md in modules])
+
+    def predict(state, x, task_id=None):
+        ex = state.extra
+        if not ex.modules:
+            raise ValueError("GR-LoRA predicts with its task modules: call end_task first.")
+        all_logits = module_logits(base.full(state.params, state.head), ex.modules, jnp.asarray(x))
+        if task_id is not None:
+            return all_logits[task_id], None
+        num_classes = all_logits.shape[-1]
+        masks = np.zeros((len(ex.classes), num_classes), bool)
+        for j, classes in enumerate(ex.classes):
+            masks[j, np.asarray(classes)] = True
+        weights, _ = select_module(all_logits, masks)
+        pick = np.asarray(jnp.argmax(weights, -1))
+        return np.asarray(all_logits)[pick, np.arange(len(pick))], pick
+
+    return ContinualMethod(
+        init=init,
+        begin_task=begin_task,
+        apply=apply,
+        loss=loss,
+        end_task=end_task,
+        predict=predict,
+        diagnostics=lambda state: {},
+    )

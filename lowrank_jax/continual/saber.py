@@ -47,19 +47,40 @@ References:
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from lowrank_jax.optim.projection import SubspaceMemory, project_off, project_onto
+from lowrank_jax.continual._src import (
+    check_threshold,
+    common_args,
+    method_base,
+    replace_a,
+)
+from lowrank_jax.continual.heads import refit_head
+from lowrank_jax.continual.protocol import (
+    ContinualMethod,
+    set_path,
+)
+from lowrank_jax.optim.projection import (
+    SubspaceMemory,
+    extend_subspace_memory,
+    init_subspace_memory,
+    project_off,
+    project_onto,
+)
 
 __all__ = [
+    "SaberState",
     "alignment_penalty",
     "balance_by_input_energy",
     "balance_weights",
     "decompose_update",
     "recompose",
+    "saber",
 ]
 
 
@@ -221,3 +242,211 @@ def recompose(
         "t,tnm->nm", lam.astype(d.dtype), d
     )
     return total, lam, beta
+
+
+# ----------------------------------------------------------------------------------------------
+# SABER as a ContinualMethod.
+
+
+class SaberState(NamedTuple):
+    """SABER's record per kernel path (``state.memory`` holds the shared subspace ``U_s``).
+
+    Attributes:
+      specific: ``Q``, the basis of the column spaces of the specific parts so far.
+      old_cov: ``C_old: (n, n)``, the summed input covariance of the tasks so far.
+      shared_parts: ``(T, n, m)`` the balanced shared parts ``S_t``.
+      specific_parts: ``(T, n, m)`` the specific parts ``D_t``.
+      weights: ``{"lambda": (T,), "beta": (T,)}`` the last recomposition's weights.
+    """
+
+    specific: dict[str, SubspaceMemory]
+    old_cov: dict[str, jax.Array]
+    shared_parts: dict[str, jax.Array]
+    specific_parts: dict[str, jax.Array]
+    weights: dict[str, dict[str, jax.Array]]
+
+
+def saber(
+    apply_fn: Callable[..., Any],
+    *,
+    targets: Sequence[str],
+    rank: int = 4,
+    alpha: float = 8.0,
+    learning_rate: float = 3e-3,
+    grad_clip: float = 1.0,
+    head_path: str = "params/head",
+    shared_threshold: float = 0.95,
+    specific_threshold: float = 0.99,
+    lambda_align: float = 1.0,
+    gamma: float = 0.5,
+    min_weight: float = 0.25,
+    shared_mode: Literal["balanced", "mean"] = "balanced",
+    energy_strength: float = 4.0,
+    recalibrate_steps: int = 100,
+    recalibrate_batch: int = 64,
+    recalibrate_seed: int = 0,
+    memory_examples: int = 512,
+) -> ContinualMethod:
+    r"""SABER (P1, reconstruction) as a :class:`~lowrank_jax.continual.ContinualMethod`.
+
+    Per task (module docstring for the maths): a LoRA branch of rank ``r // 2`` whose ``A``
+    starts inside ``U_s`` and is held near it by ``λ_align ‖(I − U_sU_sᵀ) A‖²_F``
+    (:attr:`~lowrank_jax.continual.ContinualMethod.loss`), beside a rank ``r − r // 2`` branch
+    that starts off ``U_s``. After it, ``ΔW_t`` is split by :func:`decompose_update`, the shared
+    part balanced by :func:`balance_by_input_energy` (strength ``κ = energy_strength``), and the
+    kernels set to ``W₀ +`` :func:`recompose` of all parts; the head is refitted on the task for
+    ``recalibrate_steps`` steps (:func:`~lowrank_jax.continual.refit_head`; numpy seed
+    ``[recalibrate_seed, t, 17]``); ``Q`` and then ``U_s`` are extended by GPM (thresholds
+    ``specific_threshold``, ``shared_threshold``) from the parts and from the layer inputs of
+    the first ``memory_examples`` training inputs.
+
+    Args:
+      apply_fn: the model's ``apply(variables, x) -> logits`` (hashable when
+        ``recalibrate_steps > 0``, e.g. a linen ``model.apply``).
+      targets, rank, alpha, learning_rate, grad_clip, head_path: as
+        :func:`~lowrank_jax.continual.sequential_lora` (``rank ≥ 2``).
+      shared_threshold, specific_threshold: GPM energies in ``(0, 1]``.
+      lambda_align: ``λ_align ≥ 0``.
+      gamma, min_weight, shared_mode: see :func:`recompose`.
+      energy_strength: ``κ ≥ 0`` (0: the spec's literal form).
+      recalibrate_steps: head refit steps after recomposition (0: none).
+      recalibrate_batch: rows per refit step; recalibrate_seed: its sampling seed.
+      memory_examples: training inputs whose layer inputs feed the subspaces.
+
+    Returns:
+      A :class:`~lowrank_jax.continual.ContinualMethod` whose ``state.extra`` is a
+      :class:`SaberState`.
+
+    Raises:
+      ValueError: a hyper-parameter out of range.
+
+    References:
+      P1 SABER (reconstruction, specs.md §1); LoDA, EBLoRA, GPM (see the module docstring).
+    """
+    if rank < 2:
+        raise ValueError(f"SABER needs rank >= 2 (half shared, half specific), got {rank!r}.")
+    check_threshold("shared_threshold", shared_threshold)
+    check_threshold("specific_threshold", specific_threshold)
+    if not lambda_align >= 0 or not energy_strength >= 0 or recalibrate_steps < 0:
+        raise ValueError(
+            "lambda_align, energy_strength and recalibrate_steps must be >= 0, got "
+            f"{lambda_align!r}, {energy_strength!r}, {recalibrate_steps!r}."
+        )
+    balance_weights(jnp.zeros(1), gamma=gamma, min_weight=min_weight)  # validates both
+    if shared_mode not in ("balanced", "mean"):
+        raise ValueError(f"shared_mode must be 'balanced' or 'mean', got {shared_mode!r}.")
+    base = method_base(apply_fn, head_path=head_path, **common_args(locals()))
+
+    def init(variables):
+        def extra(w0):
+            return SaberState(
+                specific={k: init_subspace_memory(w.shape[0]) for k, w in w0.items()},
+                old_cov={k: jnp.zeros((w.shape[0],) * 2) for k, w in w0.items()},
+                shared_parts={k: jnp.zeros((0, *w.shape)) for k, w in w0.items()},
+                specific_parts={k: jnp.zeros((0, *w.shape)) for k, w in w0.items()},
+                weights={},
+            )
+
+        return base.init(variables, memory=True, extra=extra)
+
+    def begin_task(state, key, task):
+        del task
+        k_sh, k_sp = jax.random.split(key)
+        mem = state.memory
+        sh = base.lora(k_sh, state, rank // 2)
+        sp = base.lora(k_sp, state, rank - rank // 2)
+        sh = replace_a(
+            sh,
+            {
+                k: jnp.where(
+                    mem[k].size > 0, project_onto(mem[k], ad.factors["a"]), ad.factors["a"]
+                )
+                for k, ad in sh.items()
+            },
+        )
+        sp = replace_a(sp, {k: project_off(mem[k], ad.factors["a"]) for k, ad in sp.items()})
+        trainable = {"shared": sh, "specific": sp, "head": state.head}
+        frozen = {"params": base.full(state.params, state.head), "shared_mem": mem}
+        return trainable, frozen, base.tx()
+
+    def apply(trainable, frozen, x):
+        params = base.full(frozen["params"], trainable["head"])
+        sets = {"shared": trainable["shared"], "specific": trainable["specific"]}
+        return base.adapted(params, sets, x)
+
+    def loss(trainable, frozen, batch, key):
+        del batch, key
+        return lambda_align * sum(
+            alignment_penalty(ad.factors["a"], frozen["shared_mem"][k])
+            for k, ad in trainable["shared"].items()
+        )
+
+    def end_task(state, trainable, frozen, task):
+        del frozen
+        trained = jax.device_get(trainable)
+        shared_deltas = base.deltas(state, trained["shared"])
+        specific_deltas = base.deltas(state, trained["specific"])
+        raw = {k: shared_deltas[k] + specific_deltas[k] for k in state.kernels}
+        before = base.layer_inputs(state, task.x[:memory_examples])  # the inputs ΔW_t saw
+        ex = state.extra
+        spec, cov, s_parts, d_parts = (dict(ex.specific), dict(ex.old_cov),
+                                       dict(ex.shared_parts), dict(ex.specific_parts))  # fmt: skip
+        weights, params = {}, state.params
+        for k in state.kernels:
+            s, d = decompose_update(raw[k], state.memory[k], spec[k])
+            x = before[k]
+            new_cov = x.T @ x / x.shape[0]
+            s = balance_by_input_energy(s, cov[k], new_cov, strength=energy_strength)
+            cov[k] = cov[k] + new_cov
+            s_parts[k] = jnp.concatenate([s_parts[k], s[None]])
+            d_parts[k] = jnp.concatenate([d_parts[k], d[None]])
+            total, lam, beta = recompose(
+                s_parts[k], d_parts[k], gamma=gamma, min_weight=min_weight, shared_mode=shared_mode
+            )
+            weights[k] = {"lambda": lam, "beta": beta}
+            params = set_path(params, k, state.kernels[k] + total)
+            spec[k] = extend_subspace_memory(spec[k], d.T, threshold=specific_threshold)
+        head = refit_head(
+            base.apply_fn,
+            base.full(params, trained["head"]),
+            trained["head"],
+            task.x,
+            task.y,
+            task.classes,
+            num_classes=task.num_classes,
+            steps=recalibrate_steps,
+            learning_rate=learning_rate,
+            batch_size=recalibrate_batch,
+            seed=[recalibrate_seed, task.index, 17],
+            head_path=head_path,
+        )
+        state = state._replace(
+            params=params,
+            head=head,
+            update=raw,
+            extra=SaberState(spec, cov, s_parts, d_parts, weights),
+        )
+        inputs = base.layer_inputs(state, task.x[:memory_examples])
+        memory = {
+            k: extend_subspace_memory(state.memory[k], inputs[k], threshold=shared_threshold)
+            for k in state.kernels
+        }
+        return state._replace(memory=memory)
+
+    def diagnostics(state):
+        return {
+            "saber_weights": {
+                k: {n: np.asarray(v).tolist() for n, v in w.items()}
+                for k, w in state.extra.weights.items()
+            }
+        }
+
+    return ContinualMethod(
+        init=init,
+        begin_task=begin_task,
+        apply=apply,
+        loss=loss,
+        end_task=end_task,
+        predict=base.plain_predict,
+        diagnostics=diagnostics,
+    )

@@ -6,6 +6,7 @@ knowledge graphs (``pykeen``'s data files, read without importing pykeen), Fashi
 ``dataset-fashion-mnist``), and prepared TFDS datasets through ``tfds.data_source``.
 """
 
+from lowrank_jax.data.flights import FlightCounts, load_flight_counts
 from lowrank_jax.data.images import (
     FASHION_MNIST_CLASS_NAMES,
     load_digits,
@@ -27,10 +28,12 @@ __all__ = [
     "PLAYS",
     "BatchIterator",
     "Dataset",
+    "FlightCounts",
     "KGData",
     "Splits",
     "load_digits",
     "load_fashion_mnist",
+    "load_flight_counts",
     "load_kg",
     "load_mnist",
     "load_shakespeare",

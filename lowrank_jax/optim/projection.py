@@ -19,11 +19,18 @@ Memories have a fixed capacity (static shapes under ``jit``): the basis is zero-
 so padded and unpadded memories project identically.
 
 :func:`scale_by_orthogonal_projection` is the optax transform; it composes with any inner
-optimizer through ``optax.chain`` (put it *after* the inner optimizer so the applied update, not
-the raw gradient, is orthogonal: Adam's element-wise scaling would otherwise undo the projection)::
+optimizer through ``optax.chain``. Put it *after* the moment estimator so the applied update, not
+the raw gradient, is orthogonal: Adam's element-wise division by ``√ν`` does not commute with
+``I − MMᵀ``, so a projection chained *before* it is undone (the applied update leaves the span
+again). :func:`check_projection_order` detects that order in an optimizer state::
 
     tx = optax.chain(optax.scale_by_adam(), scale_by_orthogonal_projection(memory),
-                     optax.scale(-1e-3))
+                     optax.scale(-1e-3))                  # right
+    check_projection_order(tx.init(params))              # raises for the swapped order
+
+The activations ``X`` that build a memory come from the model's forward pass:
+:func:`lowrank_jax.continual.layer_inputs` records the inputs of chosen kernels for a linen model,
+an nnx model or a plain function of a parameter pytree.
 
 References:
   Saha, Garg, Roy 2021, "Gradient Projection Memory for Continual Learning" (GPM);
@@ -49,6 +56,7 @@ __all__ = [
     "OrthogonalProjectionState",
     "SubspaceMemory",
     "captured_energy",
+    "check_projection_order",
     "extend_subspace_memory",
     "init_subspace_memory",
     "project_off",
@@ -226,7 +234,8 @@ def extend_subspace_memory(
     Args:
       memory: the current memory, basis ``(*stack, n, k)``.
       x: layer-input activations of the task just learned, ``(*stack, b, n)`` (tokens or
-        examples along ``b``; any count).
+        examples along ``b``; any count); record them with
+        :func:`lowrank_jax.continual.layer_inputs` (linen, nnx or plain functions).
       threshold: ``τ`` in ``(0, 1]`` (GPM uses 0.95–0.99; higher keeps more directions).
 
     Returns:
@@ -272,12 +281,14 @@ def _targets(params: Any, targets: str | Sequence[str]) -> dict[str, Any]:
     return {k: v for k, v in leaves.items() if any(c.fullmatch(k) for c in compiled)}
 
 
-def _init_memories(
+def init_memories(
     params: Any,
     memory: Mapping[str, SubspaceMemory] | None,
     targets: str | Sequence[str],
     capacity: int | None,
 ) -> dict[str, SubspaceMemory]:
+    """``{path: SubspaceMemory}`` of a transform: ``memory`` checked against ``params``, or
+    empty memories (``capacity`` columns) for the leaves matching ``targets``."""
     leaves = paths.named_leaves(params)
     if memory is not None:
         unknown = sorted(set(memory) - set(leaves))
@@ -361,7 +372,7 @@ def scale_by_orthogonal_projection(
     def init_fn(params):
         return OrthogonalProjectionState(
             count=jnp.zeros([], jnp.int32),
-            memory=_init_memories(params, memory, targets, capacity),
+            memory=init_memories(params, memory, targets, capacity),
         )
 
     def update_fn(updates, state, params=None):
@@ -370,3 +381,58 @@ def scale_by_orthogonal_projection(
         return updates, state._replace(count=optax.safe_increment(state.count))
 
     return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _order(node: Any, out: list[tuple[str, str]]) -> None:
+    fields = getattr(node, "_fields", None)
+    if fields is not None and "memory" in fields and "count" in fields:
+        memory = node.memory
+        if isinstance(memory, Mapping) and all(
+            isinstance(m, SubspaceMemory) for m in memory.values()
+        ):
+            out.append(("projection", type(node).__name__))
+            return
+    if fields is not None and "nu" in fields:
+        out.append(("moments", type(node).__name__))
+        return
+    if isinstance(node, tuple | list):
+        for child in node:
+            _order(child, out)
+    elif isinstance(node, Mapping):
+        for child in node.values():
+            _order(child, out)
+
+
+def check_projection_order(opt_state: Any) -> None:
+    r"""Raises if a projection is chained before an adaptive moment estimator.
+
+    Walks an optimizer state (``tx.init(params)``; chains, ``masked`` and ``multi_transform``
+    states included) in chain order. A :class:`OrthogonalProjectionState` or
+    :class:`~lowrank_jax.optim.GradientRecyclingState` that comes before a state with a second
+    moment ``nu`` (Adam, AdamW, RMSProp, AdaBelief, ...) means the projected gradient is then
+    divided element-wise by ``√ν``, which moves it off ``(I − MMᵀ)`` again: the applied update
+    is not orthogonal to the memory and old tasks are no longer protected.
+
+    Args:
+      opt_state: the state returned by the chain's ``init``.
+
+    Raises:
+      ValueError: the wrong order, naming both states and the right chain.
+
+    Example:
+      >>> tx = optax.chain(scale_by_orthogonal_projection(mem), optax.scale_by_adam())
+      >>> check_projection_order(tx.init(params))  # ValueError: chain the projection after
+    """
+    seen: list[tuple[str, str]] = []
+    _order(opt_state, seen)
+    for i, (kind, name) in enumerate(seen):
+        if kind != "projection":
+            continue
+        later = [n for k, n in seen[i + 1 :] if k == "moments"]
+        if later:
+            raise ValueError(
+                f"{name} is chained before {later[0]}: the moment estimator rescales the projected "
+                "update element-wise and undoes the projection. Chain the projection after it, "
+                "e.g. optax.chain(optax.scale_by_adam(), scale_by_orthogonal_projection(memory), "
+                "optax.scale(-learning_rate))."
+            )

@@ -16,6 +16,11 @@ in the forward pass (``x (A_t + Ã_t) B_t``), the pair receives the full, unproj
 the shared adapter stays interference-free for old tasks; the module is active only when task
 ``t`` is selected (entropy-based selection in :mod:`lowrank_jax.continual`).
 
+Chain it after the moment estimator, as the projection (see
+:func:`~lowrank_jax.optim.check_projection_order`); the forward wiring of the module beside the
+shared adapter is :func:`lowrank_jax.continual.gr_lora_adapters`, the layer inputs that fill the
+memory come from :func:`lowrank_jax.continual.layer_inputs`.
+
 The updates pytree is a dict with two entries: ``shared`` (the shared adapter, whose targeted
 leaves are projected) and ``module`` (the task module, whose leaf at the same sub-path receives
 the recycled part in place of its own update). Other entries and leaves pass unchanged::
@@ -41,7 +46,7 @@ import optax
 from lowrank_jax.adapters import paths
 from lowrank_jax.optim.projection import (
     SubspaceMemory,
-    _init_memories,
+    init_memories,
     project_off,
     project_onto,
 )
@@ -136,7 +141,7 @@ def scale_by_gradient_recycling(
                 f"adapter) and {module!r} (the task module); got "
                 f"{list(params) if isinstance(params, Mapping) else type(params).__name__}."
             )
-        memories = _init_memories(params, memory, targets, capacity)
+        memories = init_memories(params, memory, targets, capacity)
         leaves = paths.named_leaves(params)
         for path in memories:
             if not path.startswith(prefix):

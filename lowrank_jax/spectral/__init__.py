@@ -1,28 +1,11 @@
-"""lowrank_jax.spectral: power iteration, randomised SVD, FP8 scales, tight fusion frames."""
+"""lowrank_jax.spectral: linear algebra — power iteration, randomised SVD, tight fusion frames.
 
-from lowrank_jax.spectral.fp8 import (
-    FP8_FORMATS,
-    DelayedScalingState,
-    attention_fp8_scales,
-    chernoff_gamma,
-    current_scale,
-    fp8_dtype,
-    fp8_max,
-    fp8_overflow_count,
-    fp8_quantize_dequantize,
-    geometry_aware_scale,
-    init_delayed_scaling,
-    logit_bound,
-    norm_gain_bound,
-    rank_agnostic_alpha,
-    rank_agnostic_scale,
-    rank_agnostic_tail_bound,
-    rank_aware_alpha,
-    rank_aware_tail_bound,
-    rank_aware_tightness,
-    update_delayed_scaling,
-    worst_case_logit_bound,
-)
+The FP8 scales, delayed scaling and FP8 emulation moved to :mod:`lowrank_jax.fp8`; their old
+names here still resolve (with a ``DeprecationWarning``).
+"""
+
+import warnings as _warnings
+
 from lowrank_jax.spectral.frames import (
     BASES,
     frame_analysis,
@@ -46,28 +29,6 @@ from lowrank_jax.spectral.power_iteration import (
 from lowrank_jax.spectral.randomized_svd import randomized_svd
 
 __all__ = [
-    # fp8
-    "FP8_FORMATS",
-    "DelayedScalingState",
-    "attention_fp8_scales",
-    "chernoff_gamma",
-    "current_scale",
-    "fp8_dtype",
-    "fp8_max",
-    "fp8_overflow_count",
-    "fp8_quantize_dequantize",
-    "geometry_aware_scale",
-    "init_delayed_scaling",
-    "logit_bound",
-    "norm_gain_bound",
-    "rank_agnostic_alpha",
-    "rank_agnostic_scale",
-    "rank_agnostic_tail_bound",
-    "rank_aware_alpha",
-    "rank_aware_tail_bound",
-    "rank_aware_tightness",
-    "update_delayed_scaling",
-    "worst_case_logit_bound",
     # tight fusion frames
     "BASES",
     "frame_analysis",
@@ -89,3 +50,17 @@ __all__ = [
     # randomised SVD
     "randomized_svd",
 ]
+
+
+def __getattr__(name: str):
+    """Old ``lowrank_jax.spectral.<fp8 name>`` spellings forward to :mod:`lowrank_jax.fp8`."""
+    from lowrank_jax import fp8
+
+    if name in fp8.__all__:
+        _warnings.warn(
+            f"lowrank_jax.spectral.{name} moved to lowrank_jax.fp8.{name}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(fp8, name)
+    raise AttributeError(f"module 'lowrank_jax.spectral' has no attribute {name!r}")

@@ -1,5 +1,6 @@
 """Spectral (SBVI/AdaLoRA), FourierFT and VeRA kinds: factorised == materialised == float64 formula."""
 
+import functools
 import math
 
 import flax.linen as nn
@@ -24,11 +25,13 @@ def _check_kind(kind, factors, reference):
     """apply_delta, apply_delta_transposed and materialize against a float64 ΔW."""
     x = np.random.default_rng(1).standard_normal((4, N_IN)).astype(np.float32)
     y = np.random.default_rng(2).standard_normal((4, N_OUT)).astype(np.float32)
-    np.testing.assert_allclose(kind.materialize(factors), reference, atol=ATOL)
-    np.testing.assert_allclose(jax.jit(kind.apply_delta)(factors, x), x @ reference, atol=ATOL)
-    np.testing.assert_allclose(
-        jax.jit(kind.apply_delta_transposed)(factors, y), y @ reference.T, atol=ATOL
-    )
+    shape = (N_IN, N_OUT)
+    np.testing.assert_allclose(kind.materialize(factors, shape=shape), reference, atol=ATOL)
+    fwd = jax.jit(functools.partial(kind.apply_delta, shape=shape))
+    np.testing.assert_allclose(fwd(factors, x), x @ reference, atol=ATOL)
+    bwd = jax.jit(functools.partial(kind.apply_delta_transposed, shape=shape))
+    np.testing.assert_allclose(bwd(factors, y), y @ reference.T, atol=ATOL)
+    assert all(hasattr(leaf, "shape") for leaf in jax.tree.leaves(factors))  # no shape markers
 
 
 @pytest.mark.parametrize("init", ["stiefel", "adalora"])
@@ -89,7 +92,10 @@ def test_fourierft_is_the_real_part_of_a_sparse_inverse_dft():
 def test_vera_formula_shared_projections_and_zero_start():
     kind = A.vera(6, d_initial=0.3)
     f = kind.init_factors(jax.random.key(0), jnp.zeros((N_IN, N_OUT)))
-    np.testing.assert_allclose(kind.materialize(f), 0.0)  # b = 0: starts at the base model
+    assert set(f) == {"d", "b"}  # the matrix view comes from Adapter.matrix, not the factors
+    np.testing.assert_allclose(kind.materialize(f, shape=(N_IN, N_OUT)), 0.0)  # b = 0: base model
+    with pytest.raises(ValueError, match="matrix view"):
+        kind.materialize(f, shape=None)
     f = {**f, "b": jnp.linspace(-1.0, 1.0, N_OUT)}
     a, b = A.vera_projections(N_IN, N_OUT, rank=6)
     assert a.shape == (6, N_IN) and b.shape == (N_OUT, 6)

@@ -21,7 +21,7 @@ RULES = [
     (r"fc2/kernel", A.lora(2, dropout=0.1)),
 ]
 module_name = lambda path: path.split("/")[0]
-path_for_module = lambda name: f"{name}/kernel"
+module_path = lambda name: f"{name}/kernel"
 
 
 @pytest.fixture()
@@ -33,7 +33,7 @@ def saved(tmp_path):
 
 def test_round_trip_is_exact(saved):
     directory, ad = saved
-    back = A.load_peft(directory, PARAMS, path_for_module=path_for_module)
+    back = A.load_peft(directory, PARAMS, module_path=module_path)
     assert sorted(back) == sorted(ad)
     for path in ad:
         for k in ("a", "b"):
@@ -66,9 +66,9 @@ def test_load_checks_shapes(saved):
     directory, _ = saved
     wrong = {"fc1": {"kernel": jnp.zeros((9, 16))}, "fc2": {"kernel": jnp.zeros((16, 4))}}
     with pytest.raises(ValueError, match="needs A"):
-        A.load_peft(directory, wrong, path_for_module=path_for_module)
+        A.load_peft(directory, wrong, module_path=module_path)
     with pytest.raises(ValueError, match="not in params"):
-        A.load_peft(directory, PARAMS, path_for_module=lambda n: f"encoder/{n}/kernel")
+        A.load_peft(directory, PARAMS, module_path=lambda n: f"encoder/{n}/kernel")
 
 
 def test_save_rejects_unequal_dropout(tmp_path):

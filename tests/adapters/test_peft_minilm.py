@@ -45,6 +45,6 @@ def test_minilm_adapter_round_trips_through_pytorch_peft(tmp_path):
     mask = batch["attention_mask"].astype(bool)
     np.testing.assert_allclose(np.asarray(ours)[mask], theirs[mask], atol=1e-4)
     # And back: PEFT's file loads into the same adapters.
-    back = adapters.load_peft(tmp_path, variables, path_for_module=models.flax_path_from_peft)
+    back = adapters.load_peft(tmp_path, variables, module_path=models.flax_path_from_peft)
     for path in lora:
         np.testing.assert_array_equal(back[path].factors["a"], lora[path].factors["a"])

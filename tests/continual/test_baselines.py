@@ -66,5 +66,5 @@ def test_layer_inputs_match_manual_forward():
     np.testing.assert_allclose(inputs["params/dense_0/kernel"], x, rtol=1e-6)
     np.testing.assert_allclose(inputs["params/dense_1/kernel"], h, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out, model.apply(variables, x), rtol=1e-6)
-    with pytest.raises(ValueError, match="never called"):
+    with pytest.raises(ValueError, match="never used in a matmul"):
         continual.layer_inputs(model.apply, ("params/nope/kernel",), variables, x)

@@ -9,12 +9,14 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from configs import gr_lora as gr_config
 from configs import saber as saber_config
 from experiments import common, continual, continual_setup
-from lowrank_jax import optim
+from lowrank_jax import continual as lj_continual
+from lowrank_jax import data
 
 
 def _tiny(arg: str):
@@ -47,19 +49,66 @@ def test_config_args_fail_early_with_allowed_values():
 def test_projection_methods_do_not_change_old_task_outputs():
     """InfLoRA/GPM-LoRA keep A ⟂ memory, so a memory-spanned old input sees no change."""
     config = _tiny("smoke,benchmark=digits_cil")
+    config.method.memory_threshold = 1.0  # memory = everything task 0's layer inputs span
+    config.method.memory_examples = 64
     stream = continual.load_stream(config, 0)
     model, variables = continual.build_backbone(config, stream, 0, "/tmp/unused")
-    learner = continual.Learner(config, "gpm_lora", model, variables, stream)
+    method = continual.make_method(config, "gpm_lora", model.apply, "cil")
     x_old = stream.tasks[0]["train"]["x"][:64]
-    # memory = everything task 0's layer-1 inputs span (threshold 1)
-    inputs = learner._layer_inputs(x_old)
-    k = "params/dense_0/kernel"
-    learner.memory[k] = optim.extend_subspace_memory(learner.memory[k], inputs[k], threshold=1.0)
-    task = learner.setup(1, jax.random.key(0))
-    a = task.trainable["shared"][k].factors["a"]
-    basis = learner.memory[k].basis
-    np.testing.assert_allclose(x_old @ (a - basis @ (basis.T @ a)), x_old @ a, atol=1e-5)
+    task0 = lj_continual.Task(
+        0, stream.task_classes[0], x_old, stream.tasks[0]["train"]["y"][:64], 10
+    )
+    state = method.init(variables)
+    trainable, frozen, _ = method.begin_task(state, jax.random.key(0), task0)
+    state = method.end_task(state, trainable, frozen, task0)
+    trainable, _, _ = method.begin_task(state, jax.random.key(1), task0._replace(index=1))
+    a = trainable["shared"]["params/dense_0/kernel"].factors["a"]
     np.testing.assert_allclose(jnp.asarray(x_old) @ a, 0.0, atol=1e-4)
+
+
+def test_a_users_own_loop_reproduces_the_experiment(tmp_path):
+    """SABER and GR-LoRA used from a plain loop (same batches and keys as ``fit``) give the
+    experiment's accuracy matrix exactly."""
+    config = _tiny("smoke,benchmark=digits_cil")
+    config.data.num_tasks = 2
+    stream = continual.load_stream(config, 0)
+    model, variables = continual.build_backbone(config, stream, 0, str(tmp_path / "seed_0"))
+    for name in ("saber", "gr_lora"):
+        out = continual.run_method(config, name, 0, stream, model, variables, str(tmp_path / name))
+        method = continual.make_method(config, name, model.apply, "cil")
+        state = method.init(variables)
+        r = np.full((2, 2), np.nan)
+        for t in range(2):
+            tr = stream.tasks[t]["train"]
+            mask = np.repeat(np.isin(np.arange(10), stream.task_classes[t])[None], len(tr["y"]), 0)
+            task = lj_continual.Task(t, stream.task_classes[t], tr["x"], tr["y"], 10)
+            trainable, frozen, tx = method.begin_task(
+                state, jax.random.fold_in(jax.random.key(0), t), task
+            )
+            opt_state = tx.init(trainable)
+            batches = data.BatchIterator(
+                {**tr, "mask": mask}, batch_size=config.data.batch_size, seed=t
+            )
+            key = jax.random.fold_in(jax.random.key(0), 7919 + t)
+
+            @jax.jit
+            def step(trainable, opt_state, batch, key, frozen=frozen, tx=tx, method=method):
+                def loss_fn(p):
+                    logits = method.apply(p, frozen, batch["x"])
+                    ce = lj_continual.masked_cross_entropy(logits, batch["y"], batch["mask"])
+                    return ce + method.loss(p, frozen, batch, key)
+
+                grads = jax.grad(loss_fn)(trainable)
+                updates, opt_state = tx.update(grads, opt_state, trainable)
+                return optax.apply_updates(trainable, updates), opt_state
+
+            for i in range(config.schedule.steps_per_task):
+                trainable, opt_state = step(
+                    trainable, opt_state, next(batches), jax.random.fold_in(key, i)
+                )
+            state = method.end_task(state, trainable, frozen, task)
+            r[t, : t + 1] = continual.evaluate(method, state, stream, t, config.eval.batch_size)[0]
+        np.testing.assert_allclose(r, out["R"], atol=1e-6, err_msg=name)
 
 
 def test_smoke_run_end_to_end_and_resume(tmp_path):

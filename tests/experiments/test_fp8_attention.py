@@ -4,8 +4,6 @@ import json
 import math
 import os
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -21,6 +19,7 @@ def test_smoke_run_writes_results_and_shows_the_trend(tmp_path):
     records = common.read_metrics(tmp_path)
     assert len(records) == config.schedule.num_steps
     assert {"delayed:16/overflow", "rank_aware:auto/bound_ratio"} <= set(records[0])
+    assert "rank_aware:auto/sigma_track_err" in records[1]
     text = (tmp_path / "results.md").read_text()
     assert "rank_aware:auto" in text and "Llama-2-70B" in text
     # The trend of P14: delayed scaling overflows right after the W^Q spike, the geometry-aware
@@ -28,6 +27,9 @@ def test_smoke_run_writes_results_and_shows_the_trend(tmp_path):
     assert result["delayed_overflows_after_q_spike"] > 0
     assert result["geometry_overflows"] == 0
     assert 0 < result["max_bound_ratio"] < 1
+    # the warm-started power tracker (one step per training step) stays within 10% of the exact
+    # thin-QR σ, even through the LR spike (measured: 6.5% there, 0.5% median)
+    assert 0 < result["max_sigma_track_err"] < 0.1
     err = result["steady_softmax_error"]
     assert err["rank_aware:auto"] <= 1.5 * err["delayed:16"]
     assert all(math.isfinite(v) for v in result["final_loss"].values())
@@ -45,23 +47,6 @@ def test_parse_policy():
     for bad in ("delayed", "rank_aware:x", "amax", "current:3"):
         with pytest.raises(common.ConfigError):
             fp8_attention.parse_policy(bad)
-
-
-def test_fp8_attention_exact_without_quantisation_and_close_with_it():
-    model = fp8_attention.Fp8SelfAttention(num_heads=2)
-    x = jax.random.normal(jax.random.key(0), (2, 8, 16))
-    variables = model.init(jax.random.key(1), x, None)
-    exact = fp8_attention.Fp8SelfAttention(num_heads=2, quantize=False)
-    y0, stats0 = exact.apply(variables, x, jnp.ones(2))
-    assert float(jnp.max(stats0["softmax_error"])) == 0.0
-    y1, stats1 = model.apply(variables, x, None)  # current scaling
-    np.testing.assert_allclose(np.asarray(stats1["utilisation"]), 1.0, rtol=1e-5)
-    assert int(stats1["overflow"].sum()) == 0
-    assert float(jnp.max(stats1["softmax_error"])) < 0.1
-    np.testing.assert_allclose(np.asarray(y1), np.asarray(y0), atol=0.1)
-    # a scale far too large saturates and is counted
-    _, stats2 = model.apply(variables, x, jnp.full(2, 1e4))
-    assert int(stats2["overflow"].sum()) > 0
 
 
 def test_config_validation():

@@ -79,3 +79,22 @@ def test_smoke_run_end_to_end(tmp_path):
     assert size < 3 * 4 * (LORA + HEAD) + 2_000_000 < 4 * BASE
     assert "| lora | 332,931 |" in (tmp_path / "results.md").read_text()
     assert [r["step"] for r in common.read_metrics(tmp_path) if "train/loss" in r] == [2, 4]
+
+
+def test_frameft_kind_trains_coefficients_at_their_own_learning_rate(minilm):
+    """``kind=frameft`` (``configs/frameft.py:minilm``): FrameFT on the same 36 kernels, with the
+    coefficients' peak learning rate 50x the head's."""
+    model, variables = minilm
+    config = lora_config.get_config("smoke,kind=frameft")
+    lora_finetune.check_config(config)
+    state, _, _, tx = lora_finetune.init_state(config, model, variables, jax.random.key(0))
+    assert adapters.count_params(state["adapters"]) == 6 * 6 * 921
+    assert {type(a.kind).__name__ for a in state["adapters"].values()} == {"FrameFT"}
+    trained = {"params": state["params"], "adapters": state["adapters"]}
+    grads = jax.tree.map(lambda x: 1e-3 * np.ones_like(x), trained)
+    opt_state = state["opt_state"]
+    for _ in range(2):  # the first step has a zero learning rate (warmup from 0)
+        updates, opt_state = tx.update(grads, opt_state, trained)
+    head = np.asarray(updates["params"]["params"]["head"]["bias"])
+    coeffs = np.asarray(next(iter(updates["adapters"].values())).factors["coeffs"])
+    np.testing.assert_allclose(coeffs.mean() / head.mean(), 5e-2 / 1e-3, rtol=1e-4)

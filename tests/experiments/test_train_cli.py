@@ -146,6 +146,9 @@ def test_default_workdir_and_mismatched_resume(tmp_path):
     relogged = digits_mlp.get_config("smoke")
     relogged.log.progress, relogged.parallel.fsdp = False, True
     train._check_workdir(str(tmp_path), relogged)  # logging and device layout may change
+    # Without a checkpoint nothing can be resumed: a failed start's config.json is just replaced.
+    train._check_workdir(str(tmp_path), digits_mlp.get_config())
+    (tmp_path / "checkpoints" / "10").mkdir(parents=True)
     with pytest.raises(common.ConfigError, match=r"holds a run of a different config") as err:
         train._check_workdir(str(tmp_path), digits_mlp.get_config())
     assert "schedule.num_steps" in str(err.value) and "--workdir" in str(err.value)
@@ -164,3 +167,14 @@ def test_configs_import_no_experiment_code():
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == ""
+
+
+def test_help_lists_configs_with_options_and_a_missing_config_lists_them(tmp_path):
+    proc = run_cli("--help", workdir=tmp_path)
+    assert "configs/lora_finetune.py  [smoke=False, method='lora', kind='lora']" in proc.stdout
+    proc = run_cli("--config=configs/nope.py", workdir=tmp_path)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "FATAL --config=configs/nope.py: no such file. Available configs:" in proc.stderr
+    assert "  configs/saber.py" in proc.stderr
+    for path, _ in train.available_configs():  # every listed config loads
+        assert os.path.isfile(REPO / path)

@@ -1,4 +1,4 @@
-"""FP8 scales: tail-bound inversion, the bound against random draws, delayed scaling, casting."""
+"""lowrank_jax.fp8: tail-bound inversion, the bound against random draws, delayed scaling, casting."""
 
 import math
 
@@ -8,7 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from lowrank_jax.spectral import (
+from lowrank_jax.fp8 import (
     attention_fp8_scales,
     chernoff_gamma,
     current_scale,
@@ -16,7 +16,6 @@ from lowrank_jax.spectral import (
     fp8_overflow_count,
     fp8_quantize_dequantize,
     geometry_aware_scale,
-    init_attention_power_iteration,
     init_delayed_scaling,
     logit_bound,
     norm_gain_bound,
@@ -29,6 +28,7 @@ from lowrank_jax.spectral import (
     update_delayed_scaling,
     worst_case_logit_bound,
 )
+from lowrank_jax.spectral import init_attention_power_iteration
 
 
 def test_formats():

@@ -1,4 +1,4 @@
-"""Geometry-aware FP8 scale factors for attention logits, and delayed scaling as the baseline.
+"""Rank-aware bounds on attention logits and the geometry-aware FP8 scales they give (P14).
 
 Attention logits are bilinear forms ``S_ij = x_iᵀ M x_j / √d_h`` with ``M = W^Q W^{K⊤}`` of rank
 ``r ≤ d_h``. After an RMSNorm/LayerNorm with gain ``g`` the tokens satisfy ``‖x‖² ≈ d g²``, so
@@ -17,8 +17,8 @@ and the scale that maps the bound onto the FP8 range ``R`` (E4M3: 448, E5M2: 573
     s = c · R / (α(δ) B_wc) = c · R √d_h / (g² σ_max(M) √(γ r log(2n²/δ))),
 
 with a calibration factor ``c`` (1 by default; the paper's burn-in "auto-α" would set it ≥ 1).
-``σ_max(M)`` comes from :mod:`lowrank_jax.spectral.power_iteration`; nothing observes
-activations. Why ``γ``: for tokens uniform on the sphere, ``Var(x_iᵀMx_j) ≈ g⁴‖M‖_F²`` and
+``σ_max(M)`` comes from the weights (a warm-started power iteration in
+:mod:`lowrank_jax.fp8.policies`); nothing observes activations. Why ``γ``: for tokens uniform on the sphere, ``Var(x_iᵀMx_j) ≈ g⁴‖M‖_F²`` and
 ``‖M‖_F² ≤ r σ²``; a Gaussian tail ``exp(−t²/2Var)`` for a flat spectrum would need ``γ = 2``, but
 a bilinear form of two independent vectors is sub-exponential, so at the relevant ``t`` slightly
 more is needed: :func:`chernoff_gamma` gives the smallest ``γ`` (≈ 2.4–3.5) for which the bound is a
@@ -28,78 +28,41 @@ the default (``gamma=None``). ``γ = 1, 2`` rely on a decaying spectrum (effecti
 ignores (trained attention can have a large ``tr(M)``), and real tokens are not isotropic: the
 deterministic ``B_wc`` is the only unconditional bound.
 
-Delayed scaling (Transformer Engine) keeps a rolling history of past ``amax`` values and uses
-``s = R / max(history) / 2^margin`` computed from previous steps, which fails on transients.
-
-Scale convention everywhere: the quantised value is ``cast(S · s)`` and the dequantised value
-``cast(S · s) / s`` (Transformer Engine's ``scale``; Flax's ``fp8_ops`` stores ``1/s``).
+Scale convention: the quantised value is ``cast(S · s)``, the dequantised ``cast(S · s) / s``
+(see :mod:`lowrank_jax.fp8.emulation`). Delayed scaling, the baseline, is in
+:mod:`lowrank_jax.fp8.delayed`; the per-step policies that use these scales in
+:mod:`lowrank_jax.fp8.policies`.
 
 References:
     P14, S. M. Emadi, "Rank-Aware Spectral Bounds on Attention Logits for Stable Low-Precision
     Training", arXiv 2602.18851 (abstract). The concrete scale rule (union bound over ``n²``
     pairs, the meaning of ``α`` and ``γ``) is a **reconstruction** from the abstract
     (specs.md §14 [R]); ``gamma``, ``delta`` and ``calibration`` are explicit knobs so that the
-    paper's exact constants can be dropped in. Delayed scaling: NVIDIA Transformer Engine,
-    ``DelayedScaling`` recipe (``amax_history_len``, ``amax_compute_algo``, ``margin``).
+    paper's exact constants can be dropped in.
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from lowrank_jax.spectral.power_iteration import PowerIterationState, attention_power_iteration
+from lowrank_jax.fp8.emulation import fp8_max
 
 __all__ = [
-    "FP8_FORMATS",
-    "fp8_max",
-    "fp8_dtype",
     "chernoff_gamma",
-    "rank_aware_alpha",
-    "rank_agnostic_alpha",
-    "rank_aware_tail_bound",
-    "rank_agnostic_tail_bound",
-    "rank_aware_tightness",
-    "norm_gain_bound",
-    "worst_case_logit_bound",
-    "logit_bound",
     "geometry_aware_scale",
+    "logit_bound",
+    "norm_gain_bound",
+    "rank_agnostic_alpha",
     "rank_agnostic_scale",
-    "attention_fp8_scales",
-    "DelayedScalingState",
-    "init_delayed_scaling",
-    "update_delayed_scaling",
-    "current_scale",
-    "fp8_quantize_dequantize",
-    "fp8_overflow_count",
+    "rank_agnostic_tail_bound",
+    "rank_aware_alpha",
+    "rank_aware_tail_bound",
+    "rank_aware_tightness",
+    "worst_case_logit_bound",
 ]
-
-FP8_FORMATS = {
-    "e4m3": (jnp.float8_e4m3fn, 448.0),
-    "e5m2": (jnp.float8_e5m2, 57344.0),
-}
-
-
-def _fmt(fmt: str) -> str:
-    if not isinstance(fmt, str):
-        fmt = jnp.dtype(fmt).name
-    key = fmt.lower().replace("float8_", "").replace("fn", "")
-    if key not in FP8_FORMATS:
-        raise ValueError(f"Unknown FP8 format {fmt!r}; use one of {sorted(FP8_FORMATS)}.")
-    return key
-
-
-def fp8_max(fmt: str = "e4m3") -> float:
-    """Largest finite value ``R`` of an FP8 format: 448 for ``"e4m3"``, 57344 for ``"e5m2"``."""
-    return FP8_FORMATS[_fmt(fmt)][1]
-
-
-def fp8_dtype(fmt: str = "e4m3") -> jnp.dtype:
-    """The JAX dtype of an FP8 format (``float8_e4m3fn`` or ``float8_e5m2``)."""
-    return jnp.dtype(FP8_FORMATS[_fmt(fmt)][0])
 
 
 def _check_pos(**kw: float) -> None:
@@ -415,212 +378,3 @@ def rank_agnostic_scale(
         rank_aware=False,
     )
     return calibration * fp8_max(fmt) / bound
-
-
-def attention_fp8_scales(
-    w_q: jax.typing.ArrayLike,
-    w_k: jax.typing.ArrayLike,
-    state: PowerIterationState,
-    *,
-    seq_len: int,
-    norm_gain: jax.typing.ArrayLike = 1.0,
-    delta: float = 1e-6,
-    gamma: float | None = None,
-    fmt: str = "e4m3",
-    calibration: float = 1.0,
-    num_iters: int = 1,
-    method: str = "power",
-    rank_aware: bool = True,
-) -> tuple[jax.Array, PowerIterationState]:
-    """Per-head FP8 logit scales of one attention layer from its weights (one call per step).
-
-    Runs ``num_iters`` warm-started power steps for ``σ_max(W^Q_h W^{K⊤}_{g(h)})`` (GQA without
-    key expansion) and maps them to scales with :func:`geometry_aware_scale` (or
-    :func:`rank_agnostic_scale`). ``jax.vmap`` it over a ``(L, d, H, d_h)`` stack of layers.
-
-    Args:
-        w_q: ``(d, H, d_h)`` query kernel.
-        w_k: ``(d, G, d_h)`` key kernel.
-        state: power-iteration state (``init_attention_power_iteration``).
-        seq_len: sequence length ``n``.
-        norm_gain: effective gain of the norm feeding the attention, broadcastable to ``(H,)``.
-        delta: failure probability ``δ``.
-        gamma: typicality ``γ`` (``None``: :func:`chernoff_gamma`).
-        fmt: FP8 format.
-        calibration: calibration factor ``c``.
-        num_iters: power steps this call.
-        method: ``"power"`` (warm-started tracking) or ``"lanczos"`` (cold starts).
-        rank_aware: rank-aware (default) or rank-agnostic bound.
-
-    Returns:
-        ``(scales, state)``: ``(H,)`` float32 scales and the new power-iteration state (its
-        ``sigma`` field holds the per-head ``σ``). A per-layer scale is ``scales.min()``.
-
-    References:
-        P14 (arXiv 2602.18851); reconstruction in specs.md §14.
-    """
-    w_q = jnp.asarray(w_q)
-    sigma, state = attention_power_iteration(w_q, w_k, state, num_iters=num_iters, method=method)
-    d, _, dh = w_q.shape
-    kw = dict(d=d, head_dim=dh, seq_len=seq_len, norm_gain=norm_gain, delta=delta, fmt=fmt)
-    if rank_aware:
-        scales = geometry_aware_scale(sigma, gamma=gamma, calibration=calibration, **kw)
-    else:
-        scales = rank_agnostic_scale(sigma, calibration=calibration, **kw)
-    return scales, state
-
-
-class DelayedScalingState(NamedTuple):
-    """Delayed-scaling (Transformer Engine) state.
-
-    Attributes:
-        count: scalar int32, number of updates.
-        amax_history: ``(history_len, *shape)``; row 0 is the most recent ``amax``.
-        scale: ``(*shape)`` the scale to use at the next step.
-    """
-
-    count: jax.Array
-    amax_history: jax.Array
-    scale: jax.Array
-
-
-def init_delayed_scaling(
-    shape: tuple[int, ...] = (), *, history_len: int = 1024, init_scale: float = 1.0
-) -> DelayedScalingState:
-    """Fresh delayed-scaling state: zero history and scale ``init_scale`` (TE default 1).
-
-    Args:
-        shape: shape of the scales (``()`` per tensor, ``(L, H)`` per layer and head).
-        history_len: length of the ``amax`` history (TE: 1024 now, 1 in old releases).
-        init_scale: scale used before any ``amax`` has been recorded.
-
-    Returns:
-        ``DelayedScalingState``.
-
-    Raises:
-        ValueError: if ``history_len < 1`` or ``init_scale <= 0``.
-    """
-    if int(history_len) < 1:
-        raise ValueError(f"history_len must be >= 1, got {history_len}.")
-    _check_pos(init_scale=init_scale)
-    shape = tuple(int(s) for s in shape)
-    return DelayedScalingState(
-        count=jnp.zeros((), jnp.int32),
-        amax_history=jnp.zeros((int(history_len), *shape), jnp.float32),
-        scale=jnp.full(shape, init_scale, jnp.float32),
-    )
-
-
-def update_delayed_scaling(
-    state: DelayedScalingState,
-    amax: jax.typing.ArrayLike,
-    *,
-    fmt: str = "e4m3",
-    margin: float = 0.0,
-    algo: str = "max",
-) -> DelayedScalingState:
-    """Record this step's ``amax`` and compute the scale for the next step.
-
-    ``history ← [amax, history[:-1]]``; ``a = max(history)`` (``algo="max"``) or ``history[0]``
-    (``"most_recent"``); ``scale ← R / a / 2^margin`` where ``a`` is positive and finite, else the
-    previous scale (Transformer Engine's rule). The scale *used* at step ``t`` is the one in the
-    state before the update with step ``t``'s ``amax``: it never sees the current activations.
-
-    Args:
-        state: current state.
-        amax: ``(*shape)`` observed ``max|x|`` at this step (unscaled).
-        fmt: FP8 format giving ``R``.
-        margin: safety exponent (``2^margin`` head-room).
-        algo: ``"max"`` or ``"most_recent"``.
-
-    Returns:
-        New ``DelayedScalingState``.
-
-    Raises:
-        ValueError: on an unknown ``algo`` or an ``amax`` of the wrong shape.
-
-    References:
-        NVIDIA Transformer Engine, ``DelayedScaling`` recipe; specs.md §14 [S-docs].
-    """
-    if algo not in ("max", "most_recent"):
-        raise ValueError(f"algo must be 'max' or 'most_recent', got {algo!r}.")
-    amax = jnp.asarray(amax, jnp.float32)
-    if amax.shape != state.scale.shape:
-        raise ValueError(f"amax must have the scale's shape {state.scale.shape}, got {amax.shape}.")
-    history = jnp.concatenate([amax[None], state.amax_history[:-1]], axis=0)
-    a = jnp.max(history, axis=0) if algo == "max" else history[0]
-    new = fp8_max(fmt) / a / 2.0**margin
-    ok = (a > 0) & jnp.isfinite(a)
-    scale = jnp.where(ok, new, state.scale)
-    return DelayedScalingState(count=state.count + 1, amax_history=history, scale=scale)
-
-
-def current_scale(
-    amax: jax.typing.ArrayLike, *, fmt: str = "e4m3", margin: float = 0.0
-) -> jax.Array:
-    """Just-in-time ("current") scaling oracle: ``s = R / amax / 2^margin`` from this step's amax.
-
-    Needs the activations of the current step before quantising them (an extra pass over the
-    logits in a fused kernel); ``amax = 0`` gives scale 1.
-    """
-    amax = jnp.asarray(amax, jnp.float32)
-    return jnp.where(amax > 0, fp8_max(fmt) / jnp.where(amax > 0, amax, 1.0) / 2.0**margin, 1.0)
-
-
-def fp8_quantize_dequantize(
-    x: jax.typing.ArrayLike,
-    scale: jax.typing.ArrayLike,
-    *,
-    fmt: str = "e4m3",
-    saturate: bool = True,
-) -> jax.Array:
-    """Simulated FP8: ``cast_fp8(x · s) / s`` in ``x``'s float dtype.
-
-    Args:
-        x: values (e.g. ``(b, H, n, n)`` attention logits).
-        scale: scales broadcastable to ``x`` (e.g. ``(H, 1, 1)``).
-        fmt: ``"e4m3"`` or ``"e5m2"``.
-        saturate: clip ``x · s`` to ``[−R, R]`` before the cast (what FP8 kernels do). With
-            ``False`` an overflow becomes NaN for E4M3 (no infinities) and inf for E5M2.
-
-    Returns:
-        The dequantised array, shape and dtype of ``x``. Gradients pass straight through the
-        rounding (zero where saturated).
-    """
-    x = jnp.asarray(x)
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(f"x must be floating point, got {x.dtype}.")
-    scale = jnp.asarray(scale, x.dtype)
-    y = x * scale
-    if saturate:
-        r = fp8_max(fmt)
-        y = jnp.clip(y, -r, r)
-    q = y.astype(fp8_dtype(fmt)).astype(x.dtype)
-    q = y + jax.lax.stop_gradient(q - y)  # straight-through estimator of the rounding
-    return q / scale
-
-
-def fp8_overflow_count(
-    x: jax.typing.ArrayLike,
-    scale: jax.typing.ArrayLike,
-    *,
-    fmt: str = "e4m3",
-    rtol: float = 0.0,
-    axis: int | tuple[int, ...] | None = None,
-) -> jax.Array:
-    """Number of entries with ``|x · s| > R (1 + rtol)`` (they saturate or become NaN).
-
-    Args:
-        x: values.
-        scale: scales broadcastable to ``x``.
-        fmt: FP8 format giving ``R``.
-        rtol: relative tolerance, e.g. ``1e-5`` so that ``s = R/amax`` (current scaling) does not
-            count its own maximum, which lands on ``R`` up to float32 rounding.
-        axis: axes to count over (default all).
-
-    Returns:
-        int32 counts (scalar, or the remaining axes).
-    """
-    x = jnp.asarray(x)
-    over = jnp.abs(x * jnp.asarray(scale, x.dtype)) > fp8_max(fmt) * (1.0 + rtol)
-    return jnp.sum(over, axis=axis, dtype=jnp.int32)

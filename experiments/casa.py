@@ -1,0 +1,434 @@
+"""CASA (P18) on MiniLM: a LoRA trained on the source, put on a fine-tuned target, against merges.
+
+See ``configs/casa.py`` for the setting. Per seed: train the target (full fine-tuning of the top
+layers and a genre head: cross-entropy on noisy inputs + self-distillation of the source's pooled
+features), a LoRA + play head on the source, and an oracle LoRA + play head on the target, each
+through ``experiments.common.fit`` (resumable). Then every transfer method delivers top-layer
+weights for the target (``lowrank_jax.merging`` does the merging; this module only picks
+hyper-parameters on the validation split and evaluates). Writes per-seed ``seed_<s>/result.json``
+(a finished seed is not recomputed), ``results.md``, ``results.json`` and ``transfer.png``.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import logging
+
+from experiments import common
+from lowrank_jax import adapters, data, merging, models
+
+METHODS = ("direct", "source_revert", "task_arithmetic", "ties", "dare", "casa", "oracle")
+DIAGNOSTICS = (
+    "weight_drift",
+    "spectrum_drift",
+    "rigidity_ratio",
+    "fft_near_degenerate_mass",
+    "fft_in_cluster_mass",
+    "in_cluster_pairs",
+    "sign_agreement_in_clusters",
+    "sign_agreement_elsewhere",
+    "multi_clusters",
+)
+
+
+def check_config(config: Any) -> None:
+    """Validates ``config``; raises ``common.ConfigError`` naming the first bad key."""
+    c = common
+    c.check_nonnegative(config, "seed", integer=True)
+    c.check_positive(config, "num_seeds", integer=True)
+    for key in ("data.passage_chars", "data.seq_len", "data.per_play", "data.batch_size"):
+        c.check_positive(config, key, integer=True)
+    c.check_fraction(config, "data.valid_fraction", allow_zero=False)
+    c.check_fraction(config, "data.test_fraction", allow_zero=False)
+    plays = c.get_path(config, "data.lora_plays")
+    if isinstance(plays, str) or len(plays) < 2 or set(plays) - set(data.PLAYS):
+        raise c.ConfigError(
+            f"config.data.lora_plays={plays!r} is invalid: at least 2 keys of "
+            "lowrank_jax.data.PLAYS"
+        )
+    if not 1 <= c.get_path(config, "model.first_layer") < 6:
+        raise c.ConfigError("config.model.first_layer must lie in [1, 6) (MiniLM has 6 layers)")
+    for key in ("target.steps", "adapter.steps", "adapter.rank", "merge.rank"):
+        c.check_positive(config, key, integer=True)
+    for key in ("target.learning_rate", "adapter.learning_rate", "adapter.alpha"):
+        c.check_positive(config, key)
+    c.check_nonnegative(config, "target.noise")
+    c.check_nonnegative(config, "target.distill_weight")
+    for key in ("merge.ties", "merge.dare"):
+        for density, scale in c.get_path(config, key):
+            if not (0 < density <= 1 and scale > 0):
+                raise c.ConfigError(f"config.{key}: (density in (0, 1], scale > 0) pairs")
+    for rot, scale in c.get_path(config, "merge.casa"):
+        if not (rot > 0 and scale > 0):
+            raise c.ConfigError("config.merge.casa: (rotation_threshold > 0, scale > 0) pairs")
+    if not c.get_path(config, "merge.scales"):
+        raise c.ConfigError("config.merge.scales must hold at least one scale")
+
+
+# ----------------------------------------------------------------------------------------------
+# Data: hidden states of the cached lower layers, genre and play labels.
+
+
+@functools.lru_cache(maxsize=1)
+def _hidden(passage_chars: int, per_play: int, seq_len: int, first_layer: int):
+    """``(hidden (N, seq_len, d), genre (N,), play (N,))`` over all 35 plays (full-length only)."""
+    bert_config, variables, tokenizer = models.load_minilm()
+    ds = data.load_shakespeare(
+        label="play", passage_chars=passage_chars, max_passages_per_play=per_play
+    )
+    genre = np.asarray([data.GENRES.index(data.PLAYS[ds.class_names[p]][0]) for p in ds.y])
+    batch = models.tokenize(tokenizer, list(ds.x), max_len=seq_len)
+    full = batch["attention_mask"].all(axis=1)
+    prefix_config, prefix_vars, _ = models.split_encoder(bert_config, variables, first_layer)
+    encoder = models.BertEncoder(prefix_config)
+    encode = jax.jit(lambda v, i: encoder.apply(v, i, jnp.ones_like(i)))
+    ids = batch["input_ids"][full]
+    hidden = np.concatenate(
+        [np.asarray(encode(prefix_vars, ids[i : i + 64])) for i in range(0, len(ids), 64)]
+    )
+    return hidden, genre[full].astype(np.int32), ds.y[full], ds.class_names
+
+
+def _task_splits(config: Any, seed: int) -> dict[str, dict[str, dict[str, np.ndarray]]]:
+    d = config.data
+    hidden, genre, play, names = _hidden(
+        d.passage_chars, d.per_play, d.seq_len, config.model.first_layer
+    )
+    lora_ids = [names.index(p) for p in d.lora_plays]
+    on_lora = np.isin(play, lora_ids)
+    relabel = np.searchsorted(np.sort(lora_ids), play[on_lora])
+    tasks = {
+        "genre": (np.arange(len(genre)), genre, data.GENRES),
+        "play": (np.flatnonzero(on_lora), relabel.astype(np.int32), tuple(sorted(d.lora_plays))),
+    }
+    out = {}
+    for task, (rows, y, classes) in tasks.items():
+        parts = data.split(
+            data.Dataset(rows, y, classes),
+            seed=seed,
+            valid_fraction=d.valid_fraction,
+            test_fraction=d.test_fraction,
+        )
+        out[task] = {
+            part: {"x": hidden[getattr(parts, part).x], "y": getattr(parts, part).y}
+            for part in ("train", "valid", "test")
+        }
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Training (through common.fit).
+
+
+def _fit(config, state, frozen, step, arrays, seed, workdir, name, steps):
+    batches = data.BatchIterator(arrays, batch_size=config.data.batch_size, seed=seed)
+    result = common.fit(
+        state,
+        frozen,
+        step,
+        batches,
+        key=jax.random.key(seed),
+        num_steps=steps,
+        workdir=os.path.join(workdir, name),
+        log_every=config.log.every,
+        ckpt_every=steps,
+        max_to_keep=1,
+        progress=config.log.progress,
+        description=name,
+    )
+    return jax.device_get(result.state)
+
+
+def _train_target(config, model, feats, source, splits, seed, workdir):
+    """Full fine-tuning of the top layers + genre head: CE on noisy inputs + self-distillation."""
+    init = model.init(jax.random.key(seed), splits["genre"]["train"]["x"][:1])["params"]
+    params = {**source, "head": init["head"]}
+    tx = optax.adamw(config.target.learning_rate, weight_decay=0.0)
+    std = float(np.std(splits["genre"]["train"]["x"]))
+    noise, beta = config.target.noise * std, config.target.distill_weight
+
+    def step(state, frozen, batch, key):
+        x_noisy = batch["x"] + noise * jax.random.normal(key, batch["x"].shape)
+        teacher = feats(frozen, batch["x"])
+
+        def loss_fn(p):
+            student = feats({k: v for k, v in p.items() if k != "head"}, x_noisy)
+            logits = student @ p["head"]["kernel"] + p["head"]["bias"]  # the classifier's head
+            ce = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+            distill = jnp.mean(jnp.sum((student - teacher) ** 2, -1)) / jnp.mean(
+                jnp.sum(teacher**2, -1)
+            )
+            return ce + beta * distill, (ce, distill)
+
+        (loss, (ce, distill)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
+        updates, opt = tx.update(grads, state["opt_state"], state["params"])
+        new = optax.apply_updates(state["params"], updates)
+        return {**state, "params": new, "opt_state": opt}, {"ce": ce, "distill": distill}
+
+    state = {"params": params, "opt_state": tx.init(params), "step": 0}
+    steps = config.target.steps
+    return _fit(
+        config, state, source, step, splits["genre"]["train"], seed, workdir, "target", steps
+    )["params"]
+
+
+def _train_lora(config, model, body, arrays, seed, workdir, name):
+    """LoRA (on ``config.adapter.targets``) + a fresh head on frozen ``body``; returns both."""
+    init = model.init(jax.random.key(seed + 1), arrays["x"][:1])["params"]
+    spec = adapters.lora(rank=config.adapter.rank, alpha=config.adapter.alpha)
+    variables = {"params": {**body, "head": init["head"]}}
+    rules = [(t, spec) for t in config.adapter.targets]
+    lora = adapters.init(jax.random.key(seed + 2), variables, rules)
+    adapted = adapters.adapt(model.apply)
+    tx = optax.adamw(config.adapter.learning_rate, weight_decay=0.0)
+
+    def step(state, frozen, batch, key):
+        del key
+
+        def loss_fn(t):
+            logits = adapted({"params": {**frozen, "head": t["head"]}}, t["lora"], batch["x"])
+            return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+
+        trained = {"lora": state["lora"], "head": state["head"]}
+        loss, grads = jax.value_and_grad(loss_fn)(trained)
+        updates, opt = tx.update(grads, state["opt_state"], trained)
+        return {**state, **optax.apply_updates(trained, updates), "opt_state": opt}, {"loss": loss}
+
+    trained = {"lora": lora, "head": init["head"]}
+    state = {**trained, "opt_state": tx.init(trained), "step": 0}
+    out = _fit(config, state, body, step, arrays, seed, workdir, name, config.adapter.steps)
+    return out["lora"], out["head"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Evaluation and the methods.
+
+
+def _merged(body, delivered):
+    return adapters.merge({"params": body}, delivered)["params"]
+
+
+def _candidates(config, source, target, lora, key):
+    """``{method: [(hparams, top-layer weights for the play/genre heads), ...]}``."""
+    r = config.merge.rank
+    tau = merging.task_vector(
+        {"params": target}, {"params": source}, targets=config.adapter.targets
+    )
+    m = config.merge
+    out = {
+        "direct": [({}, _merged(target, lora))],
+        "source_revert": [({}, _merged(source, lora))],
+        "task_arithmetic": [
+            (
+                {"scale": s},
+                _merged(
+                    target,
+                    merging.merge_task_arithmetic(
+                        [tau, lora], weights=(1.0, s), rank=r, relative_to=tau
+                    ),
+                ),
+            )  # fmt: skip
+            for s in m.scales
+        ],
+        "ties": [
+            (
+                {"density": d, "scale": s},
+                _merged(
+                    target,
+                    merging.merge_ties(
+                        [tau, lora], density=d, weights=(1.0, s), rank=r, relative_to=tau
+                    ),
+                ),
+            )  # fmt: skip
+            for d, s in m.ties
+        ],
+        "dare": [
+            (
+                {"density": d, "scale": s},
+                _merged(
+                    target,
+                    merging.merge_dare(
+                        [tau, lora], key, density=d, weights=(1.0, s), rank=r, relative_to=tau
+                    ),
+                ),
+            )  # fmt: skip
+            for d, s in m.dare
+        ],
+        "casa": [
+            (
+                {"rotation_threshold": t, "scale": s},
+                _merged(
+                    target,
+                    merging.casa(
+                        {"params": source},
+                        {"params": target},
+                        lora,
+                        rank=r,
+                        weight=s,
+                        rotation_threshold=t,
+                    ),
+                ),
+            )  # fmt: skip
+            for t, s in m.casa
+        ],
+    }
+    return out
+
+
+def _evaluate(fns, body, play_head, genre_head, target_genre, norm_ref, split, splits):
+    play, genre = splits["play"][split], splits["genre"][split]
+    play_logits = fns["logits"]({**body, "head": play_head}, play["x"])
+    genre_logits = fns["logits"]({**body, "head": genre_head}, genre["x"])
+    norms = np.linalg.norm(fns["features"](body, play["x"]), axis=-1)
+    pred = np.argmax(genre_logits, -1)
+    out = {
+        "play_accuracy": float(np.mean(np.argmax(play_logits, -1) == play["y"])),
+        "genre_accuracy": float(np.mean(pred == genre["y"])),
+        "norm": float(np.mean(norms)),
+    }
+    if target_genre is not None:
+        out["genre_agreement"] = float(np.mean(pred == target_genre[split]))
+    if norm_ref is not None:
+        out["norm_inflation"] = out["norm"] / norm_ref[split]
+    out["combined"] = 0.5 * (out["play_accuracy"] + out["genre_accuracy"])
+    return out
+
+
+def _run_seed(config, seed, workdir, bert_config):
+    splits = _task_splits(config, seed)
+    _, _, top = models.split_encoder(*models.load_minilm()[:2], config.model.first_layer)
+    source = jax.device_get(top)
+    first, d = config.model.first_layer, bert_config.hidden_size
+    genre_model = models.BertTopClassifier(bert_config, first, len(data.GENRES))
+    play_model = models.BertTopClassifier(bert_config, first, len(config.data.lora_plays))
+    feature_model = models.BertTopClassifier(bert_config, first, d)
+    identity = {"kernel": jnp.eye(d), "bias": jnp.zeros(d)}
+
+    def feats(body, x):  # pooled top-layer features: the identity head's logits
+        return feature_model.apply({"params": {**body, "head": identity}}, x)
+
+    @jax.jit
+    def _logits(params, x):
+        n = params["head"]["bias"].shape[0]
+        return (genre_model if n == 3 else play_model).apply({"params": params}, x)
+
+    def batched(fn):
+        def run(params, x):
+            bs = config.eval.batch_size
+            return np.concatenate(
+                [np.asarray(fn(params, x[i : i + bs])) for i in range(0, len(x), bs)]
+            )
+
+        return run
+
+    fns = {"logits": batched(_logits), "features": batched(jax.jit(feats))}
+    target_all = _train_target(config, genre_model, feats, source, splits, seed, workdir)
+    genre_head = target_all.pop("head")
+    target = target_all
+    lora, play_head = _train_lora(
+        config, play_model, source, splits["play"]["train"], seed, workdir, "lora"
+    )
+    oracle, oracle_head = _train_lora(
+        config, play_model, target, splits["play"]["train"], seed, workdir, "oracle"
+    )
+
+    target_genre = {s: np.argmax(fns["logits"]({**target, "head": genre_head}, splits["genre"][s]["x"]), -1) for s in ("valid", "test")}  # fmt: skip
+    ref_body = _merged(source, lora)
+    norm_ref = {s: float(np.mean(np.linalg.norm(fns["features"](ref_body, splits["play"][s]["x"]), axis=-1))) for s in ("valid", "test")}  # fmt: skip
+    evaluate = functools.partial(_evaluate, fns, target_genre=target_genre, norm_ref=norm_ref, splits=splits)  # fmt: skip
+    rows = {}
+    for method, cands in _candidates(config, source, target, lora, jax.random.key(seed)).items():
+        scores = [
+            evaluate(body, play_head, genre_head, split="valid")["combined"] for _, body in cands
+        ]
+        best = int(np.argmax(scores))
+        hp, body = cands[best]
+        rows[method] = {**evaluate(body, play_head, genre_head, split="test"), "hparams": hp, "valid_combined": scores[best]}  # fmt: skip
+    rows["oracle"] = {**evaluate(_merged(target, oracle), oracle_head, genre_head, split="test"), "hparams": {}}  # fmt: skip
+    rows["target_alone"] = evaluate(target, play_head, genre_head, split="test")
+    rows["source_lora"] = evaluate(ref_body, play_head, genre_head, split="test")
+    diag = merging.casa_diagnostics({"params": source}, {"params": target}, lora)
+    diagnostics = {k: float(np.mean([v[k] for v in diag.values()])) for k in DIAGNOSTICS}
+    return {"rows": rows, "diagnostics": diagnostics, "per_kernel": diag}
+
+
+def _mean_std(values):
+    return f"{np.mean(values):.3f} ± {np.std(values):.3f}"
+
+
+def run(config: Any, workdir: str) -> dict[str, Any]:
+    """Runs every seed (skipping finished ones) and writes the tables; returns the summary."""
+    check_config(config)
+    bert_config = models.BertConfig.from_json(models.minilm_dir() / "config.json")
+    results = []
+    for seed in range(config.seed, config.seed + config.num_seeds):
+        path = os.path.join(workdir, f"seed_{seed}", "result.json")
+        if not os.path.exists(path):
+            logging.info("casa: seed %d", seed)
+            common.write_json(path, _run_seed(config, seed, os.path.join(workdir, f"seed_{seed}"), bert_config))  # fmt: skip
+        with open(path) as f:
+            results.append(json.load(f))
+    names = (*METHODS, "target_alone", "source_lora")
+    metrics = ("play_accuracy", "genre_accuracy", "genre_agreement", "norm_inflation", "combined")
+    table, summary = [], {}
+    for name in names:
+        row = {"method": name}
+        for k in metrics:
+            vals = [r["rows"][name].get(k, np.nan) for r in results]
+            row[k] = _mean_std(vals)
+            summary[f"{name}/{k}"] = float(np.mean(vals))
+        row["chosen (per seed)"] = "; ".join(
+            ",".join(f"{a}={b}" for a, b in r["rows"][name].get("hparams", {}).items()) or "-"
+            for r in results
+        )
+        table.append(row)
+    wins = {
+        other: sum(r["rows"]["casa"]["combined"] > r["rows"][other]["combined"] for r in results)
+        for other in ("ties", "dare", "task_arithmetic", "direct", "source_revert")
+    }
+    diag_row = {k: _mean_std([r["diagnostics"][k] for r in results]) for k in DIAGNOSTICS}
+    summary.update({f"casa_beats/{k}": v for k, v in wins.items()})
+    notes = (
+        f"{len(results)} seed(s), mean ± std over seeds; test split. play_accuracy: the LoRA task "
+        "on the target; genre_accuracy / genre_agreement: the target's own behaviour (retention) "
+        "and agreement with the unmodified target; norm_inflation: mean pooled-feature norm on "
+        "the play inputs over that of source + LoRA. Hyper-parameters chosen on the validation "
+        f"split by `combined` = mean(play, genre accuracy); adapters of rank {config.merge.rank}. "
+        f"CASA's combined score above the other method on (seeds): {wins}.\n\n"
+        "## Spectral-rigidity diagnostics (mean over adapted kernels)\n\n"
+        "| " + " | ".join(DIAGNOSTICS) + " |\n|" + "---|" * len(DIAGNOSTICS) + "\n| "
+        + " | ".join(diag_row[k] for k in DIAGNOSTICS) + " |\n"
+    )  # fmt: skip
+    common.write_results_md(workdir, table, title="CASA: LoRA transfer to a fine-tuned MiniLM", notes=notes)  # fmt: skip
+    common.write_json(os.path.join(workdir, "results.json"), {"summary": summary, "seeds": results})
+    _plot(workdir, results)
+    return summary
+
+
+def _plot(workdir, results):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for name, marker in zip((*METHODS, "target_alone"), itertools.cycle("osD^v*Px")):
+        xs = [r["rows"][name]["genre_accuracy"] for r in results]
+        ys = [r["rows"][name]["play_accuracy"] for r in results]
+        ax.scatter(np.mean(xs), np.mean(ys), marker=marker, s=60, label=name)
+    ax.set_xlabel("genre accuracy (target's own task, retention)")
+    ax.set_ylabel("play accuracy (LoRA task on the target)")
+    ax.set_title("LoRA transfer to the fine-tuned target (mean over seeds)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(workdir, "transfer.png"), dpi=120)
+    plt.close(fig)

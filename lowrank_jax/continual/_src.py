@@ -1,0 +1,183 @@
+"""Internal helpers shared by the continual methods' factories (not public API; optax-style)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from lowrank_jax import adapters
+from lowrank_jax.continual.capture import layer_inputs
+from lowrank_jax.continual.protocol import ContinualState, get_path, kernel_paths, set_path
+from lowrank_jax.optim.projection import init_subspace_memory
+
+
+def drop_path(tree: Any, path: str) -> Any:
+    head, _, rest = path.partition("/")
+    out = dict(tree)
+    if rest:
+        out[head] = drop_path(tree[head], rest)
+    else:
+        del out[head]
+    return out
+
+
+def lora_set(
+    key: jax.Array,
+    variables: Any,
+    targets: Sequence[str],
+    rank: int,
+    *,
+    full_rank: int,
+    alpha: float,
+) -> dict[str, Any]:
+    """LoRA adapters of ``rank`` on ``targets``, scaled as a slice of a rank-``full_rank`` LoRA."""
+    lora = adapters.lora(rank, alpha=alpha * rank / full_rank)
+    return adapters.init(key, variables, [(t, lora) for t in targets])
+
+
+def replace_a(lora_set: Mapping[str, Any], new_a: Mapping[str, jax.Array]) -> dict[str, Any]:
+    return {
+        p: ad.replace(factors={**ad.factors, "a": new_a[p].astype(ad.factors["a"].dtype)})
+        for p, ad in lora_set.items()
+    }
+
+
+def optimizer(
+    learning_rate: float, grad_clip: float, extra: Sequence[optax.GradientTransformation] = ()
+) -> optax.GradientTransformation:
+    """Clip (``grad_clip > 0``), Adam, the ``extra`` transforms, then ``−learning_rate``.
+
+    The extras sit after Adam's moment estimates (a projection before them would be undone by
+    Adam's element-wise scaling; see :func:`lowrank_jax.optim.scale_by_orthogonal_projection`).
+    """
+    parts = [optax.clip_by_global_norm(grad_clip)] if grad_clip else []
+    parts += [optax.scale_by_adam(), *extra, optax.scale(-learning_rate)]
+    return optax.chain(*parts)
+
+
+def check_common(*, rank: int, alpha: float, learning_rate: float, grad_clip: float) -> None:
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise ValueError(f"rank must be a positive int, got {rank!r}.")
+    if not alpha > 0:
+        raise ValueError(f"alpha must be > 0, got {alpha!r}.")
+    if not learning_rate > 0:
+        raise ValueError(f"learning_rate must be > 0, got {learning_rate!r}.")
+    if not grad_clip >= 0:
+        raise ValueError(f"grad_clip must be >= 0 (0: no clipping), got {grad_clip!r}.")
+
+
+def check_threshold(name: str, value: float) -> None:
+    if not 0 < value <= 1:
+        raise ValueError(f"{name} must lie in (0, 1], got {value!r}.")
+
+
+class MethodBase(NamedTuple):
+    """What every factory shares: the model, its targets and the optimiser's knobs."""
+
+    apply_fn: Callable[..., Any]
+    adapted: Callable[..., Any]
+    targets: tuple[str, ...]
+    head_path: str
+    rank: int
+    alpha: float
+    learning_rate: float
+    grad_clip: float
+    jitted: dict[Any, Callable[..., Any]]  # compiled helpers, one per kernel tuple
+
+    def init(self, variables: Any, *, memory: bool, extra: Callable[[dict], Any]) -> ContinualState:
+        kernels = kernel_paths(variables, self.targets)
+        w0 = {k: jnp.asarray(get_path(variables, k)) for k in kernels}
+        mem = {k: init_subspace_memory(w0[k].shape[0]) for k in kernels} if memory else {}
+        return ContinualState(
+            params=drop_path(variables, self.head_path),
+            head=get_path(variables, self.head_path),
+            kernels=w0,
+            memory=mem,
+            update={},
+            extra=extra(w0),
+        )
+
+    def full(self, params: Any, head: Any) -> Any:
+        """The model's variables: ``params`` with ``head`` at ``head_path``."""
+        return set_path(params, self.head_path, head)
+
+    def lora(self, key: jax.Array, state: ContinualState, rank: int | None = None) -> dict:
+        return lora_set(
+            key,
+            self.full(state.params, state.head),
+            self.targets,
+            self.rank if rank is None else rank,
+            full_rank=self.rank,
+            alpha=self.alpha,
+        )
+
+    def tx(self, extra: Sequence[optax.GradientTransformation] = ()) -> Any:
+        return optimizer(self.learning_rate, self.grad_clip, extra)
+
+    def layer_inputs(self, state: ContinualState, x: Any) -> dict[str, jax.Array]:
+        """The inputs ``(b, n)`` of every adapted kernel on ``x`` under the consolidated model."""
+        kernels = tuple(state.kernels)
+        if kernels not in self.jitted:
+            self.jitted[kernels] = jax.jit(
+                lambda p, x: layer_inputs(self.apply_fn, list(kernels), p, x)
+            )
+        _, inputs = self.jitted[kernels](self.full(state.params, state.head), jnp.asarray(x))
+        return inputs
+
+    def plain_predict(
+        self, state: ContinualState, x: Any, task_id: int | None = None
+    ) -> tuple[jax.Array, None]:
+        """Logits of the consolidated model (no adapters left: everything is merged)."""
+        del task_id
+        if "plain" not in self.jitted:
+            self.jitted["plain"] = jax.jit(lambda p, x: self.adapted(p, {}, x))
+        return self.jitted["plain"](self.full(state.params, state.head), jnp.asarray(x)), None
+
+    def deltas(self, state: ContinualState, adapter_set: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: adapters.delta(ad, state.kernels[k].shape) for k, ad in adapter_set.items()}
+
+
+def common_args(local_vars: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword arguments every factory shares, picked from its ``locals()``."""
+    keys = ("targets", "rank", "alpha", "learning_rate", "grad_clip")
+    return {k: local_vars[k] for k in keys}
+
+
+def method_base(
+    apply_fn: Callable[..., Any],
+    *,
+    targets: Sequence[str],
+    rank: int,
+    alpha: float,
+    learning_rate: float,
+    grad_clip: float,
+    head_path: str,
+) -> MethodBase:
+    check_common(rank=rank, alpha=alpha, learning_rate=learning_rate, grad_clip=grad_clip)
+    if isinstance(targets, str) or not targets:
+        raise ValueError(f"targets must be a non-empty tuple of regexes, got {targets!r}.")
+    return MethodBase(
+        apply_fn,
+        adapters.adapt(apply_fn),
+        tuple(targets),
+        head_path,
+        rank,
+        float(alpha),
+        float(learning_rate),
+        float(grad_clip),
+        {},
+    )
+
+
+def no_penalty(trainable: Any, frozen: Any, batch: Any, key: jax.Array) -> jax.Array:
+    del trainable, frozen, batch, key
+    return jnp.zeros([], jnp.float32)
+
+
+def no_diagnostics(state: ContinualState) -> dict[str, Any]:
+    del state
+    return {}

@@ -1,0 +1,110 @@
+"""lowrank_jax.fp8: FP8 scales for attention logits (P14), delayed scaling, FP8 emulation.
+
+* :mod:`~lowrank_jax.fp8.bounds`: rank-aware / rank-agnostic logit bounds and the geometry-aware
+  scale ``s = c R √d_h / (g² σ_max(W^Q W^{K⊤}) √(γ r log(2n²/δ)))`` (P14, reconstruction);
+* :mod:`~lowrank_jax.fp8.sigma`: exact ``σ_max(W^Q_h W^{K⊤}_h)`` from the ``d_h × d_h`` core of
+  thin QR factors (``O(d·d_h²)`` per head, GQA without key expansion) and the offline scales
+  :func:`attention_scales` built on it (the default outside a training loop);
+* :mod:`~lowrank_jax.fp8.policies`: scaling policies as pure state machines
+  (:class:`ScalingPolicy`: ``init``/``scales``/``observe``/``reset``) for a user's own loop:
+  geometry-aware (warm-started power iteration), delayed scaling, current scaling;
+* :mod:`~lowrank_jax.fp8.delayed`: Transformer Engine's delayed scaling and the current-scaling
+  oracle;
+* :mod:`~lowrank_jax.fp8.diagnostics`: the bounds of a (biased) attention layer next to its
+  empirical max logit on real inputs;
+* :mod:`~lowrank_jax.fp8.emulation`: E4M3/E5M2 formats, scaled quantise-dequantise, overflow
+  counts.
+
+Example (a user's own step; ``wq`` ``(L, d, H, d_h)``, ``wk`` ``(L, d, G, d_h)``, ``gains`` ``(L,)``)::
+
+    policy = fp8.geometry_scaling_policy(seq_len=2048)
+    pstate = policy.init(key, wq, wk, gains)
+    scales, pstate = policy.scales(pstate, wq, wk, gains)   # (L, H), before the forward pass
+    s_q = fp8.fp8_quantize_dequantize(logits, scales[layer][:, None, None])
+"""
+
+from lowrank_jax.fp8.bounds import (
+    chernoff_gamma,
+    geometry_aware_scale,
+    logit_bound,
+    norm_gain_bound,
+    rank_agnostic_alpha,
+    rank_agnostic_scale,
+    rank_agnostic_tail_bound,
+    rank_aware_alpha,
+    rank_aware_tail_bound,
+    rank_aware_tightness,
+    worst_case_logit_bound,
+)
+from lowrank_jax.fp8.delayed import (
+    DelayedScalingState,
+    current_scale,
+    init_delayed_scaling,
+    update_delayed_scaling,
+)
+from lowrank_jax.fp8.diagnostics import (
+    AttentionLogitReport,
+    attention_logit_report,
+    fold_attention_bias,
+)
+from lowrank_jax.fp8.emulation import (
+    FP8_FORMATS,
+    fp8_dtype,
+    fp8_max,
+    fp8_overflow_count,
+    fp8_quantize_dequantize,
+)
+from lowrank_jax.fp8.policies import (
+    GeometryScalingState,
+    ScalingPolicy,
+    attention_fp8_scales,
+    current_scaling_policy,
+    delayed_scaling_policy,
+    geometry_scaling_policy,
+    init_geometry_scaling,
+    update_geometry_scaling,
+)
+from lowrank_jax.fp8.sigma import attention_scales, attention_sigma_max, attention_top_singular
+
+__all__ = [
+    # bounds and scales
+    "chernoff_gamma",
+    "geometry_aware_scale",
+    "logit_bound",
+    "norm_gain_bound",
+    "rank_agnostic_alpha",
+    "rank_agnostic_scale",
+    "rank_agnostic_tail_bound",
+    "rank_aware_alpha",
+    "rank_aware_tail_bound",
+    "rank_aware_tightness",
+    "worst_case_logit_bound",
+    # delayed and current scaling
+    "DelayedScalingState",
+    "current_scale",
+    "init_delayed_scaling",
+    "update_delayed_scaling",
+    # diagnostics
+    "AttentionLogitReport",
+    "attention_logit_report",
+    "fold_attention_bias",
+    # emulation
+    "FP8_FORMATS",
+    "fp8_dtype",
+    "fp8_max",
+    "fp8_overflow_count",
+    "fp8_quantize_dequantize",
+    # exact sigma (thin-QR core) and offline scales
+    "attention_scales",
+    "attention_sigma_max",
+    "attention_top_singular",
+    # policies
+    "GeometryScalingState",
+    "ScalingPolicy",
+    "attention_fp8_scales",
+    "current_scaling_policy",
+    "delayed_scaling_policy",
+    "geometry_scaling_policy",
+    "init_geometry_scaling",
+    "update_geometry_scaling",
+]

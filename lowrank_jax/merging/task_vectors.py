@@ -1,0 +1,530 @@
+"""Task-vector merges on factorised adapters: task arithmetic, TIES and DARE.
+
+A *task vector* is a flat ``{path: update}`` dict over kernel paths (see
+:mod:`lowrank_jax.adapters.paths`) whose values are either :class:`~lowrank_jax.adapters.Adapter`
+records (an adapter set from :func:`lowrank_jax.adapters.init`, e.g. a trained LoRA) or dense
+updates in the kernel's shape (``W_finetuned - W_base``, see :func:`task_vector`). Every merge here
+works on the *product* ``ΔW = s · A B`` of a LoRA (or the materialised update of any adapter kind),
+never on ``A`` and ``B`` separately: merging factors separately, as PEFT's ``add_weighted_adapter``
+does for ``combination_type="linear" | "ties" | "dare_linear"``, multiplies out to cross terms
+``s_i s_j A_i B_j`` between different adapters (PEFT issues #3004, #3013). The merged update is
+re-factorised into a LoRA of a stated rank by a truncated SVD (the best rank-``r`` approximation
+in Frobenius and spectral norm); task arithmetic of LoRAs does this through a QR of the stacked
+factors, so no ``n × m`` matrix is formed.
+
+Per kernel, with updates ``Δ_1..Δ_K`` (matrix views ``(n, m)``) and weights ``w_k``:
+
+* task arithmetic: ``Δ = Σ_k w_k Δ_k``;
+* TIES (Yadav et al. 2023): trim each ``Δ_k`` to its ``⌊density · n m⌋`` largest-magnitude entries
+  (``T_k``); elect a sign per entry, ``γ = sign(Σ_k T_k)`` (``"total"``) or ``sign(Σ_k sign T_k)``
+  (``"frequency"``), with ``γ = +1`` at 0; disjoint mean ``Δ = Σ_k w_k T_k [sign T_k = γ] /
+  max(1, Σ_k [sign T_k = γ])``;
+* DARE (Yu et al. 2024): keep each entry with probability ``density`` and rescale,
+  ``Δ = Σ_k w_k (M_k ⊙ Δ_k) / density`` with ``M_k ~ Bernoulli(density)`` (``dare_linear``).
+
+These follow PEFT's ``peft.utils.merge_utils`` step by step (per-tensor trimming, the sign elected
+from the unweighted trimmed updates, the weights applied in the disjoint mean), so our TIES and DARE
+equal PEFT's ``add_weighted_adapter(combination_type="ties_svd" | "dare_linear_svd")`` on the same
+adapters, same density and DARE mask (``tests/merging/test_peft_agreement.py``).
+
+References:
+  Ilharco et al. 2023, Editing models with task arithmetic; Yadav et al. 2023, TIES-Merging;
+  Yu et al. 2024, Language models are Super Mario (DARE); PEFT ``LoraModel.add_weighted_adapter``.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+
+from lowrank_jax.adapters import paths as paths_lib
+from lowrank_jax.adapters.core import Adapter
+from lowrank_jax.adapters.kinds import LoRA
+
+__all__ = [
+    "TaskVector",
+    "check_same_paths",
+    "dare_delta",
+    "dare_masks",
+    "lowrank_factors",
+    "merge_dare",
+    "merge_task_arithmetic",
+    "merge_ties",
+    "task_vector",
+    "task_vector_matrices",
+    "ties_delta",
+    "to_lora",
+]
+
+TaskVector = Mapping[str, Any]  # {path: Adapter | dense update in the kernel's shape}
+Majority = Literal["total", "frequency"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation and matrix views.
+
+
+def check_same_paths(trees: Sequence[Mapping[str, Any]], *, what: str = "task vectors") -> None:
+    """Raises unless every ``{path: value}`` dict in ``trees`` has the same paths.
+
+    Raises:
+      TypeError: an entry is not a mapping.
+      ValueError: the path sets differ; the message names the first differing path (in sorted
+        order) and which of the dicts lack it.
+    """
+    for i, t in enumerate(trees):
+        if not isinstance(t, Mapping):
+            raise TypeError(
+                f"{what}[{i}] is a {type(t).__name__}; pass {{path: Adapter or array}} dicts "
+                "(an adapter set from adapters.init, or task_vector(finetuned, base))."
+            )
+    union = sorted(set().union(*(set(t) for t in trees)))
+    for path in union:
+        lacking = [i for i, t in enumerate(trees) if path not in t]
+        if lacking:
+            raise ValueError(
+                f"the {what} differ at path {path!r}: missing from {what} {lacking}. Merge "
+                "updates of the same kernels (restrict each to the common paths first)."
+            )
+
+
+def _matrix_view(value: Any, layout: tuple[int, int] | None, path: str) -> jax.Array:
+    """``(L, n, m)`` float32 matrix views of one update (``L`` stacked layers, 1 if none)."""
+    if isinstance(value, Adapter):
+        if value.matrix is None:
+            raise ValueError(f"the Adapter at {path!r} does not record its (n, m) shape.")
+        n, m = value.matrix
+        stack = value.stack_ndim()
+        flat = jax.tree.map(lambda f: jnp.reshape(f, (-1, *f.shape[stack:])), value.factors)
+        return jax.vmap(value.kind.materialize)(flat).astype(jnp.float32).reshape(-1, n, m)
+    x = jnp.asarray(value)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(f"the update at {path!r} has dtype {x.dtype}; pass a floating array.")
+    if layout is None:
+        if x.ndim != 2:
+            raise ValueError(
+                f"the dense update at {path!r} has shape {x.shape}: only 2-D kernels are read "
+                "without an Adapter at the same path to give the layout; pass one, or reshape."
+            )
+        layout = (1, 1)
+    i, o = layout
+    stack = x.ndim - i - o
+    if stack < 0:
+        raise ValueError(f"the dense update at {path!r} of shape {x.shape} has too few axes.")
+    n = int(jnp.prod(jnp.asarray(x.shape[stack : stack + i])))
+    m = int(jnp.prod(jnp.asarray(x.shape[stack + i :])))
+    return x.astype(jnp.float32).reshape(-1, n, m)
+
+
+def _layout(values: Sequence[Any]) -> tuple[int, int, tuple[int, ...]] | None:
+    """``(in_ndim, out_ndim, stack_shape)`` of the first Adapter among ``values`` (else None)."""
+    for v in values:
+        if isinstance(v, Adapter):
+            stack = jax.tree.leaves(v.factors)[0].shape[: v.stack_ndim()]
+            return v.in_ndim, v.out_ndim, tuple(stack)
+    return None
+
+
+def task_vector_matrices(
+    task_vectors: Sequence[TaskVector],
+) -> dict[str, tuple[jax.Array, tuple[int, int, tuple[int, ...]]]]:
+    """``{path: ((K, L, n, m) stacked matrix views, (in_ndim, out_ndim, stack_shape))}``.
+
+    An Adapter's matrix view is its materialised update ``ΔW`` (``(L, n, m)``, ``L`` the product
+    of its stacked-layer axes, 1 if none); a dense update takes the layout of an Adapter at the
+    same path, or must be 2-D.
+
+    Raises:
+      ValueError: the task vectors have different paths, or the matrix views at a path differ in
+        shape (the message names the first such path).
+    """
+    if isinstance(task_vectors, Mapping) or not len(task_vectors):
+        raise TypeError("pass a non-empty sequence of task vectors ({path: update} dicts).")
+    check_same_paths(task_vectors)
+    out = {}
+    for path in task_vectors[0]:
+        values = [tv[path] for tv in task_vectors]
+        layout = _layout(values)
+        views = [_matrix_view(v, None if layout is None else layout[:2], path) for v in values]
+        shapes = [tuple(v.shape) for v in views]
+        if len(set(shapes)) != 1:
+            raise ValueError(
+                f"the task vectors differ at path {path!r}: matrix views of shapes {shapes}. "
+                "Merge updates of the same kernels."
+            )
+        out[path] = (jnp.stack(views), layout if layout is not None else (1, 1, ()))
+    return out
+
+
+def task_vector(finetuned: Any, base: Any, *, targets: Sequence[str] | None = None) -> dict:
+    """``{path: finetuned - base}`` over the kernels of two parameter pytrees of one model.
+
+    Args:
+      finetuned, base: parameter pytrees of the same structure (linen variables, dicts, ...).
+      targets: full-match regexes over '/'-joined paths selecting the kernels (default: every
+        floating leaf with at least 2 axes).
+
+    Returns:
+      ``{path: (kernel shape) difference}``, a dense task vector for the merges of this module.
+
+    Raises:
+      ValueError: the trees have different paths or shapes (the message names the first
+        differing path), or ``targets`` selects nothing.
+    """
+    fine, start = paths_lib.named_leaves(finetuned), paths_lib.named_leaves(base)
+    check_same_paths([fine, start], what="parameter trees")
+    compiled = [re.compile(t) for t in targets] if targets is not None else None
+    out = {}
+    for path, x in start.items():
+        y = fine[path]
+        if jnp.shape(x) != jnp.shape(y):
+            raise ValueError(
+                f"the parameter trees differ at path {path!r}: shapes {jnp.shape(y)} (finetuned) "
+                f"and {jnp.shape(x)} (base)."
+            )
+        floating = jnp.issubdtype(jnp.asarray(x).dtype, jnp.floating)
+        wanted = (
+            any(c.fullmatch(path) for c in compiled) if compiled else floating and jnp.ndim(x) >= 2
+        )
+        if wanted:
+            out[path] = jnp.asarray(y, jnp.float32) - jnp.asarray(x, jnp.float32)
+    if not out:
+        raise ValueError(f"targets {targets!r} select no parameter; paths: {sorted(start)[:20]}")
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-matrix cores.
+
+
+def _check_density(density: float) -> float:
+    if not isinstance(density, int | float) or not 0.0 < density <= 1.0:
+        raise ValueError(f"density must lie in (0, 1] (the kept fraction); got {density!r}.")
+    return float(density)
+
+
+def _weights(weights: Sequence[float] | None, k: int) -> jax.Array:
+    if weights is None:
+        return jnp.ones((k,), jnp.float32)
+    w = jnp.asarray(weights, jnp.float32)
+    if w.shape != (k,):
+        raise ValueError(f"weights must hold one float per task vector ({k}); got {weights!r}.")
+    return w
+
+
+def _trim(delta: jax.Array, density: float) -> jax.Array:
+    """Keeps the ``⌊density · size⌋`` largest-magnitude entries of one matrix (PEFT's rule)."""
+    if density >= 1.0:
+        return delta
+    flat = delta.reshape(-1)
+    k = int(density * flat.size)
+    _, idx = jax.lax.top_k(jnp.abs(flat), k)
+    keep = jnp.zeros(flat.shape, bool).at[idx].set(True)
+    return jnp.where(keep, flat, 0.0).reshape(delta.shape)
+
+
+def ties_delta(
+    deltas: jax.Array,
+    *,
+    density: float,
+    weights: Sequence[float] | None = None,
+    majority: Majority = "total",
+) -> jax.Array:
+    """TIES merge of ``K`` updates of one kernel: trim, elect sign, disjoint mean.
+
+    ``T_k = trim(Δ_k)`` keeps the ``⌊density · n m⌋`` largest ``|Δ_k|`` entries;
+    ``γ = sign(Σ_k T_k)`` (or ``sign(Σ_k sign T_k)`` for ``majority="frequency"``), +1 at 0;
+    ``Δ = Σ_k w_k T_k [sign T_k = γ] / max(1, Σ_k [sign T_k = γ])``.
+
+    Args:
+      deltas: ``(K, n, m)`` updates (dense matrix views).
+      density: kept fraction in ``(0, 1]`` (1: no trimming).
+      weights: ``K`` weights (default 1), applied in the disjoint mean as in PEFT.
+      majority: ``"total"`` (sign of the summed mass, the TIES paper) or ``"frequency"``.
+
+    Returns:
+      ``(n, m)`` merged update.
+
+    References:
+      Yadav et al. 2023 (TIES-Merging); PEFT ``merge_utils.ties``.
+    """
+    density = _check_density(density)
+    if majority not in ("total", "frequency"):
+        raise ValueError(f"majority must be 'total' or 'frequency'; got {majority!r}.")
+    if deltas.ndim != 3:
+        raise ValueError(f"deltas must be (K, n, m); got shape {deltas.shape}.")
+    w = _weights(weights, deltas.shape[0])
+    trimmed = jax.vmap(lambda d: _trim(d, density))(deltas)
+    signs = jnp.sign(trimmed)
+    mass = trimmed.sum(0) if majority == "total" else signs.sum(0)
+    elected = jnp.where(mass >= 0, 1.0, -1.0)
+    agree = signs == elected
+    total = jnp.sum(jnp.where(agree, w[:, None, None] * trimmed, 0.0), 0)
+    return total / jnp.maximum(agree.sum(0), 1)
+
+
+def dare_masks(key: jax.Array, shape: Sequence[int], *, density: float) -> jax.Array:
+    """Bernoulli(``density``) keep masks of ``shape`` (``True``: kept)."""
+    return jax.random.bernoulli(key, _check_density(density), tuple(shape))
+
+
+def dare_delta(
+    deltas: jax.Array,
+    keep: jax.Array,
+    *,
+    density: float,
+    weights: Sequence[float] | None = None,
+) -> jax.Array:
+    """DARE (drop and rescale, linear combination) of ``K`` updates of one kernel.
+
+    ``Δ = Σ_k w_k (M_k ⊙ Δ_k) / density``: unbiased, ``E[Δ] = Σ_k w_k Δ_k``.
+
+    Args:
+      deltas: ``(K, n, m)`` updates.
+      keep: ``(K, n, m)`` boolean (or 0/1) keep masks, e.g. :func:`dare_masks`; injecting them
+        makes the merge deterministic (PEFT draws them with ``torch.bernoulli``).
+      density: the keep probability the masks were drawn with, in ``(0, 1]``.
+      weights: ``K`` weights (default 1).
+
+    Returns:
+      ``(n, m)`` merged update.
+
+    References:
+      Yu et al. 2024 (DARE); PEFT ``merge_utils.dare_linear``.
+    """
+    density = _check_density(density)
+    if keep.shape != deltas.shape:
+        raise ValueError(f"keep has shape {keep.shape}; it must match deltas {deltas.shape}.")
+    w = _weights(weights, deltas.shape[0])
+    kept = jnp.where(keep.astype(bool), deltas, 0.0) / density
+    return jnp.tensordot(w, kept, axes=1)
+
+
+def lowrank_factors(delta: jax.Array, *, rank: int) -> tuple[jax.Array, jax.Array]:
+    """Best rank-``r`` factors of one ``(n, m)`` update: ``a = U_r √S_r``, ``b = √S_r V_rᵀ``.
+
+    ``a @ b`` is the truncated SVD of ``delta`` (Eckart–Young); returns ``(a (n, r), b (r, m))``.
+    """
+    n, m = delta.shape
+    if not isinstance(rank, int) or not 1 <= rank <= min(n, m):
+        raise ValueError(f"rank must be an int in [1, {min(n, m)}] for a ({n}, {m}) update.")
+    u, s, vt = jnp.linalg.svd(delta, full_matrices=False)
+    root = jnp.sqrt(s[:rank])
+    return u[:, :rank] * root, root[:, None] * vt[:rank]
+
+
+def _lora_sum_factors(
+    tvs: Sequence[TaskVector], path: str, w: jax.Array, rank: int | None
+) -> tuple[jax.Array, jax.Array] | None:
+    """Task arithmetic of LoRAs through a QR of the stacked factors (no ``n × m`` matrix).
+
+    ``Σ_k w_k s_k A_k B_k = [w_k s_k A_k]_k [B_k]_k = Q_a (R_a R_bᵀ) Q_bᵀ``; the SVD of the small
+    core ``R_a R_bᵀ`` gives the truncated factors. ``None`` if some update is not a LoRA.
+    """
+    ads = [tv[path] for tv in tvs]
+    if not all(isinstance(a, Adapter) and isinstance(a.kind, LoRA) for a in ads):
+        return None
+    stacks = {a.stack_ndim() for a in ads}
+    if len(stacks) != 1:
+        return None
+    (stack,) = stacks
+    n, m = ads[0].matrix
+    a_cat = jnp.concatenate(
+        [
+            (w[i] * ad.kind.scale)
+            * ad.factors["a"].astype(jnp.float32).reshape(-1, n, ad.kind.rank)
+            for i, ad in enumerate(ads)
+        ],
+        axis=-1,
+    )
+    b_cat = jnp.concatenate(
+        [ad.factors["b"].astype(jnp.float32).reshape(-1, ad.kind.rank, m) for ad in ads], axis=-2
+    )
+    total = a_cat.shape[-1]
+    r = min(total, n, m) if rank is None else rank
+
+    def one(a, b):
+        qa, ra = jnp.linalg.qr(a)
+        qb, rb = jnp.linalg.qr(b.T)
+        u, s, vt = jnp.linalg.svd(ra @ rb.T, full_matrices=False)
+        keep = min(r, s.shape[0])
+        root = jnp.sqrt(s[:keep])
+        fa, fb = (qa @ u[:, :keep]) * root, root[:, None] * (vt[:keep] @ qb.T)
+        pad = r - keep  # rank above the stacked rank: zero directions
+        return jnp.pad(fa, ((0, 0), (0, pad))), jnp.pad(fb, ((0, pad), (0, 0)))
+
+    del stack
+    return jax.vmap(one)(a_cat, b_cat)
+
+
+# ----------------------------------------------------------------------------------------------
+# Pytree-level merges.
+
+
+def to_lora(
+    factors: tuple[jax.Array, jax.Array], layout: tuple[int, int, tuple[int, ...]], n: int, m: int
+) -> Adapter:
+    """An :class:`Adapter` of kind ``LoRA(rank=r, alpha=r)`` (scale 1) from ``(L, n, r), (L, r, m)``
+    factors, with the stacked-layer axes and kernel layout of ``layout``."""
+    a, b = factors
+    in_ndim, out_ndim, stack = layout
+    r = a.shape[-1]
+    kind = LoRA(rank=r, alpha=float(r), in_ndim=in_ndim, out_ndim=out_ndim)
+    return Adapter(
+        factors={"a": a.reshape(*stack, n, r), "b": b.reshape(*stack, r, m)},
+        kind=kind,
+        in_ndim=in_ndim,
+        out_ndim=out_ndim,
+        matrix=(n, m),
+    )
+
+
+def _check_rank(rank: int | None, n: int, m: int, path: str) -> int:
+    if rank is None:
+        return min(n, m)
+    if not isinstance(rank, int) or isinstance(rank, bool) or not 1 <= rank <= min(n, m):
+        raise ValueError(
+            f"rank={rank!r} does not fit {path!r}, a ({n}, {m}) matrix view: pass an int in "
+            f"[1, {min(n, m)}] (or None for the exact, untruncated update)."
+        )
+    return rank
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _factorize(merged: jax.Array, rank: int) -> tuple[jax.Array, jax.Array]:
+    return jax.vmap(lambda d: lowrank_factors(d, rank=rank))(merged)
+
+
+@functools.partial(jax.jit, static_argnames=("density", "majority"))
+def _ties_layers(ds, w, *, density, majority):
+    one = functools.partial(ties_delta, weights=w, density=density, majority=majority)
+    return jax.vmap(one, in_axes=1)(ds)
+
+
+@functools.partial(jax.jit, static_argnames=("density",))
+def _dare_layers(ds, key, w, *, density):
+    def one(layer_ds, layer):
+        keep = dare_masks(jax.random.fold_in(key, layer), layer_ds.shape, density=density)
+        return dare_delta(layer_ds, keep, density=density, weights=w)
+
+    return jax.vmap(one, in_axes=(1, 0))(ds, jnp.arange(ds.shape[1]))
+
+
+def _merge(tvs, combine, *, rank, relative_to, lora_shortcut=None) -> dict[str, Adapter]:
+    """Runs ``combine(path_index, (K, L, n, m)) -> (L, n, m)`` per kernel and re-factorises."""
+    if not isinstance(tvs, Sequence) or isinstance(tvs, Mapping) or not tvs:
+        raise TypeError("task_vectors must be a non-empty list of {path: update} dicts.")
+    extra = [relative_to] if relative_to is not None else []
+    mats = task_vector_matrices([*tvs, *extra])
+    out = {}
+    for index, (path, (stacked, layout)) in enumerate(mats.items()):
+        _, _, n, m = stacked.shape
+        r = _check_rank(rank, n, m, path)
+        factors = None
+        if lora_shortcut is not None and relative_to is None:
+            factors = lora_shortcut(path, rank)
+        if factors is None:
+            rel = stacked[-1] if relative_to is not None else jnp.zeros_like(stacked[0])
+            factors = _factorize(combine(index, stacked[: len(tvs)]) - rel, r)
+        out[path] = to_lora(factors, layout, n, m)
+    return out
+
+
+def merge_task_arithmetic(
+    task_vectors: Sequence[TaskVector],
+    *,
+    weights: Sequence[float] | None = None,
+    rank: int | None = None,
+    relative_to: TaskVector | None = None,
+) -> dict[str, Adapter]:
+    """Task arithmetic ``Σ_k w_k ΔW_k`` per kernel, re-factorised as a rank-``r`` LoRA.
+
+    Args:
+      task_vectors: ``K`` ``{path: Adapter | dense update}`` dicts with the same paths.
+      weights: ``K`` weights (default 1 each).
+      rank: output rank per kernel (``None``: ``min(n, m)``, or the stacked rank ``Σ r_k`` for
+        LoRAs: exact).
+      relative_to: optional task vector ``τ_0`` subtracted before re-factorising: the adapter then
+        encodes ``merge - τ_0``, to be loaded on a model that already holds ``τ_0`` (a target
+        ``W_t = W_s + τ_0``).
+
+    Returns:
+      ``{path: Adapter}`` of kind ``LoRA(rank, alpha=rank)`` (scale 1), ready for
+      :func:`lowrank_jax.adapters.merge` or the adapted forward.
+
+    Raises:
+      ValueError: the task vectors have different paths or shapes (naming the first differing
+        path), a bad rank or weights.
+      TypeError: an entry is not a ``{path: update}`` dict.
+
+    Example:
+      >>> merged = merge_task_arithmetic([lora_a, lora_b], weights=(0.5, 0.5), rank=8)
+    """
+    w = _weights(weights, len(task_vectors)) if isinstance(task_vectors, Sequence) else None
+
+    def combine(_, ds):
+        return jnp.einsum("k,kl...->l...", w, ds)
+
+    return _merge(
+        task_vectors,
+        combine,
+        rank=rank,
+        relative_to=relative_to,
+        lora_shortcut=lambda path, r: _lora_sum_factors(task_vectors, path, w, r),
+    )
+
+
+def merge_ties(
+    task_vectors: Sequence[TaskVector],
+    *,
+    density: float,
+    weights: Sequence[float] | None = None,
+    majority: Majority = "total",
+    rank: int | None = None,
+    relative_to: TaskVector | None = None,
+) -> dict[str, Adapter]:
+    """TIES merge (:func:`ties_delta`) of the products, per kernel, as a rank-``r`` LoRA.
+
+    Trimming is per kernel matrix (per stacked layer), as in PEFT and mergekit; the TIES paper
+    trims each whole task vector. Args, returns and errors as :func:`merge_task_arithmetic`, plus
+    ``density`` (kept fraction in ``(0, 1]``) and ``majority`` (``"total"`` or ``"frequency"``).
+    """
+    _check_density(density)
+
+    if majority not in ("total", "frequency"):
+        raise ValueError(f"majority must be 'total' or 'frequency'; got {majority!r}.")
+
+    def combine(_, ds):
+        w = _weights(weights, ds.shape[0])
+        return _ties_layers(ds, w, density=float(density), majority=majority)
+
+    return _merge(task_vectors, combine, rank=rank, relative_to=relative_to)
+
+
+def merge_dare(
+    task_vectors: Sequence[TaskVector],
+    key: jax.Array,
+    *,
+    density: float,
+    weights: Sequence[float] | None = None,
+    rank: int | None = None,
+    relative_to: TaskVector | None = None,
+) -> dict[str, Adapter]:
+    """DARE merge (:func:`dare_delta`, masks from ``key``) of the products, as a rank-``r`` LoRA.
+
+    Kernel ``i`` (in path order) and stacked layer ``l`` draw their ``(K, n, m)`` masks from
+    ``fold_in(fold_in(key, i), l)``. Args, returns and errors as :func:`merge_task_arithmetic`, plus
+    ``key`` and ``density`` (keep probability in ``(0, 1]``).
+    """
+    density = _check_density(density)
+
+    def combine(index, ds):
+        w = _weights(weights, ds.shape[0])
+        return _dare_layers(ds, jax.random.fold_in(key, index), w, density=density)
+
+    return _merge(task_vectors, combine, rank=rank, relative_to=relative_to)

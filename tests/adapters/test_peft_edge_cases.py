@@ -1,0 +1,207 @@
+"""PEFT interop edge cases: pattern keys, refused features, named sets, broken configs.
+
+The tests marked ``peers`` write adapters with real PyTorch PEFT (the ``peers`` extra, installed by
+``make test``) and check that what we load computes what PEFT computes, or is refused by name.
+"""
+
+import importlib.util
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lowrank_jax import adapters as A
+from tests.adapters.models import perturb
+
+HAVE_PEFT = all(importlib.util.find_spec(m) is not None for m in ("torch", "peft"))
+peers = pytest.mark.skipif(not HAVE_PEFT, reason="needs the peers extra (make install)")
+
+PARAMS = {
+    "enc": {
+        "fc1": {"kernel": jax.random.normal(jax.random.key(0), (8, 16)), "bias": jnp.zeros(16)},
+        "fc2": {"kernel": jax.random.normal(jax.random.key(1), (16, 4)), "bias": jnp.zeros(4)},
+    }
+}
+module_name = lambda path: ".".join(path.split("/")[:-1])  # enc/fc1/kernel -> enc.fc1
+module_path = lambda name: name.replace(".", "/") + "/kernel"
+
+
+def forward(p, x):
+    h = jax.nn.relu(x @ p["enc"]["fc1"]["kernel"] + p["enc"]["fc1"]["bias"])
+    return h @ p["enc"]["fc2"]["kernel"] + p["enc"]["fc2"]["bias"]
+
+
+X = np.linspace(-1, 1, 24, dtype=np.float32).reshape(3, 8)
+
+
+def _torch_net(embedding: bool = False):
+    import torch
+
+    class Enc(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1 = torch.nn.Linear(8, 16)
+            self.fc2 = torch.nn.Linear(16, 4)
+            if embedding:
+                self.emb = torch.nn.Embedding(10, 8)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.enc = Enc()
+
+        def forward(self, x):
+            return self.enc.fc2(torch.relu(self.enc.fc1(x)))
+
+    torch.manual_seed(0)
+    net = Net()
+    with torch.no_grad():
+        for name in ("fc1", "fc2"):
+            layer = getattr(net.enc, name)
+            layer.weight.copy_(torch.from_numpy(np.asarray(PARAMS["enc"][name]["kernel"]).T.copy()))
+            layer.bias.zero_()
+    return net
+
+
+def _peft_save(tmp_path, embedding: bool = False, **lora_kwargs):
+    """Writes a PEFT LoRA adapter with non-zero B and returns (directory, PEFT model outputs)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    targets = ["fc1", "fc2"] + (["emb"] if embedding else [])
+    config = LoraConfig(target_modules=targets, init_lora_weights=False, **lora_kwargs)
+    model = get_peft_model(_torch_net(embedding), config).eval()
+    model.save_pretrained(str(tmp_path))
+    with torch.no_grad():
+        out = model(torch.from_numpy(X)).numpy()
+    return tmp_path, out
+
+
+@peers
+def test_rank_and_alpha_patterns_match_module_suffixes_as_peft_does(tmp_path):
+    directory, theirs = _peft_save(
+        tmp_path, r=4, lora_alpha=8, rank_pattern={"fc2": 2}, alpha_pattern={"fc1": 32}
+    )
+    config = json.loads((directory / "adapter_config.json").read_text())
+    assert config["rank_pattern"] == {"fc2": 2}  # a suffix, not the full name "enc.fc2"
+    lora = A.load_peft(directory, PARAMS, module_path=module_path)
+    assert lora["enc/fc2/kernel"].kind.rank == 2 and lora["enc/fc1/kernel"].kind.rank == 4
+    assert lora["enc/fc1/kernel"].kind.scale == pytest.approx(32 / 4)
+    assert lora["enc/fc2/kernel"].kind.scale == pytest.approx(8 / 2)
+    np.testing.assert_allclose(A.adapt(forward)(PARAMS, lora, X), theirs, atol=1e-5)
+
+
+@peers
+@pytest.mark.parametrize(
+    "kwargs, embedding, message",
+    [
+        ({"use_dora": True}, False, "DoRA"),
+        ({"bias": "lora_only"}, False, "bias"),
+        ({"modules_to_save": ["fc2"]}, False, "modules_to_save"),
+        ({}, True, "embedding LoRA"),
+    ],
+)
+def test_features_we_cannot_honour_are_refused_by_name(tmp_path, kwargs, embedding, message):
+    directory, _ = _peft_save(tmp_path, embedding=embedding, r=2, **kwargs)
+    with pytest.raises(ValueError, match=message):
+        A.load_peft(directory, PARAMS, module_path=module_path)
+
+
+@peers
+def test_named_sets_save_one_directory_each_and_load_in_peft(tmp_path):
+    import torch
+    from peft import PeftModel
+
+    sets = {
+        "shakespeare": perturb(
+            A.init(jax.random.key(2), PARAMS, [(r".*fc1/kernel", A.lora(4, alpha=8.0))]), 0.05
+        ),
+        "marlowe": perturb(A.init(jax.random.key(3), PARAMS, [(r".*fc2/kernel", A.lora(2))]), 0.05),
+    }
+    written = A.save_peft(tmp_path, sets, module_name=module_name, base_model="toy")
+    assert written == [str(tmp_path / "shakespeare"), str(tmp_path / "marlowe")]
+    model = PeftModel.from_pretrained(_torch_net(), written[0], adapter_name="shakespeare").eval()
+    model.load_adapter(written[1], adapter_name="marlowe")
+    for name, directory in zip(sets, written, strict=True):
+        model.set_adapter(name)
+        with torch.no_grad():
+            theirs = model(torch.from_numpy(X)).numpy()
+        np.testing.assert_allclose(A.adapt(forward)(PARAMS, sets[name], X), theirs, atol=1e-5)
+        back = A.load_peft(directory, PARAMS, module_path=module_path)
+        assert sorted(back) == sorted(sets[name])
+    assert (
+        json.loads((tmp_path / "marlowe" / "adapter_config.json").read_text())[
+            "base_model_name_or_path"
+        ]
+        == "toy"
+    )
+
+
+@pytest.fixture()
+def saved(tmp_path):
+    lora = perturb(A.init(jax.random.key(2), PARAMS, [(r".*kernel", A.lora(2))]), 0.05)
+    A.save_peft(tmp_path, lora, module_name=module_name)
+    return tmp_path
+
+
+def _edit_config(directory, edit):
+    file = directory / "adapter_config.json"
+    config = json.loads(file.read_text())
+    edit(config)
+    file.write_text(json.dumps(config))
+
+
+def test_garbled_or_incomplete_config_names_the_file_and_key(saved):
+    file = saved / "adapter_config.json"
+    text = file.read_text()
+    file.write_text(text[: len(text) // 2])
+    with pytest.raises(ValueError, match=r"adapter_config.json is not valid JSON"):
+        A.load_peft(saved, PARAMS, module_path=module_path)
+    file.write_text(text)
+    _edit_config(saved, lambda c: c.pop("lora_alpha"))
+    with pytest.raises(ValueError, match=r"adapter_config.json has no 'lora_alpha'"):
+        A.load_peft(saved, PARAMS, module_path=module_path)
+    file.write_text(text)
+    _edit_config(saved, lambda c: c.update(r="four"))
+    with pytest.raises(ValueError, match=r"'r' must be a number"):
+        A.load_peft(saved, PARAMS, module_path=module_path)
+    file.write_text(text)
+    _edit_config(saved, lambda c: c.update(some_future_flag=True))
+    with pytest.raises(ValueError, match=r"some_future_flag=True cannot be loaded"):
+        A.load_peft(saved, PARAMS, module_path=module_path)
+    (saved / "adapter_config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="adapter_config.json does not exist"):
+        A.load_peft(saved, PARAMS, module_path=module_path)
+
+
+def test_tensors_that_are_not_lora_factors_are_refused(saved):
+    from safetensors.numpy import load_file, save_file
+
+    file = str(saved / "adapter_model.safetensors")
+    tensors = load_file(file)
+    save_file({**tensors, "base_model.model.enc.fc1.bias": np.zeros(16, np.float32)}, file)
+    with pytest.raises(ValueError, match="'base_model.model.enc.fc1.bias' is not a LoRA factor"):
+        A.load_peft(saved, PARAMS, module_path=module_path)
+    tensors.pop("base_model.model.enc.fc2.lora_B.weight")
+    save_file(tensors, file)
+    with pytest.raises(ValueError, match="no matching lora_B"):
+        A.load_peft(saved, PARAMS, module_path=module_path)
+
+
+def test_pattern_keys_follow_peft_order_and_regex_semantics(saved):
+    # The first matching key wins; a key is a regex over the dotted suffix; "c2" is no suffix.
+    _edit_config(
+        saved, lambda c: c.update(lora_alpha=2, alpha_pattern={"c2": 99, "fc.": 4, "fc2": 8})
+    )
+    lora = A.load_peft(saved, PARAMS, module_path=module_path)
+    assert lora["enc/fc1/kernel"].kind.scale == pytest.approx(4 / 2)
+    assert lora["enc/fc2/kernel"].kind.scale == pytest.approx(4 / 2)
+
+
+def test_save_rejects_what_is_not_a_lora_set(tmp_path):
+    with pytest.raises(ValueError, match="empty adapter set"):
+        A.save_peft(tmp_path, {}, module_name=module_name)
+    with pytest.raises(TypeError, match="PEFT export is LoRA only"):
+        A.save_peft(tmp_path, {"enc/fc1/kernel": 3.0}, module_name=module_name)

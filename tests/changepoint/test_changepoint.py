@@ -1,0 +1,200 @@
+"""P17 online low-rank Poisson change points: definitions, calibration, errors, peers."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from lowrank_jax import changepoint as cp
+
+P, L, J, R = 6, 5, 3, 2
+
+
+def _intensity(seed=0, scale=20.0):
+    rng = np.random.default_rng(seed)
+    lam = rng.gamma(2.0, 1.0, (P, R)) @ rng.gamma(2.0, 1.0, (R, L))
+    return lam * scale / lam.mean()
+
+
+def _brute_force(ys, rank, num_scales):
+    """D_{t,w} from its definition: float64 means of the raw slices, SVD truncation."""
+    ys = np.asarray(ys, np.float64)
+
+    def trunc(m):
+        u, s, vt = np.linalg.svd(m)
+        return m if rank is None else (u[:, :rank] * s[:rank]) @ vt[:rank]
+
+    out = np.zeros((len(ys), num_scales + 1))
+    for t in range(1, len(ys) + 1):
+        for j, w in enumerate(2 ** np.arange(num_scales + 1)):
+            if w < t:
+                diff = trunc(ys[t - w : t].mean(0)) - trunc(ys[: t - w].mean(0))
+                out[t - 1, j] = math.sqrt(w * (t - w) / t) * np.linalg.norm(diff)
+    return out
+
+
+@pytest.fixture(scope="module")
+def stream():
+    return np.random.default_rng(1).poisson(_intensity(), (40, P, L))
+
+
+@pytest.mark.parametrize("chunk", [1, 7])
+def test_statistic_equals_brute_force_definition(stream, chunk):
+    basis = cp.initial_basis(_intensity(), rank=R)
+    ref = _brute_force(stream, R, J)
+    got = cp.lowrank_statistics(stream, basis, rank=R, num_scales=J, method="svd", chunk=chunk)
+    np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-4, atol=1e-3)
+    # Warm-started subspace iteration converges to the SVD truncation...
+    sub = cp.lowrank_statistics(stream, basis, rank=R, num_scales=J, power_iters=200, chunk=chunk)
+    np.testing.assert_allclose(np.asarray(sub), ref, rtol=2e-3, atol=1e-2)
+    # ...and one step per observation tracks it (median relative error ~1% here; the worst
+    # entries are short windows whose 2nd and 3rd singular values nearly tie).
+    one = np.asarray(cp.lowrank_statistics(stream, basis, rank=R, num_scales=J, power_iters=1))
+    pos = ref > 0
+    assert np.median(np.abs(one[pos] - ref[pos]) / ref[pos]) < 0.03
+
+
+def test_frobenius_scan_is_untruncated_definition(stream):
+    ref = _brute_force(stream, None, J)
+    got = cp.lowrank_statistics(stream, np.zeros((L, 0)), rank=None, num_scales=J)
+    np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-4, atol=1e-3)
+
+
+def test_state_size_does_not_grow_with_t(stream):
+    basis = cp.initial_basis(_intensity(), rank=R)
+    state = cp.init_lowrank_scan(basis, p=P, num_cells=L, num_scales=J)
+    shapes = jax.tree.map(np.shape, state)
+    for i in range(0, 40, 8):
+        state, _ = cp.update_lowrank_scan(state, stream[i : i + 8], rank=R)
+    assert jax.tree.map(np.shape, state) == shapes
+    np.testing.assert_array_equal(np.asarray(state.total), stream.sum(0))
+    np.testing.assert_array_equal(np.asarray(state.recent), stream[-(2**J) :])
+
+
+def test_detector_score_is_max_ratio_to_threshold(stream):
+    lam = _intensity()
+    det = cp.lowrank_detector(lam, rank=R, num_scales=J, alpha=0.1, method="svd")
+    scores = np.asarray(cp.run_detector(det, stream, chunk=4))
+    t = np.arange(1, 41)
+    ell = np.log(t[:, None] ** 2 * (J + 1) / 0.1)
+    w = 2.0 ** np.arange(J + 1)
+    b = np.sqrt(lam.max() * R * max(P, L) * ell) + ell / np.sqrt(w)
+    np.testing.assert_allclose(scores, (_brute_force(stream, R, J) / b).max(1), rtol=1e-4)
+
+
+def _cusum_ref(x, rate, delta):
+    up = down = 0.0 * rate
+    out = []
+    for v in x:
+        up = np.maximum(0.0, up + v * np.log1p(delta) - rate * delta)
+        down = np.maximum(0.0, down + v * np.log1p(-delta) + rate * delta)
+        out.append(max(np.max(up), np.max(down)))
+    return np.array(out)
+
+
+def test_cusum_baselines_equal_their_recursions(stream):
+    lam = _intensity()
+    tot = cp.run_detector(cp.page_cusum_totals(lam.sum(), rel_change=0.05), stream, chunk=3)
+    np.testing.assert_allclose(
+        np.asarray(tot), _cusum_ref(stream.sum((1, 2)), lam.sum(), 0.05), rtol=1e-4, atol=1e-3
+    )
+    ent = cp.run_detector(cp.entrywise_cusum(lam, rel_change=0.3), stream)
+    np.testing.assert_allclose(np.asarray(ent), _cusum_ref(stream, lam, 0.3), rtol=1e-4, atol=1e-3)
+    assert cp.bonferroni_cusum_threshold(0.05, num_cells=30, horizon=100) == pytest.approx(
+        math.log(2 * 30 * 100 / 0.05)
+    )
+
+
+def test_block_bootstrap_indices_are_contiguous_blocks():
+    idx = np.asarray(
+        cp.block_bootstrap_indices(jax.random.key(0), 50, horizon=23, block_len=5, num_streams=4)
+    )
+    assert idx.shape == (4, 23) and idx.min() >= 0 and idx.max() < 50
+    blocks = idx[:, :20].reshape(4, 4, 5)
+    np.testing.assert_array_equal(np.diff(blocks, axis=-1), 1)
+
+
+def test_calibrated_threshold_gives_nominal_false_alarm_rate():
+    """Threshold from a bootstrap of one training stretch; false alarms on fresh null streams."""
+    alpha, horizon, n_test = 0.1, 100, 400
+    lam = _intensity(scale=2.0)
+    rng = np.random.default_rng(2)
+    train = rng.poisson(lam, (1500, P, L))
+    det = cp.lowrank_detector(train.mean(0), rank=R, num_scales=J, alpha=alpha)
+    cal = cp.calibrate_threshold(
+        det,
+        train,
+        key=jax.random.key(3),
+        alpha=alpha,
+        horizon=horizon,
+        num_streams=400,
+        batch=200,
+        chunk=10,
+    )
+    null = rng.poisson(lam, (n_test * horizon, P, L))
+    scores = cp.run_detector(
+        det, null, index=np.arange(n_test * horizon).reshape(n_test, -1), chunk=10
+    )
+    rate = np.mean(cp.first_alarm(scores, cal.threshold) > 0)
+    se = math.sqrt(alpha * (1 - alpha) / n_test) + math.sqrt(alpha * (1 - alpha) / 400)
+    assert abs(rate - alpha) <= 3 * se, (rate, cal.threshold)
+    assert cp.quantile_threshold(np.arange(1, 101), 0.1) == 91
+
+
+def test_bad_inputs_raise_clear_errors(stream):
+    basis = cp.initial_basis(_intensity(), rank=R)
+    with pytest.raises(ValueError, match="negative"):
+        cp.lowrank_statistics(stream - 100, basis, rank=R, num_scales=J)
+    with pytest.raises(ValueError, match="non-integer"):
+        cp.lowrank_statistics(stream + 0.5, basis, rank=R, num_scales=J)
+    with pytest.raises(ValueError, match="exceeds min"):
+        cp.lowrank_statistics(stream, basis, rank=6, num_scales=J)
+    with pytest.raises(ValueError, match="exceeds min"):
+        cp.lowrank_detector(_intensity(), rank=9)
+    with pytest.raises(TypeError, match="numeric"):
+        cp.check_counts(np.array(["a"]))
+    with pytest.raises(ValueError, match="NaN"):
+        cp.check_counts(np.array([1.0, np.nan]))
+    with pytest.raises(ValueError, match="block_len"):
+        cp.block_bootstrap_indices(jax.random.key(0), 10, horizon=5, block_len=11, num_streams=1)
+    with pytest.raises(ValueError, match="rel_change"):
+        cp.page_cusum_totals(10.0, rel_change=1.5)
+    with pytest.raises(ValueError, match="negative"):
+        cp.run_detector(cp.page_cusum_totals(10.0), -stream)
+
+
+_HAVE_FOCUS = importlib.util.find_spec("changepoint_online") is not None
+_HAVE_RUPTURES = importlib.util.find_spec("ruptures") is not None
+
+
+@pytest.mark.skipif(not _HAVE_FOCUS, reason="changepoint-online not installed (peers extra)")
+def test_page_cusum_and_focus_detect_a_clear_change_alike():
+    rng = np.random.default_rng(4)
+    lam = _intensity(scale=2.0)
+    tau = 200
+    ys = np.concatenate([rng.poisson(lam, (tau, P, L)), rng.poisson(1.3 * lam, (100, P, L))])
+    ours = cp.first_alarm(
+        cp.run_detector(cp.page_cusum_totals(lam.sum(), rel_change=0.3), ys), 12.0
+    )
+    focus = cp.first_alarm(
+        cp.peers.focus_scores(ys.sum((1, 2)), rate=lam.sum(), side="right"), 12.0
+    )
+    assert tau < ours <= tau + 10 and tau < focus <= tau + 10, (ours, focus)
+    assert abs(int(ours) - int(focus)) <= 3
+
+
+@pytest.mark.skipif(not _HAVE_RUPTURES, reason="ruptures not installed (peers extra)")
+def test_ruptures_poisson_cost_finds_a_clear_change():
+    rng = np.random.default_rng(5)
+    x = np.concatenate([rng.poisson(2.0, (60, 4)), rng.poisson(6.0, (40, 4))])
+    cost = cp.peers.ruptures_poisson_cost()().fit(x)
+    seg = x[10:30].sum(0)
+    assert cost.error(10, 30) == pytest.approx(-np.sum(seg * np.log(seg / 20)) + seg.sum())
+    import ruptures
+
+    bkps = ruptures.Pelt(custom_cost=cp.peers.ruptures_poisson_cost()(), min_size=2).fit(x)
+    assert bkps.predict(pen=20.0) == [60, 100]

@@ -1,0 +1,23 @@
+"""The accelerator script runs unchanged on CPU (smoke sizes) and ends each benchmark with JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+from tests.experiments.test_train_cli import REPO
+
+
+def test_accelerator_check_runs_on_cpu_in_smoke_form(tmp_path):
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.run(
+        ["bash", "experiments/bench/accelerator_check.sh", "--smoke"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert "accelerator check done: runs/accelerator_check/cpu" in proc.stdout
+    out = REPO / "runs" / "accelerator_check" / "cpu"
+    for name in ("adapter_step", "fp8_scales", "kge_vs_pykeen"):
+        last = (out / f"{name}.txt").read_text().strip().splitlines()[-1]
+        assert isinstance(json.loads(last), dict), (name, last)

@@ -1,0 +1,174 @@
+"""Numerical faults and workdirs that cannot be corrupted: each message a user sees, asserted.
+
+In-process tests of ``fit``, ``restore_latest`` and ``lock_workdir`` on a toy problem, plus CLI
+runs of the smallest real config (``configs/digits_mlp.py:smoke``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from experiments import common
+from tests.experiments.test_train_cli import SMOKE, final_metrics, run_cli
+
+
+class Batches:
+    """A resumable iterator of scalar batches; ``bad_step`` yields an Inf (a poisoned batch)."""
+
+    def __init__(self, bad_step: int | None = None):
+        self.i, self.bad_step = 0, bad_step
+
+    def __next__(self):
+        self.i += 1
+        value = np.inf if self.i == self.bad_step else 1.0
+        return {"x": np.full((2,), value, np.float32)}
+
+    def state(self):
+        return {"i": self.i}
+
+    def restore(self, state):
+        self.i = state["i"]
+
+
+TX = optax.sgd(0.1)
+
+
+def step_fn(state, frozen, batch, key):
+    del frozen, key
+    loss_fn = lambda w: jnp.mean((w * batch["x"] - 2.0) ** 2)
+    loss, grads = jax.value_and_grad(loss_fn)(state["w"])
+    updates, opt_state = TX.update(grads, state["opt_state"])
+    return {**state, "w": optax.apply_updates(state["w"], updates), "opt_state": opt_state}, {
+        "loss": loss
+    }
+
+
+def _state():
+    w = jnp.zeros(())
+    return {"w": w, "opt_state": TX.init(w), "step": jnp.zeros((), jnp.int32)}
+
+
+def _fit(workdir, batches, **kw):
+    kw = {"num_steps": 10, "log_every": 1, "ckpt_every": 5, "progress": False, **kw}
+    return common.fit(
+        _state(), None, step_fn, batches, key=jax.random.key(0), workdir=workdir, **kw
+    )
+
+
+def test_nonfinite_loss_stops_naming_step_metric_and_last_good_checkpoint(tmp_path):
+    with pytest.raises(common.NonFiniteError) as err:
+        _fit(tmp_path, Batches(bad_step=7))
+    assert str(err.value).startswith("train/loss=inf at step 7: training stopped; the last good")
+    assert "step 5, is kept in" in str(err.value)
+    manager = common.make_manager(tmp_path / "checkpoints", every=5)
+    assert manager.all_steps() == [5]  # nothing non-finite was saved
+    state, _ = common.restore_latest(manager, _state())
+    assert np.isfinite(state["w"]) and int(state["step"]) == 5
+    # Without a checkpoint before the fault, the message says so.
+    with pytest.raises(common.NonFiniteError, match="at step 2: .*no checkpoint was saved"):
+        _fit(tmp_path / "early", Batches(bad_step=2))
+
+
+def test_skip_nonfinite_keeps_the_previous_state_and_counts_skips(tmp_path):
+    result = _fit(tmp_path, Batches(bad_step=7), skip_nonfinite=True)
+    clean = _fit(tmp_path / "clean", Batches(), num_steps=9)
+    # Step 7 changed nothing, so 10 steps with one skipped equal 9 clean steps.
+    np.testing.assert_allclose(result.state["w"], clean.state["w"], rtol=1e-6)
+    skipped = {r["step"]: r.get("train/skipped_steps", 0) for r in result.history}
+    assert skipped[7] == 1 and sum(skipped.values()) == 1
+
+
+def test_step_time_survives_a_finished_rerun_and_json_is_valid(tmp_path):
+    first = _fit(tmp_path, Batches())
+    again = _fit(tmp_path, Batches())
+    assert again.start_step == 10 and np.isfinite(again.step_time_s)
+    assert again.step_time_s == pytest.approx(first.step_time_s, rel=0.05)
+    assert json.loads(json.dumps(common.json_safe({"t": float("nan")}))) == {"t": None}
+
+
+def test_unreadable_checkpoint_is_set_aside_and_the_previous_one_restored(tmp_path):
+    _fit(tmp_path, Batches(), ckpt_every=5, max_to_keep=3)
+    ckpts = tmp_path / "checkpoints"
+    for f in (ckpts / "10" / "state").rglob("*"):
+        if f.is_file() and f.stat().st_size > 0:
+            f.write_bytes(b"")  # truncate every data file of step 10
+    manager = common.make_manager(ckpts, every=5)
+    state, _ = common.restore_latest(manager, _state())
+    assert int(state["step"]) == 5
+    assert (ckpts / "unreadable_10").is_dir() and manager.all_steps() == [5]
+    manager.close()
+    # A rerun trains steps 6..10 again and saves step 10 anew.
+    result = _fit(tmp_path, Batches())
+    assert result.start_step == 5 and int(result.state["step"]) == 10
+
+
+def test_no_readable_checkpoint_names_the_directories(tmp_path):
+    _fit(tmp_path, Batches(), num_steps=5)
+    for f in (tmp_path / "checkpoints" / "5" / "state").rglob("*"):
+        if f.is_file():
+            f.write_bytes(b"")
+    manager = common.make_manager(tmp_path / "checkpoints", every=5)
+    with pytest.raises(common.CheckpointError, match=r"checkpoints/5 .*Delete these step"):
+        common.restore_latest(manager, _state())
+
+
+def test_workdir_lock_refuses_a_second_run_and_takes_over_a_stale_one(tmp_path):
+    with common.lock_workdir(tmp_path) as path:
+        with open(path) as f:
+            holder = json.load(f)
+        assert holder["pid"] == os.getpid()
+        busy = r"is in use by another run \(pid \d+ on "
+        with pytest.raises(common.WorkdirError, match=busy), common.lock_workdir(tmp_path):
+            pass
+    assert not os.path.exists(path)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        text=True,
+        capture_output=True,
+        check=True,
+    )
+    stale = {**holder, "pid": int(dead.stdout)}
+    (tmp_path / ".lock").write_text(json.dumps(stale))
+    with common.lock_workdir(tmp_path):
+        assert json.loads((tmp_path / ".lock").read_text())["pid"] == os.getpid()
+
+
+def _file(path):
+    path.write_text("x")
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda d: "", "the workdir is empty: pass a directory"),
+        (lambda d: _file(d / "f"), "is a file, not a directory"),
+        (lambda d: _file(d / "g") + "/run", "cannot create workdir"),
+    ],
+)
+def test_unusable_workdirs_get_one_line_errors(tmp_path, make, message):
+    with pytest.raises(common.WorkdirError, match=message), common.lock_workdir(make(tmp_path)):
+        pass
+
+
+def test_cli_nan_run_fails_in_one_line_and_a_failed_start_does_not_block_the_rerun(tmp_path):
+    workdir = tmp_path / "run"
+    proc = run_cli(SMOKE, "--config.optim.learning_rate=1e30", workdir=workdir)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("FATAL NonFiniteError: train/loss=nan at step ")
+    assert "Traceback" not in proc.stderr
+    assert not (workdir / ".lock").exists()
+    # Nothing was checkpointed, so the same workdir takes a corrected config.
+    proc = run_cli(SMOKE, "--config.log.progress=False", workdir=workdir)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert np.isfinite(final_metrics(proc.stdout)["test/loss"])

@@ -1,0 +1,142 @@
+"""Scaling policies as state machines: geometry (vs float64 SVD), delayed, current; resets; errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lowrank_jax import fp8
+from lowrank_jax.spectral import PowerIterationState
+
+L, D, H, G, DH = 2, 48, 4, 2, 6
+
+
+def _weights(seed=0):
+    rng = np.random.default_rng(seed)
+    wq = rng.standard_normal((L, D, H, DH)).astype(np.float32) / np.sqrt(D)
+    wk = rng.standard_normal((L, D, G, DH)).astype(np.float32) / np.sqrt(D)
+    return jnp.asarray(wq), jnp.asarray(wk), jnp.asarray([1.0, 1.3], jnp.float32)
+
+
+def _sigma64(wq, wk):
+    wq, wk = np.asarray(wq, np.float64), np.asarray(wk, np.float64)
+    return np.array(
+        [
+            [
+                np.linalg.svd(wq[li, :, h] @ wk[li, :, h // (H // G)].T, compute_uv=False)[0]
+                for h in range(H)
+            ]
+            for li in range(L)
+        ]
+    )
+
+
+def test_geometry_state_machine_matches_per_layer_vmap_and_float64_svd():
+    wq, wk, gains = _weights()
+    st = fp8.init_geometry_scaling(jax.random.key(0), wq)
+    assert st.v.shape == (L, H, D) and st.sigma.shape == (L, H)
+    kw = dict(seq_len=64, delta=1e-3)
+    upd = jax.jit(lambda st: fp8.update_geometry_scaling(st, wq, wk, gains, num_iters=400, **kw))
+    scales, new = upd(st)
+    # the stacked update is the per-layer attention_fp8_scales vmapped over layers
+    per_layer = jax.jit(
+        jax.vmap(
+            lambda q, k, v, g: fp8.attention_fp8_scales(
+                q,
+                k,
+                PowerIterationState(v, jnp.zeros(H), jnp.zeros((), jnp.int32)),
+                norm_gain=g,
+                num_iters=400,
+                **kw,
+            )
+        )
+    )
+    ref_scales, ref_state = per_layer(wq, wk, st.v, gains)
+    np.testing.assert_allclose(np.asarray(scales), np.asarray(ref_scales), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(new.v), np.asarray(ref_state.v), rtol=1e-5, atol=1e-6)
+    assert int(new.count) == 400
+    sigma = _sigma64(wq, wk)
+    np.testing.assert_allclose(np.asarray(new.sigma), sigma, rtol=1e-4)
+    want = fp8.geometry_aware_scale(
+        sigma, d=D, head_dim=DH, norm_gain=np.asarray(gains)[:, None], **kw
+    )
+    np.testing.assert_allclose(np.asarray(scales), np.asarray(want), rtol=1e-4)
+    agn, _ = fp8.update_geometry_scaling(new, wq, wk, gains, rank_aware=False, **kw)
+    ratio = fp8.rank_aware_tightness(d=D, rank=DH, gamma=fp8.chernoff_gamma(rank=DH, **kw))[1]
+    np.testing.assert_allclose(np.asarray(scales / agn), ratio, rtol=1e-4)
+
+
+def test_geometry_policy_follows_a_weight_spike_at_once_and_delayed_does_not():
+    wq, wk, gains = _weights(1)
+    geo = fp8.geometry_scaling_policy(seq_len=64, burn_in_iters=300)
+    st = geo.init(jax.random.key(1), wq, wk, gains)
+    before, st = jax.jit(geo.scales)(st, wq, wk, gains)
+    after, st = jax.jit(geo.scales)(st, 4.0 * wq, wk, gains)  # W^Q <- 4 W^Q
+    # warm-started at the converged vector, one power step gives exactly 4σ: the scale drops 4x
+    np.testing.assert_allclose(np.asarray(before / after), 4.0, rtol=1e-4)
+    assert geo.observe(st, jnp.ones((L, H))) is st  # nothing observes activations
+    # delayed scaling uses the amax of earlier steps: the scale at the spike step is unchanged
+    dly = fp8.delayed_scaling_policy(history_len=4)
+    ds = dly.init(None, wq, wk, gains)
+    ds = dly.observe(ds, jnp.full((L, H), 2.0))
+    s1, ds = dly.scales(ds, 4.0 * wq, wk, gains)
+    np.testing.assert_allclose(np.asarray(s1), 448.0 / 2.0)
+
+
+def test_delayed_policy_is_update_delayed_scaling_and_reset_forgets():
+    wq, wk, gains = _weights()
+    pol = fp8.delayed_scaling_policy(history_len=3, margin=1.0, algo="max")
+    st = pol.init(None, wq, wk, gains)
+    ref = fp8.init_delayed_scaling((L, H), history_len=3)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        amax = jnp.asarray(rng.uniform(0.5, 5.0, (L, H)), jnp.float32)
+        st = jax.jit(pol.observe)(st, amax)
+        ref = fp8.update_delayed_scaling(ref, amax, margin=1.0)
+        jax.tree.map(np.testing.assert_array_equal, st, ref)
+    fresh = pol.reset(st, wq, wk, gains)
+    assert float(jnp.abs(fresh.amax_history).max()) == 0.0 and float(fresh.scale.max()) == 1.0
+    keep = fp8.delayed_scaling_policy(history_len=3, reset_history=False)
+    assert keep.reset(st, wq, wk, gains) is st
+
+
+def test_geometry_reset_reconverges_from_the_warm_state():
+    wq, wk, gains = _weights(2)
+    pol = fp8.geometry_scaling_policy(seq_len=32, burn_in_iters=400)
+    st = pol.init(jax.random.key(0), wq, wk, gains)
+    other_q, other_k, _ = _weights(3)
+    st = pol.reset(st, other_q, other_k, gains)
+    np.testing.assert_allclose(np.asarray(st.sigma), _sigma64(other_q, other_k), rtol=1e-4)
+    assert int(st.count) == 800
+
+
+def test_current_policy_defers_to_the_kernel():
+    wq, wk, gains = _weights()
+    pol = fp8.current_scaling_policy()
+    st = pol.init(jax.random.key(0), wq, wk, gains)
+    scales, st = pol.scales(st, wq, wk, gains)
+    assert scales is None and st == ()
+
+
+def test_single_layer_kernels_and_bad_input():
+    wq, wk, gains = _weights()
+    st = fp8.init_geometry_scaling(jax.random.key(0), wq[0])
+    s, st = fp8.update_geometry_scaling(st, wq[0], wk[0], 1.0, seq_len=16, num_iters=300)
+    assert s.shape == (H,)
+    np.testing.assert_allclose(np.asarray(st.sigma), _sigma64(wq, wk)[0], rtol=1e-4)
+    with pytest.raises(ValueError, match="init_geometry_scaling"):
+        fp8.update_geometry_scaling(st, wq, wk, gains, seq_len=16)
+    with pytest.raises(ValueError, match="leading"):
+        fp8.update_geometry_scaling(st, wq, wk[0], gains, seq_len=16)
+    with pytest.raises(ValueError, match="d, H, d_h"):
+        fp8.init_geometry_scaling(jax.random.key(0), wq[0, 0])
+    with pytest.raises(ValueError, match="num_iters"):
+        fp8.geometry_scaling_policy(seq_len=16, num_iters=0)
+    with pytest.raises(ValueError, match="delta"):
+        fp8.geometry_scaling_policy(seq_len=16, delta=1.5)
+    with pytest.raises(ValueError, match="history_len"):
+        fp8.delayed_scaling_policy(history_len=0)
+    with pytest.raises(ValueError, match="algo"):
+        fp8.delayed_scaling_policy(algo="mean")
+    with pytest.raises(ValueError, match="FP8 format"):
+        fp8.geometry_scaling_policy(seq_len=16, fmt="e3m4")

@@ -1,0 +1,63 @@
+"""Exact σ_max(W_Q W_Kᵀ) by the thin-QR core against a float64 NumPy SVD of the d×d product."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lowrank_jax import fp8
+
+
+def _svd64(wq, wk):
+    wq, wk = np.asarray(wq, np.float64), np.asarray(wk, np.float64)
+    lead, (d, h, dh), g = wq.shape[:-3], wq.shape[-3:], wk.shape[-2]
+    wq, wk = wq.reshape(-1, d, h, dh), wk.reshape(-1, d, g, dh)
+    s, v = np.zeros((len(wq), h)), np.zeros((len(wq), h, d))
+    for i in range(len(wq)):
+        for j in range(h):
+            _, sv, vt = np.linalg.svd(wq[i, :, j] @ wk[i, :, j // (h // g)].T)
+            s[i, j], v[i, j] = sv[0], vt[0]
+    return s.reshape(*lead, h), v.reshape(*lead, h, d)
+
+
+@pytest.mark.parametrize(
+    "shape", [((3,), 64, 8, 2, 12), ((), 40, 4, 4, 8), ((2, 2), 16, 6, 3, 24)]
+)  # layers, d, H, G, d_h (the last has d < d_h: rank-deficient cores)
+def test_thin_qr_core_is_exact_against_float64_svd(shape):
+    lead, d, h, g, dh = shape
+    rng = np.random.default_rng(0)
+    wq = rng.standard_normal((*lead, d, h, dh)).astype(np.float32) / np.sqrt(d)
+    wk = rng.standard_normal((*lead, d, g, dh)).astype(np.float32) / np.sqrt(d)
+    wq[..., 0, :] *= 5.0  # a dominant head: different scales across heads
+    ref_s, ref_v = _svd64(wq, wk)
+    sigma = jax.jit(fp8.attention_sigma_max)(wq, wk)
+    assert sigma.shape == (*lead, h)
+    np.testing.assert_allclose(np.asarray(sigma), ref_s, rtol=2e-6)
+    s2, v = fp8.attention_top_singular(wq, wk)
+    np.testing.assert_allclose(np.asarray(s2), ref_s, rtol=2e-6)
+    align = np.abs(np.sum(np.asarray(v, np.float64) * ref_v, axis=-1))  # sign is arbitrary
+    np.testing.assert_allclose(align, 1.0, atol=1e-5)
+
+
+def test_exact_start_is_a_fixed_point_of_the_power_tracker_and_offline_scales():
+    rng = np.random.default_rng(1)
+    wq = jnp.asarray(rng.standard_normal((2, 256, 4, 8)), jnp.float32) / 16
+    wk = jnp.asarray(rng.standard_normal((2, 256, 2, 8)), jnp.float32) / 16
+    sigma, v = fp8.attention_top_singular(wq, wk)
+    st = fp8.GeometryScalingState(jnp.zeros((), jnp.int32), v, sigma)
+    scales, st = fp8.update_geometry_scaling(st, wq, wk, jnp.ones(2), seq_len=64, num_iters=1)
+    np.testing.assert_allclose(np.asarray(st.sigma), np.asarray(sigma), rtol=1e-5)
+    offline = fp8.attention_scales(wq, wk, jnp.ones((2, 1)), seq_len=64)
+    np.testing.assert_allclose(np.asarray(offline), np.asarray(scales), rtol=1e-5)
+    agn = fp8.attention_scales(wq, wk, seq_len=64, rank_aware=False)
+    ratio = fp8.rank_aware_tightness(
+        d=256, rank=8, gamma=fp8.chernoff_gamma(rank=8, seq_len=64, delta=1e-6)
+    )[1]
+    np.testing.assert_allclose(np.asarray(offline / agn), ratio, rtol=1e-5)
+
+
+def test_shape_errors():
+    with pytest.raises(ValueError, match="multiple"):
+        fp8.attention_sigma_max(np.zeros((8, 4, 2)), np.zeros((8, 3, 2)))
+    with pytest.raises(ValueError, match="leading"):
+        fp8.attention_sigma_max(np.zeros((2, 8, 4, 2)), np.zeros((8, 4, 2)))
