@@ -245,7 +245,7 @@ def wrap_kernel(
     for a in adapters:
         stack, n, m = a.matrix_shape(w.shape)
         leading = {f.shape[: len(stack)] for f in jax.tree.leaves(a.factors)}
-        if leading != {stack} or math.prod(w.shape) != math.prod(stack) * n * m:
+        if leading - {stack} or math.prod(w.shape) != math.prod(stack) * n * m:
             raise ValueError(
                 f"adapter factors for {path!r} do not fit its kernel of shape {w.shape}; were they "
                 "made with adapters.init on these params?"

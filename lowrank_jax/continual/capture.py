@@ -57,28 +57,28 @@ class _Recorder:
         del n, m, path
 
     def init_factors(self, key: jax.Array, kernel: jax.Array) -> dict[str, jax.Array]:
-        del key
-        return {"m": jnp.zeros((kernel.shape[-1],), kernel.dtype)}
+        del key, kernel
+        return {}
 
-    def apply_delta(self, factors, x, *, key=None):
-        del key
+    def apply_delta(self, factors, x, *, shape, key=None):
+        del factors, key
         self.sink.setdefault(self.path, []).append(x)
-        return jnp.zeros((x.shape[0], factors["m"].shape[-1]), x.dtype)
+        return jnp.zeros((x.shape[0], shape[1]), x.dtype)
 
-    def apply_delta_transposed(self, factors, y):
+    def apply_delta_transposed(self, factors, y, *, shape):
         raise NotImplementedError(
             f"{self.path!r} is used transposed (x @ W.T, a tied embedding): its 'inputs' are not "
             "inputs of x @ W; leave it out of kernel_paths."
         )
 
-    def materialize(self, factors):
+    def materialize(self, factors, *, shape):
         raise NotImplementedError(
             f"{self.path!r} reached an operation other than a matmul; layer_inputs records "
             "matmul inputs only."
         )
 
     def factor_specs(self, in_spec, out_spec):
-        return {"m": (out_spec,)}
+        return {}
 
 
 def _adapter_inputs(apply_fn, wanted, params, args, kwargs):
