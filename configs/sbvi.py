@@ -33,6 +33,7 @@ def get_config(arg=None):
     c.data = ml_collections.ConfigDict()
     c.data.num_train = 2000
     c.data.num_test = 1000
+    c.data.num_valid = 500  # for choosing SBVI's friction (own random stream)
     c.data.noise = 0.1
     c.data.true_ranks = (1, 4, 8)
     c.data.delta_scale = 0.5
@@ -53,11 +54,18 @@ def get_config(arg=None):
     c.optim.adalora_lr = 3e-3
     c.optim.sbvi_lr = 1e-2
     c.optim.sbvi_factor_lr = 1e-2
-    c.optim.friction = 1e-4
+    c.optim.sbvi_family = "gaussian"  # q(σ_i) = N(μ_i, s_i²); "langevin": one particle per mode
+    c.optim.friction = 1e-4  # λ when run_cell is called without a tuned friction
+    c.optim.friction_grid = (1e-4,) if arg.smoke else (5e-5, 1e-4, 2e-4)
     c.optim.friction_warmup = 0.5  # fraction of the steps
     c.optim.prune_start = 0.6  # fraction of the steps
+    # T = 2·noise²/(num_train·num_outputs) = 1e-6 is the Bayesian posterior's temperature for the
+    # mean-squared-error loss; T = 0 is the flow without diffusion.
     c.optim.temperature = 1e-6
+    c.optim.temperatures = (0.0, 1e-6) if arg.smoke else (0.0, 1e-6, 1e-5)
     c.optim.prune_ratio = 0.1
+    c.optim.prune_snr = 0.0
+    c.optim.precond_max = 1e3  # bound of the σ preconditioner (Langevin noise sd ≤ √(2η·1e3·T))
 
     c.schedule = ml_collections.ConfigDict()
     c.schedule.num_steps = 300 if arg.smoke else 3000
