@@ -33,9 +33,11 @@ independent of ``ξ``). Discretised (``p_i`` the preconditioner below)::
     Σ ← max(0, Σ + η p (2T − 2 s (g − b) ξ − 2λγΣ))        (the Σ form: no 1/s blow-up at s → 0)
     σ̃ ← μ + √Σ ξ',  ξ' ~ N(0, 1)                           (the next sample, in the parameters)
 
-At ``T = 0`` and ``Σ₀ = 0`` the variance stays exactly 0 and the flow is (preconditioned) gradient
-descent on ``μ`` — a MAP point estimate; ``T > 0`` gives every mode a posterior width ``√Σ`` and
-samples from it. The posterior mean is read with :func:`sbvi_mean` (the parameters hold a sample).
+(``μ ≥ 0``; a sample may be negative, which flips the sign of its mode.) With ``precond_max``
+large, ``η p (E∂²L + λγ)`` can exceed ½ and the explicit Σ-step is clipped at 0: the flow then
+keeps a cruder width; its fixed point is unchanged. At ``T = 0`` and ``Σ₀ = 0`` the variance
+stays exactly 0 and the flow is (preconditioned) gradient descent on ``μ`` — a MAP point
+estimate; ``T > 0`` gives every mode a posterior width ``√Σ`` and samples from it. The posterior mean is read with :func:`sbvi_mean` (the parameters hold a sample).
 
 **The particle limit** (``family="langevin"``): one particle per mode follows the Langevin SDE
 ``dσ = −p(∂L + λγσ) dt + √(2pT) dW``, whose Fokker–Planck equation is the same Wasserstein gradient
