@@ -6,6 +6,7 @@ runs of the smallest real config (``configs/digits_mlp.py:smoke``).
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -13,12 +14,14 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 import pytest
 
+from configs import digits_mlp
 from experiments import common
-from tests.experiments.test_train_cli import SMOKE, final_metrics, run_cli
+from tests.experiments.test_train_cli import REPO, SMOKE, final_metrics, run_cli
 
 
 class Batches:
@@ -85,6 +88,46 @@ def test_skip_nonfinite_keeps_the_previous_state_and_counts_skips(tmp_path):
     np.testing.assert_allclose(result.state["w"], clean.state["w"], rtol=1e-6)
     skipped = {r["step"]: r.get("train/skipped_steps", 0) for r in result.history}
     assert skipped[7] == 1 and sum(skipped.values()) == 1
+
+
+def test_config_train_skip_nonfinite_reaches_fit_through_train_options(tmp_path):
+    config = digits_mlp.get_config("smoke")
+    assert config.train.skip_nonfinite is False  # opt-in
+    config.train.skip_nonfinite = True
+    with common.train_options(config):
+        result = _fit(tmp_path / "on", Batches(bad_step=7))  # does not raise
+        # An explicit argument wins over the config.
+        with pytest.raises(common.NonFiniteError, match="at step 7"):
+            _fit(tmp_path / "explicit", Batches(bad_step=7), skip_nonfinite=False)
+    assert sum(r.get("train/skipped_steps", 0) for r in result.history) == 1
+    # Outside the block, and for configs without a train section, fit stops.
+    with pytest.raises(common.NonFiniteError, match="--config.train.skip_nonfinite=True"):
+        _fit(tmp_path / "off", Batches(bad_step=7))
+    no_section = ml_collections.ConfigDict({"log": {}})
+    with common.train_options(no_section), pytest.raises(common.NonFiniteError):
+        _fit(tmp_path / "none", Batches(bad_step=7))
+    bad = ml_collections.ConfigDict({"train": {"skip_nonfinite": "yes"}})
+    with (
+        pytest.raises(TypeError, match="config.train.skip_nonfinite='yes' is invalid"),
+        common.train_options(bad),
+    ):
+        pass
+
+
+def _experiment_trains_with_fit(config) -> bool:
+    source = (REPO / "experiments" / f"{config.experiment}.py").read_text()
+    return "common.fit(" in source or "continual_setup" in source
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.py")), ids=lambda p: p.stem)
+def test_every_config_that_trains_through_fit_has_the_train_section(path):
+    if path.stem in ("__init__", "common", "continual_base"):
+        return
+    config = importlib.import_module(f"configs.{path.stem}").get_config()
+    if _experiment_trains_with_fit(config):
+        assert config.train.to_dict() == {"skip_nonfinite": False}, path.name
+    else:
+        assert "train" not in config, f"{path.name}: its experiment does not call fit"
 
 
 def test_step_time_survives_a_finished_rerun_and_json_is_valid(tmp_path):
@@ -172,3 +215,20 @@ def test_cli_nan_run_fails_in_one_line_and_a_failed_start_does_not_block_the_rer
     proc = run_cli(SMOKE, "--config.log.progress=False", workdir=workdir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert np.isfinite(final_metrics(proc.stdout)["test/loss"])
+
+
+def test_cli_skip_nonfinite_config_trains_through_nan_steps(tmp_path):
+    proc = run_cli(
+        SMOKE,
+        "--config.optim.learning_rate=1e30",
+        "--config.train.skip_nonfinite=True",
+        "--config.log.progress=False",
+        workdir=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    skipped = sum(r.get("train/skipped_steps", 0) for r in common.read_metrics(tmp_path))
+    assert 0 < skipped <= 40
+    # The state kept is the last finite one; with a learning rate of 1e30 its logits overflow, so
+    # the test loss is NaN, reported as null (valid JSON), while the accuracy is still measured.
+    metrics = final_metrics(proc.stdout)
+    assert metrics["test/loss"] is None and 0.0 <= metrics["test/accuracy"] <= 1.0
