@@ -36,9 +36,9 @@ def test_notebook_is_clean_and_starts_right(path):
         in (title.split("\n")[2])
     )
     lines = install.splitlines()
-    assert 'if os.environ.get("LOWRANK_JAX_INSTALLED") != "1":' in lines
-    assert f"            !git clone -q --depth=1 {url}" in lines
-    assert "        %cd lowrank_jax" in lines
+    assert 'if os.environ.get("LOWRANK_JAX_INSTALLED") != "1" and not in_checkout:' in lines
+    assert f"        !git clone -q --depth=1 {url}" in lines
+    assert "    %cd lowrank_jax" in lines
     packages = " ".join(colab_cells.PACKAGES.get(path.name, ()))
     assert lines[-1] == f"    !python experiments/tools/colab_install.py {packages}".rstrip()
     assert "jax.devices()" in devices and "jax.default_backend()" in devices

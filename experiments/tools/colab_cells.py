@@ -8,8 +8,9 @@ Every notebook starts with
 1. its title cell (markdown, ``# Title``), whose second paragraph is the "Open in Colab" badge;
 2. the install cell: on a fresh runtime it clones the repository, changes into it and runs
    ``experiments/tools/colab_install.py`` with the notebook's data packages (``pip install -e .``
-   that keeps the runtime's TPU/GPU jax, then the data packages at the repository's pins). Where
-   ``LOWRANK_JAX_INSTALLED=1`` (a checkout installed already: the test suite) it does nothing;
+   that keeps the runtime's TPU/GPU jax, then the data packages at the repository's pins). Inside
+   a checkout (the kernel's working directory is one) or where ``LOWRANK_JAX_INSTALLED=1`` (the
+   test suite says so explicitly) it does nothing: it never installs a checkout by surprise;
 3. a cell printing the backend and the devices (a Colab TPU runtime has 8).
 
 The repository URL lives only in ``setup.cfg`` (``[metadata] url``): badge and clone command are
@@ -77,15 +78,15 @@ def install_cell(name: str, url: str) -> str:
     return (
         "# On Colab (or any fresh runtime): clone the repository, change into it (the notebook\n"
         "# imports configs/ and experiments/), install it and this notebook's data packages while\n"
-        "# keeping the runtime's TPU/GPU build of jax. Does nothing where the checkout is installed\n"
-        f"# already ({SKIP_ENV}=1, as in the test suite).\n"
+        "# keeping the runtime's TPU/GPU build of jax. Does nothing inside a checkout (install that\n"
+        f"# as the README says) or where {SKIP_ENV}=1 (the test suite).\n"
         "import os\n"
         "\n"
-        f'if os.environ.get("{SKIP_ENV}") != "1":\n'
-        '    if not os.path.isfile("experiments/tools/colab_install.py"):  # not in the checkout\n'
-        f'        if not os.path.isdir("{folder}"):\n'
-        f"            !git clone -q --depth=1 {url}\n"
-        f"        %cd {folder}\n"
+        f'in_checkout = os.path.isfile("experiments/tools/colab_install.py")\n'
+        f'if os.environ.get("{SKIP_ENV}") != "1" and not in_checkout:\n'
+        f'    if not os.path.isdir("{folder}"):\n'
+        f"        !git clone -q --depth=1 {url}\n"
+        f"    %cd {folder}\n"
         "    !python experiments/tools/colab_install.py " + " ".join(packages)
     ).rstrip()
 
