@@ -138,15 +138,23 @@ def test_step_time_survives_a_finished_rerun_and_json_is_valid(tmp_path):
     assert json.loads(json.dumps(common.json_safe({"t": float("nan")}))) == {"t": None}
 
 
-def test_unreadable_checkpoint_is_set_aside_and_the_previous_one_restored(tmp_path):
+def test_unreadable_checkpoint_is_set_aside_and_the_previous_one_restored(tmp_path, caplog):
     _fit(tmp_path, Batches(), ckpt_every=5, max_to_keep=3)
     ckpts = tmp_path / "checkpoints"
     for f in (ckpts / "10" / "state").rglob("*"):
         if f.is_file() and f.stat().st_size > 0:
             f.write_bytes(b"")  # truncate every data file of step 10
     manager = common.make_manager(ckpts, every=5)
-    state, _ = common.restore_latest(manager, _state())
+    with caplog.at_level("WARNING"):
+        state, _ = common.restore_latest(manager, _state())
     assert int(state["step"]) == 5
+    logged = [r.getMessage() for r in caplog.records]
+    assert any(
+        m.startswith(f"Checkpoint step 10 in {ckpts} cannot be read (")
+        and m.endswith("); trying the previous one.")
+        for m in logged
+    ), logged
+    assert f"Set aside the unreadable checkpoint {ckpts}/10 as {ckpts}/unreadable_10." in logged
     assert (ckpts / "unreadable_10").is_dir() and manager.all_steps() == [5]
     manager.close()
     # A rerun trains steps 6..10 again and saves step 10 anew.
@@ -160,8 +168,14 @@ def test_no_readable_checkpoint_names_the_directories(tmp_path):
         if f.is_file():
             f.write_bytes(b"")
     manager = common.make_manager(tmp_path / "checkpoints", every=5)
-    with pytest.raises(common.CheckpointError, match=r"checkpoints/5 .*Delete these step"):
+    with pytest.raises(common.CheckpointError) as err:
         common.restore_latest(manager, _state())
+    message = str(err.value)
+    assert message.startswith(f"no checkpoint can be read: {tmp_path}/checkpoints/5 (")
+    assert message.endswith(
+        "). Delete these step directories to start over from step 0 (or restore them from a "
+        "backup)."
+    )
 
 
 def test_workdir_lock_refuses_a_second_run_and_takes_over_a_stale_one(tmp_path):
@@ -193,14 +207,56 @@ def _file(path):
 @pytest.mark.parametrize(
     "make, message",
     [
-        (lambda d: "", "the workdir is empty: pass a directory"),
-        (lambda d: _file(d / "f"), "is a file, not a directory"),
-        (lambda d: _file(d / "g") + "/run", "cannot create workdir"),
+        (lambda d: "", "the workdir is empty: pass a directory, e.g. --workdir=runs/<name>"),
+        (lambda d: _file(d / "f"), "workdir {} is a file, not a directory: pass another --workdir"),
+        (lambda d: _file(d / "g") + "/run", "cannot create workdir {}: Not a directory"),
     ],
 )
 def test_unusable_workdirs_get_one_line_errors(tmp_path, make, message):
-    with pytest.raises(common.WorkdirError, match=message), common.lock_workdir(make(tmp_path)):
+    workdir = make(tmp_path)
+    with pytest.raises(common.WorkdirError) as err, common.lock_workdir(workdir):
         pass
+    assert str(err.value) == message.format(workdir)
+
+
+def test_read_only_workdir_is_refused(tmp_path, monkeypatch):
+    workdir = tmp_path / "ro"
+    workdir.mkdir()
+    workdir.chmod(0o555)
+    if os.access(workdir, os.W_OK):  # root ignores permission bits: make access() say no
+        monkeypatch.setattr(
+            "experiments.common.workdir.os.access", lambda path, mode: not mode & os.W_OK
+        )
+    with pytest.raises(common.WorkdirError) as err, common.lock_workdir(workdir):
+        pass
+    assert str(err.value) == f"workdir {workdir} is not writable: pass another --workdir"
+    workdir.chmod(0o755)
+
+
+def test_metrics_rewrite_on_resume_is_atomic(tmp_path, monkeypatch):
+    """A crash while metrics.jsonl is rewritten for a resume leaves the old file whole."""
+    writer = common.MetricWriter(tmp_path, tensorboard=False)
+    for step in range(1, 6):
+        writer.write(step, {"train/loss": 1.0 / step})
+    writer.close()
+    before = (tmp_path / "metrics.jsonl").read_text()
+
+    def crash(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("experiments.common.metrics.os.replace", crash)
+    with pytest.raises(OSError, match="disk full"):
+        common.MetricWriter(tmp_path, start_step=3, tensorboard=False)
+    assert (tmp_path / "metrics.jsonl").read_text() == before
+
+
+def test_cli_empty_workdir_is_a_one_line_error(tmp_path):
+    proc = run_cli(SMOKE, workdir="", timeout=120)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "FATAL WorkdirError: the workdir is empty: pass a directory, e.g. --workdir=runs/<name> "
+        "(LOWRANK_JAX_TRACEBACK=1 shows the traceback)"
+    )
 
 
 def test_cli_nan_run_fails_in_one_line_and_a_failed_start_does_not_block_the_rerun(tmp_path):
