@@ -464,6 +464,7 @@ def fit(
                     if bar is not None:
                         bar.set_postfix({k.split("/")[-1]: f"{v:.4g}" for k, v in train.items()})
                 if eval_fn is not None and eval_every and step % eval_every == 0:
+                    check_finite(step)  # no evaluation records of a non-finite state
                     jax.block_until_ready(state)
                     t_eval = time.perf_counter()
                     last_eval, last_eval_step = evaluate(step), step

@@ -81,6 +81,18 @@ def test_nonfinite_loss_stops_naming_step_metric_and_last_good_checkpoint(tmp_pa
         _fit(tmp_path / "early", Batches(bad_step=2))
 
 
+def test_nonfinite_step_is_not_evaluated(tmp_path):
+    evaluated = []
+
+    def eval_fn(state, frozen):
+        evaluated.append(float(state["w"]))
+        return {"valid/w": state["w"]}
+
+    with pytest.raises(common.NonFiniteError, match="at step 7"):
+        _fit(tmp_path, Batches(bad_step=7), log_every=5, eval_fn=eval_fn, eval_every=1)
+    assert len(evaluated) == 6 and all(np.isfinite(evaluated))
+
+
 def test_skip_nonfinite_keeps_the_previous_state_and_counts_skips(tmp_path):
     result = _fit(tmp_path, Batches(bad_step=7), skip_nonfinite=True)
     clean = _fit(tmp_path / "clean", Batches(), num_steps=9)
