@@ -157,6 +157,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         print("pip " + shlex.join(command), flush=True)
         if not dry:
             subprocess.run([sys.executable, "-m", "pip", *command], check=True)
+    if accelerator != "cpu" and not dry:  # say so at once if jax still lost the accelerator
+        probe = [sys.executable, "-c", "import jax; print(jax.default_backend())"]
+        backend = subprocess.run(probe, capture_output=True, text=True).stdout.strip()
+        if backend != accelerator.rstrip("0123456789").replace("cuda", "gpu"):
+            sys.exit(
+                f"jax reports backend {backend or '(none)'} on a {accelerator} runtime: reinstall "
+                f'its build with: pip install "{jax_requirement().replace("jax", f"jax[{accelerator}]", 1)}"'
+            )
 
 
 if __name__ == "__main__":
