@@ -152,6 +152,7 @@ def test_default_workdir_and_mismatched_resume(tmp_path):
     train._check_workdir(str(tmp_path), digits_mlp.get_config("smoke"))  # same config: resumable
     relogged = digits_mlp.get_config("smoke")
     relogged.log.progress, relogged.parallel.fsdp = False, True
+    relogged.train.skip_nonfinite = True  # a run stopped by a NaN may resume skipping such steps
     train._check_workdir(str(tmp_path), relogged)  # logging and device layout may change
     # Without a checkpoint nothing can be resumed: a failed start's config.json is just replaced.
     train._check_workdir(str(tmp_path), digits_mlp.get_config())
