@@ -23,6 +23,7 @@ all methods, mean ± sd over seeds), ``accuracy_matrices.json``, ``acc_matrix_<m
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import Any
@@ -34,6 +35,7 @@ import optax
 from absl import logging
 
 from experiments import common
+from experiments import continual_search as search
 from experiments.common import continual_report as report
 from experiments.continual_setup import (
     PROTOCOLS,
@@ -317,14 +319,27 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
     check_config(config)
     bench = config.data.benchmark
     records: dict[str, list[dict[str, Any]]] = {m: [] for m in config.methods}
+    chosen: dict[str, dict[str, Any]] = {}  # the validation search's choice per method
     for seed in config.seeds:
         stream = load_stream(config, seed)
         model, variables = build_backbone(
             config, stream, seed, os.path.join(workdir, f"seed_{seed}")
         )
+        for name in config.methods if config.search.trials and seed == config.seeds[0] else ():
+            chosen[name] = search.search(
+                config,
+                name,
+                stream,
+                functools.partial(
+                    run_method, name=name, seed=seed, model=model, variables=variables
+                ),
+                workdir,
+            )
+            if chosen[name] is None:
+                return {"benchmark": bench, "interrupted": True}
         for name in config.methods:
             out = run_method(
-                config,
+                search.apply_values(config, chosen.get(name, {}).get("values", {})),
                 name,
                 seed,
                 stream,
@@ -346,6 +361,14 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
         "mean accuracy on each task right after learning it; update_cos: mean |cos| between "
         "different tasks' updates ΔW_t (all adapted kernels). Mean ± sd over seeds."
     )
+    if chosen:
+        notes += (
+            f"\n\nHyper-parameters chosen per method by {config.search.trials} random-search "
+            f"trials on seed {config.seeds[0]}'s validation split ({config.data.valid_fraction:.0%} "
+            "of each class's training rows; final validation accuracy; experiments/"
+            "continual_search.py), then every seed trained on all training rows with them:\n\n"
+            + search.search_markdown(chosen, workdir)
+        )
     table = report.write_continual_outputs(
         workdir, records, title=f"Continual learning on {bench}", notes=notes
     )
