@@ -12,7 +12,10 @@ The methods are library values (:mod:`lowrank_jax.continual`: :func:`~lowrank_ja
 :func:`make_method`; this module only orchestrates: for each task ``begin_task``,
 ``experiments.common.fit`` (masked cross-entropy plus the method's penalties), ``end_task``,
 evaluate. ``joint`` is trained once on the union of all tasks (the upper bound; only the final row
-of the accuracy matrix is meaningful).
+of the accuracy matrix is meaningful). With ``config.search.trials > 0`` every method's learning
+rate and knobs are first chosen on a validation split of the training tasks by the same random
+search (:mod:`experiments.continual_search`; the choice goes into ``results.md`` and
+``search.json``).
 
 Every task's training lives in ``<workdir>/<method>/seed_<s>/task_<t>``: an interrupted run
 resumes inside the task where it stopped, and the finished tasks are replayed from their final
