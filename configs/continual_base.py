@@ -8,16 +8,13 @@ import ml_collections
 from configs.common import ConfigError, parse_arg
 
 METHODS = ("saber", "gr_lora", "seq_lora", "o_lora", "inflora", "gpm_lora", "sd_lora", "joint")
-BENCHMARKS = (
-    "split_digits",
-    "digits_cil",
-    "long_stream",
-    "shakespeare_plays",
-    "split_mnist",
-    "mnist_cil",
-)
 
 _MLP_TARGETS = (r"params/dense_\d+/kernel",)
+_VIT_TARGETS = (
+    r"params/encoder/layer_\d+/attention/(query|value)/kernel",
+    r"params/encoder/layer_\d+/mlp/fc1/kernel",
+)
+_VIT = dict(model="vit", steps=200, smoke_tasks=2, targets=_VIT_TARGETS)
 # Per benchmark: tasks, backbone, steps per task (full / smoke), batch size, learning rate.
 _BENCH = {
     "split_digits": dict(num_tasks=5, model="mlp", features=(128, 128), pretrain=300, steps=300),
@@ -41,30 +38,11 @@ _BENCH = {
             r"params/layer_\d+/mlp/fc1/kernel",
         ),
     ),
-    "split_mnist": dict(
-        num_tasks=3,
-        model="vit",
-        pretrain=800,
-        steps=200,
-        smoke_tasks=2,
-        targets=(
-            r"params/encoder/layer_\d+/attention/(query|value)/kernel",
-            r"params/encoder/layer_\d+/mlp/fc1/kernel",
-        ),
-    ),
+    "split_mnist": dict(_VIT, num_tasks=3, pretrain=800),
     # MNIST 10 classes in 5 tasks of 2 on a ViT pretrained on Fashion-MNIST (no digit seen)
-    "mnist_cil": dict(
-        num_tasks=5,
-        model="vit",
-        pretrain=1500,
-        steps=200,
-        smoke_tasks=2,
-        targets=(
-            r"params/encoder/layer_\d+/attention/(query|value)/kernel",
-            r"params/encoder/layer_\d+/mlp/fc1/kernel",
-        ),
-    ),
+    "mnist_cil": dict(_VIT, num_tasks=5, pretrain=1500),
 }
+BENCHMARKS = tuple(_BENCH)
 # Ten plays across the Folio's three genres; two per task by default (five tasks).
 DEFAULT_PLAYS = (
     "tempest",
