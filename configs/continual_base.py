@@ -8,13 +8,19 @@ import ml_collections
 from configs.common import ConfigError, parse_arg, train_section
 
 METHODS = ("saber", "gr_lora", "seq_lora", "o_lora", "inflora", "gpm_lora", "sd_lora", "joint")
-BENCHMARKS = ("split_digits", "digits_cil", "long_stream", "shakespeare_plays", "split_mnist")
 
 _MLP_TARGETS = (r"params/dense_\d+/kernel",)
+_VIT_TARGETS = (
+    r"params/encoder/layer_\d+/attention/(query|value)/kernel",
+    r"params/encoder/layer_\d+/mlp/fc1/kernel",
+)
+_VIT = dict(model="vit", steps=200, smoke_tasks=2, targets=_VIT_TARGETS)
 # Per benchmark: tasks, backbone, steps per task (full / smoke), batch size, learning rate.
 _BENCH = {
     "split_digits": dict(num_tasks=5, model="mlp", features=(128, 128), pretrain=300, steps=300),
-    "digits_cil": dict(num_tasks=5, model="mlp", features=(128, 128), pretrain=0, steps=200),
+    "digits_cil": dict(
+        num_tasks=5, model="mlp", features=(128, 128), pretrain=0, steps=200, smoke_tasks=2
+    ),
     "long_stream": dict(
         num_tasks=20, model="mlp", features=(256, 256), pretrain=0, steps=200, smoke_tasks=4
     ),
@@ -32,18 +38,11 @@ _BENCH = {
             r"params/layer_\d+/mlp/fc1/kernel",
         ),
     ),
-    "split_mnist": dict(
-        num_tasks=3,
-        model="vit",
-        pretrain=800,
-        steps=200,
-        smoke_tasks=2,
-        targets=(
-            r"params/encoder/layer_\d+/attention/(query|value)/kernel",
-            r"params/encoder/layer_\d+/mlp/fc1/kernel",
-        ),
-    ),
+    "split_mnist": dict(_VIT, num_tasks=3, pretrain=800),
+    # MNIST 10 classes in 5 tasks of 2 on a ViT pretrained on Fashion-MNIST (no digit seen)
+    "mnist_cil": dict(_VIT, num_tasks=5, pretrain=1500),
 }
+BENCHMARKS = tuple(_BENCH)
 # Ten plays across the Folio's three genres; two per task by default (five tasks).
 DEFAULT_PLAYS = (
     "tempest",
@@ -60,8 +59,9 @@ DEFAULT_PLAYS = (
 
 
 def build(arg, *, comparison, benchmark):
-    """``arg``: ``smoke``, ``method=<name>|all|every``, ``benchmark=<name>``, ``seeds=<count>``."""
-    arg = parse_arg(arg, smoke=False, method="all", benchmark=benchmark, seeds=1)
+    """``arg``: ``smoke``, ``method=<name>|all|every``, ``benchmark=<name>``, ``seeds=<count>``,
+    ``search=<trials>`` (0: the configured values, no search)."""
+    arg = parse_arg(arg, smoke=False, method="all", benchmark=benchmark, seeds=1, search=0)
     if arg.benchmark not in BENCHMARKS:
         raise ConfigError(
             f"config arg benchmark={arg.benchmark!r} is invalid: allowed values are "
@@ -74,6 +74,8 @@ def build(arg, *, comparison, benchmark):
         )
     if arg.seeds < 1:
         raise ConfigError(f"config arg seeds={arg.seeds} is invalid: must be >= 1")
+    if arg.search < 0:
+        raise ConfigError(f"config arg search={arg.search} is invalid: trials per method, >= 0")
     b = _BENCH[arg.benchmark]
     c = ml_collections.ConfigDict()
     c.experiment = "continual"
@@ -86,6 +88,9 @@ def build(arg, *, comparison, benchmark):
     c.data.benchmark = arg.benchmark
     c.data.num_tasks = b.get("smoke_tasks", 3) if arg.smoke else b["num_tasks"]
     c.data.batch_size = b.get("batch_size", 64)
+    # validation rows per class carved from each task's training rows (used by the search only;
+    # experiments/continual_setup.validation_stream lists the sizes per benchmark)
+    c.data.valid_fraction = 0.15
     # long_stream only (specs §2 (4)): classes per task, input dim, shared subspace, sizes
     c.data.classes_per_task = 5
     c.data.dim = 64
@@ -102,8 +107,9 @@ def build(arg, *, comparison, benchmark):
     if arg.benchmark == "shakespeare_plays":
         c.data.train_per_class = 60 if arg.smoke else 200
         c.data.test_per_class = 30 if arg.smoke else 60
-    # split_mnist: training images per class for the tasks (the base session uses all of 0-4)
-    if arg.benchmark == "split_mnist":
+    # training images per class for the tasks (the base session uses all its images: split_mnist
+    # MNIST 0-4, mnist_cil the 60,000 Fashion-MNIST images)
+    if arg.benchmark in ("split_mnist", "mnist_cil"):
         c.data.train_per_class = 200 if arg.smoke else 1000
 
     c.model = ml_collections.ConfigDict()
@@ -150,6 +156,9 @@ def build(arg, *, comparison, benchmark):
     c.method.gr_lora.lambda_local = 0.5
     c.method.gr_lora.lambda_global = 0.5
     c.method.gr_lora.ood_batch = b.get("ood_batch", 64)  # synthetic OOD points per step
+
+    # the validation search (experiments/continual_search.py): trials per method, its seed
+    c.search = ml_collections.ConfigDict(dict(trials=arg.search, seed=0))
 
     c.eval = ml_collections.ConfigDict()
     c.eval.batch_size = 256

@@ -10,12 +10,15 @@ Commands::
     python -m experiments.train --config=configs/saber.py:smoke          # ~1 min check
     python -m experiments.train --config=configs/saber.py:method=o_lora  # one method
     python -m experiments.train --config=configs/saber.py:benchmark=split_mnist,seeds=3
+    python -m experiments.train --config=configs/saber.py:benchmark=split_digits,method=every,search=6
     experiments/continual_sweep.sh                                       # the full table
 
 Options (``:a,b=c``): ``smoke``; ``method=all|every|saber|gr_lora|seq_lora|o_lora|inflora|
 gpm_lora|sd_lora|joint`` (``all``: SABER, sequential LoRA, O-LoRA, InfLoRA, SD-LoRA and joint
 training; ``every``: all eight); ``benchmark=shakespeare_plays|split_mnist|split_digits|
-digits_cil|long_stream``; ``seeds=<count>``.
+digits_cil|long_stream|mnist_cil``; ``seeds=<count>``; ``search=<trials>``: choose every method's
+learning rate and knobs by that many random-search trials on a validation split carved from the
+training tasks (``experiments/continual_search.py``; default 0: the configured values).
 
 Default: ``shakespeare_plays``: class-incremental over ten Shakespeare plays (two per task, five
 tasks, no task id at test time), 200 training / 60 test passages of 64 MiniLM word pieces per

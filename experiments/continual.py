@@ -12,7 +12,10 @@ The methods are library values (:mod:`lowrank_jax.continual`: :func:`~lowrank_ja
 :func:`make_method`; this module only orchestrates: for each task ``begin_task``,
 ``experiments.common.fit`` (masked cross-entropy plus the method's penalties), ``end_task``,
 evaluate. ``joint`` is trained once on the union of all tasks (the upper bound; only the final row
-of the accuracy matrix is meaningful).
+of the accuracy matrix is meaningful). With ``config.search.trials > 0`` every method's learning
+rate and knobs are first chosen on a validation split of the training tasks by the same random
+search (:mod:`experiments.continual_search`; the choice goes into ``results.md`` and
+``search.json``).
 
 Every task's training lives in ``<workdir>/<method>/seed_<s>/task_<t>``: an interrupted run
 resumes inside the task where it stopped, and the finished tasks are replayed from their final
@@ -23,6 +26,7 @@ all methods, mean ± sd over seeds), ``accuracy_matrices.json``, ``acc_matrix_<m
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import Any
@@ -34,6 +38,7 @@ import optax
 from absl import logging
 
 from experiments import common
+from experiments import continual_search as search
 from experiments.common import continual_report as report
 from experiments.continual_setup import (
     PROTOCOLS,
@@ -317,14 +322,27 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
     check_config(config)
     bench = config.data.benchmark
     records: dict[str, list[dict[str, Any]]] = {m: [] for m in config.methods}
+    chosen: dict[str, dict[str, Any]] = {}  # the validation search's choice per method
     for seed in config.seeds:
         stream = load_stream(config, seed)
         model, variables = build_backbone(
             config, stream, seed, os.path.join(workdir, f"seed_{seed}")
         )
+        for name in config.methods if config.search.trials and seed == config.seeds[0] else ():
+            chosen[name] = search.search(
+                config,
+                name,
+                stream,
+                functools.partial(
+                    run_method, name=name, seed=seed, model=model, variables=variables
+                ),
+                workdir,
+            )
+            if chosen[name] is None:
+                return {"benchmark": bench, "interrupted": True}
         for name in config.methods:
             out = run_method(
-                config,
+                search.apply_values(config, chosen.get(name, {}).get("values", {})),
                 name,
                 seed,
                 stream,
@@ -346,6 +364,14 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
         "mean accuracy on each task right after learning it; update_cos: mean |cos| between "
         "different tasks' updates ΔW_t (all adapted kernels). Mean ± sd over seeds."
     )
+    if chosen:
+        notes += (
+            f"\n\nHyper-parameters chosen per method by {config.search.trials} random-search "
+            f"trials on seed {config.seeds[0]}'s validation split ({config.data.valid_fraction:.0%} "
+            "of each class's training rows; final validation accuracy; experiments/"
+            "continual_search.py), then every seed trained on all training rows with them:\n\n"
+            + search.search_markdown(chosen, workdir)
+        )
     table = report.write_continual_outputs(
         workdir, records, title=f"Continual learning on {bench}", notes=notes
     )

@@ -19,6 +19,16 @@ Benchmarks (``config.data.benchmark``; all deterministic in the seed):
   scratch on MNIST digits 0–4; task 0 is that session's classes (its head rows are kept) and the
   increments split digits 5–9 (in a per-seed order) into ``num_tasks - 1`` groups of ≥ 2 classes,
   learned with the frozen backbone plus adapters.
+* ``mnist_cil`` (class-incremental, the stronger benchmark of issue 16): all ten MNIST digits in
+  ``num_tasks`` tasks (default 5 × 2 classes, a per-seed class order), ``train_per_class``
+  training images per digit and the full MNIST test set of each task's digits, on a ViT whose
+  base session is all 60,000 Fashion-MNIST images (10 clothing classes; the head is thrown away).
+  The backbone is pretrained but has seen no digit, so every class is incremental: unlike
+  ``split_mnist``, task 0 is not the pretraining task. Needs the Debian package
+  ``dataset-fashion-mnist``.
+
+Hyper-parameter search: :func:`validation_stream` carves a per-class validation split from each
+task's training rows (``config.data.valid_fraction``); :mod:`experiments.continual_search`.
 """
 
 from __future__ import annotations
@@ -37,13 +47,21 @@ from absl import logging
 from experiments import common
 from lowrank_jax import continual, data, models
 
-BENCHMARKS = ("split_digits", "digits_cil", "long_stream", "shakespeare_plays", "split_mnist")
+BENCHMARKS = (
+    "split_digits",
+    "digits_cil",
+    "long_stream",
+    "shakespeare_plays",
+    "split_mnist",
+    "mnist_cil",
+)
 PROTOCOLS = {
     "split_digits": "til",
     "digits_cil": "cil",
     "long_stream": "cil",
     "shakespeare_plays": "cil",
     "split_mnist": "cil",
+    "mnist_cil": "cil",
 }
 MODELS = ("mlp", "vit", "minilm")
 
@@ -104,6 +122,13 @@ def check_setup(config: Any) -> None:
             raise c.ConfigError(
                 f"config.data.seq_len={config.data.seq_len} is invalid: MiniLM takes <= 512 tokens"
             )
+    if benchmark == "mnist_cil":
+        c.check_positive(config, "data.train_per_class", integer=True)
+        if not 2 <= config.data.num_tasks <= 5:
+            raise c.ConfigError(
+                f"config.data.num_tasks={config.data.num_tasks} is invalid for mnist_cil: 2..5 "
+                "(ten digits, each task needs >= 2 classes)"
+            )
     if benchmark == "split_mnist":
         c.check_positive(config, "data.train_per_class", integer=True)
         if config.data.num_tasks not in (2, 3):
@@ -112,7 +137,8 @@ def check_setup(config: Any) -> None:
                 "base session (0-4) plus 1 or 2 increments over 5-9 (each needs >= 2 classes)"
             )
     name = c.check_choice(config, "model.name", MODELS)
-    wanted = {"shakespeare_plays": "minilm", "split_mnist": "vit"}.get(benchmark, "mlp")
+    wanted = {"shakespeare_plays": "minilm", "split_mnist": "vit", "mnist_cil": "vit"}
+    wanted = wanted.get(benchmark, "mlp")
     if name != wanted:
         raise c.ConfigError(
             f"config.model.name={name!r} does not fit benchmark {benchmark!r}: use {wanted!r}"
@@ -135,6 +161,14 @@ def check_setup(config: Any) -> None:
                 "1..5 (layers below it are frozen and cached)"
             )
     c.check_nonnegative(config, "model.pretrain_steps", integer=True)
+    frac = c.get_path(config, "data.valid_fraction")
+    if isinstance(frac, bool) or not isinstance(frac, int | float) or not 0 < frac <= 0.5:
+        raise c.ConfigError(
+            f"config.data.valid_fraction={frac!r} is invalid: the validation share of each "
+            "class's training rows, in (0, 0.5]"
+        )
+    c.check_nonnegative(config, "search.trials", integer=True)
+    c.check_nonnegative(config, "search.seed", integer=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -193,7 +227,7 @@ def load_stream(config: Any, seed: int) -> Stream:
         return Stream(tasks, classes, num_tasks * k, "cil", None, 0)
     if bench == "shakespeare_plays":
         return _shakespeare_stream(config, rng)
-    if bench == "split_mnist":
+    if bench in ("split_mnist", "mnist_cil"):
         return _mnist_stream(config, rng)
     train, test = _digits_splits(seed)
     if bench == "digits_cil":
@@ -225,8 +259,14 @@ def load_stream(config: Any, seed: int) -> Stream:
 
 def _mnist_stream(config: Any, rng: np.random.Generator) -> Stream:
     num_tasks, base_classes = config.data.num_tasks, 5
-    rest = rng.permutation(np.arange(base_classes, 10))
-    groups = [np.arange(base_classes)] + [np.sort(g) for g in np.array_split(rest, num_tasks - 1)]
+    fashion_base = config.data.benchmark == "mnist_cil"
+    if fashion_base:  # every digit is incremental
+        order = rng.permutation(10)
+        groups = [np.sort(g) for g in np.array_split(order, num_tasks)]
+    else:
+        rest = rng.permutation(np.arange(base_classes, 10))
+        groups = [np.arange(base_classes)]
+        groups += [np.sort(g) for g in np.array_split(rest, num_tasks - 1)]
     train, test = data.load_mnist("train"), data.load_mnist("test")
     # a fixed number of training images per class for the increments (the base session uses all)
     per_class = config.data.train_per_class
@@ -236,9 +276,53 @@ def _mnist_stream(config: Any, rng: np.random.Generator) -> Stream:
     keep = rng.permutation(keep)  # classes mixed: a prefix of a task's rows sees all its classes
     sub = data.Dataset(train.x[keep], train.y[keep], train.class_names)
     tasks = _by_classes(sub, test, groups)
+    if fashion_base:
+        fashion = data.load_fashion_mnist("train")
+        base = {"x": fashion.x, "y": fashion.y.astype(np.int32)}
+        return Stream(tasks, groups, 10, "cil", base, 10, keep_base_head=False)
     base_rows = train.y < base_classes
     base = {"x": train.x[base_rows], "y": train.y[base_rows].astype(np.int32)}
     return Stream(tasks, groups, 10, "cil", base, base_classes, keep_base_head=True)
+
+
+def valid_indices(
+    y: np.ndarray, fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(fit, valid)`` row indices of a training set with labels ``y``, stratified by class.
+
+    Each class with ``n_c`` rows gives ``round(fraction * n_c)`` of them (at least one, at most
+    ``n_c - 1``; none if ``n_c = 1``) to ``valid``, drawn by ``rng``; the rest stay in ``fit``.
+    Both are sorted and partition ``range(len(y))``.
+    """
+    valid = []
+    for c in np.unique(y):
+        rows = np.flatnonzero(y == c)
+        k = min(max(int(round(fraction * len(rows))), 1), len(rows) - 1)
+        valid.append(rng.choice(rows, k, replace=False))
+    valid = np.sort(np.concatenate(valid)) if valid else np.zeros(0, int)
+    return np.setdiff1d(np.arange(len(y)), valid), valid
+
+
+def validation_stream(stream: Stream, *, fraction: float, seed: int) -> Stream:
+    """The stream of the hyper-parameter search: ``train`` the fit rows, ``test`` the valid rows.
+
+    Each task's training rows are split by :func:`valid_indices` (``rng = default_rng([seed,
+    t, 23])``, so deterministic in the seed); the test rows are not used. Sizes with the default
+    ``config.data.valid_fraction = 0.15``: split_digits 203 of 1,348 rows per task, digits_cil
+    about 40 of 270, long_stream 75 of 500, shakespeare_plays 60 of 400, split_mnist 150 per
+    increment class (task 0: 15% of its 200/1,000 images per class), mnist_cil 300 of 2,000.
+    """
+    tasks = []
+    for t, task in enumerate(stream.tasks):
+        train = task["train"]
+        fit, valid = valid_indices(train["y"], fraction, np.random.default_rng([seed, t, 23]))
+        tasks.append(
+            {
+                "train": {k: v[fit] for k, v in train.items()},
+                "test": {k: v[valid] for k, v in train.items()},
+            }
+        )
+    return dataclasses.replace(stream, tasks=tasks)
 
 
 @functools.lru_cache(maxsize=1)

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 
 from experiments.common.metrics import write_json, write_results_md
-from experiments.common.plots import plot_curves
+from experiments.common.plots import plot_curves, plot_heatmap
 from lowrank_jax import continual
 
 __all__ = ["COLUMNS", "cosines", "mean_sd", "summary", "write_continual_outputs"]
@@ -100,22 +100,16 @@ def write_continual_outputs(
 def _plots(workdir: str, records: Mapping[str, list[dict[str, Any]]]) -> None:
     if jax.process_index() != 0:
         return
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
     for method, outs in records.items():
-        r = np.mean(np.stack([o["R"] for o in outs]), axis=0)  # NaN above the diagonal
-        fig, ax = plt.subplots(figsize=(4, 3.5), dpi=100)
-        im = ax.imshow(r, vmin=0, vmax=1, cmap="viridis")
-        ax.set_xlabel("evaluated task j")
-        ax.set_ylabel("after task t")
-        ax.set_title(f"{method}: accuracy R[t, j]")
-        fig.colorbar(im, ax=ax)
-        fig.tight_layout()
-        fig.savefig(os.path.join(workdir, f"acc_matrix_{method}.png"))
-        plt.close(fig)
+        plot_heatmap(  # the per-task accuracy matrix, mean over seeds (NaN above the diagonal)
+            os.path.join(workdir, f"acc_matrix_{method}.png"),
+            np.mean(np.stack([o["R"] for o in outs]), axis=0),
+            title=f"{method}: test accuracy R[t, j]",
+            xlabel="evaluated task j",
+            ylabel="after task t",
+            vmin=0.0,
+            vmax=1.0,
+        )
     curves = {}
     for method, outs in records.items():
         diag = np.mean([np.diag(o["R"]) for o in outs], axis=0)

@@ -15,7 +15,7 @@ from typing import Any
 
 import jax
 
-__all__ = ["plot_curves", "plot_metrics"]
+__all__ = ["plot_curves", "plot_heatmap", "plot_metrics"]
 
 
 def plot_curves(
@@ -68,6 +68,58 @@ def plot_curves(
     ax.grid(alpha=0.3)
     if curves:
         ax.legend()
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_heatmap(
+    path: str | os.PathLike,
+    matrix: Any,
+    *,
+    title: str,
+    xlabel: str = "",
+    ylabel: str = "",
+    vmin: float | None = None,
+    vmax: float | None = None,
+    annotate: bool = True,
+) -> str:
+    """Draws a 2-D ``matrix`` as a heat map (NaN cells blank) into a PNG at ``path``.
+
+    Rows run top to bottom, columns left to right, both numbered from 1. With ``annotate`` each
+    finite cell shows its value (two decimals; only for matrices up to 20 x 20).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    path = os.fspath(path)
+    if jax.process_index() != 0:
+        return path
+    m = np.asarray(matrix, np.float64)
+    if m.ndim != 2:
+        raise ValueError(f"plot_heatmap needs a 2-D matrix, got shape {m.shape}")
+    size = max(3.5, 0.55 * max(m.shape) + 1.5)
+    fig, ax = plt.subplots(figsize=(size + 0.8, size), dpi=100)
+    im = ax.imshow(np.ma.masked_invalid(m), vmin=vmin, vmax=vmax, cmap="viridis")
+    ax.set_xticks(range(m.shape[1]), [str(j + 1) for j in range(m.shape[1])])
+    ax.set_yticks(range(m.shape[0]), [str(i + 1) for i in range(m.shape[0])])
+    if annotate and max(m.shape) <= 20:
+        mid = np.nanmean(m) if np.isfinite(m).any() else 0.0
+        if vmin is not None and vmax is not None:
+            mid = 0.5 * (vmin + vmax)
+        for (i, j), v in np.ndenumerate(m):
+            if np.isfinite(v):
+                color = "k" if v > mid else "w"
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color=color)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    fig.colorbar(im, ax=ax)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path)

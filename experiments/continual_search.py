@@ -1,0 +1,164 @@
+r"""Hyper-parameter selection of the continual-learning experiment: one random search per method.
+
+Every method gets the same budget: ``config.search.trials`` configurations, each a full run over
+the task stream of the first seed, scored by the **validation** final average accuracy (mean of
+the last row of the accuracy matrix measured on each task's validation rows). The validation rows
+are carved from each task's training rows (:func:`experiments.continual_setup.validation_stream`,
+``config.data.valid_fraction`` per class); a search run trains on the remaining training rows and
+never sees a test row (the search stream has no test split at all). The chosen values are then
+used for every seed of the reported run, which trains on the full training rows (validation
+included, the usual refit after selection) and is scored on test.
+
+The space (:data:`SPACES`): every method's learning rate, log-uniform in ``[lr₀/5, 5·lr₀]`` around
+the benchmark's configured rate ``lr₀``, plus its own knobs:
+
+=========  ===============================================================================
+saber      κ = ``saber.energy_strength`` ~ U[0, 8]; damping γ = ``saber.gamma`` ~ U[0, 1];
+           ``saber.lambda_align`` ~ logU[0.1, 10]
+gr_lora    ``memory_threshold`` ~ U[0.90, 0.995]; ``gr_lora.lambda_local``,
+           ``gr_lora.lambda_global`` ~ logU[0.05, 2]
+o_lora     λ = ``o_lora.lambda_orth`` ~ logU[0.05, 5]
+inflora    ε = ``memory_threshold`` ~ U[0.90, 0.995]
+gpm_lora   ``memory_threshold`` ~ U[0.90, 0.995]
+sd_lora,   the learning rate only (SD-LoRA's magnitudes are learned; sequential LoRA and
+seq_lora,  joint training have no other knob)
+joint
+=========  ===============================================================================
+
+Trial ``i`` of every method draws from ``numpy.random.default_rng([config.search.seed, i])``,
+the learning rate first, so trial ``i`` has the same learning rate for every method (common
+random numbers) and the draws do not depend on the test data, the method order or the other
+methods. The configured defaults are not a candidate (SABER's were chosen on split_digits).
+Ties go to the lower trial index. Finished trials are stored by
+:class:`experiments.common.sweep.CellStore` under ``<workdir>/search/``, so a search resumes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from experiments.common import metrics as metrics_lib
+from experiments.common import sweep
+from experiments.continual_setup import Stream, validation_stream
+
+__all__ = ["SPACES", "apply_values", "sample_trials", "search", "search_markdown"]
+
+_THRESHOLD = ("method.memory_threshold", "uniform", 0.90, 0.995)
+# per method: (config path, distribution, low, high) beside the learning rate
+SPACES: dict[str, tuple[tuple[str, str, float, float], ...]] = {
+    "saber": (
+        ("method.saber.energy_strength", "uniform", 0.0, 8.0),
+        ("method.saber.gamma", "uniform", 0.0, 1.0),
+        ("method.saber.lambda_align", "log", 0.1, 10.0),
+    ),
+    "gr_lora": (
+        _THRESHOLD,
+        ("method.gr_lora.lambda_local", "log", 0.05, 2.0),
+        ("method.gr_lora.lambda_global", "log", 0.05, 2.0),
+    ),
+    "o_lora": (("method.o_lora.lambda_orth", "log", 0.05, 5.0),),
+    "inflora": (_THRESHOLD,),
+    "gpm_lora": (_THRESHOLD,),
+    "sd_lora": (),
+    "seq_lora": (),
+    "joint": (),
+}
+LR_FACTOR = 5.0  # the learning rate is drawn log-uniformly in [lr0 / 5, 5 lr0]
+
+
+def sample_trials(config: Any, method: str) -> list[dict[str, float]]:
+    """The ``config.search.trials`` candidate settings of ``method`` (``{config path: value}``)."""
+    if method not in SPACES:
+        raise ValueError(f"no search space for method {method!r}: known are {sorted(SPACES)}")
+    lr0 = float(config.optim.learning_rate)
+    trials = []
+    for i in range(config.search.trials):
+        rng = np.random.default_rng([config.search.seed, i])
+        u = rng.uniform(-1.0, 1.0)  # first draw: the learning rate, common to all methods
+        values = {"optim.learning_rate": float(lr0 * LR_FACTOR**u)}
+        for path, kind, low, high in SPACES[method]:
+            if kind == "log":
+                values[path] = float(np.exp(rng.uniform(np.log(low), np.log(high))))
+            else:
+                values[path] = float(rng.uniform(low, high))
+        trials.append(values)
+    return trials
+
+
+def apply_values(config: Any, values: Mapping[str, float]) -> Any:
+    """A copy of ``config`` with ``{dotted path: value}`` set (the original is not changed)."""
+    out = config.copy_and_resolve_references()
+    for path, value in values.items():
+        *parents, leaf = path.split(".")
+        node = out
+        for p in parents:
+            node = node[p]
+        if leaf not in node:
+            raise ValueError(f"search value for unknown config key {path!r}")
+        node[leaf] = value
+    return out
+
+
+RunFn = Callable[..., dict[str, Any]]
+
+
+def search(
+    config: Any, method: str, stream: Stream, run_fn: RunFn, workdir: str
+) -> dict[str, Any] | None:
+    """Runs ``method``'s trials on the validation stream of ``stream``; returns the choice.
+
+    Args:
+      config: the experiment config (``search.trials``, ``search.seed``, ``data.valid_fraction``).
+      method: the method's name.
+      stream: the task stream of the search seed (its test rows are not used).
+      run_fn: ``(*, config, stream, workdir) -> {"R": accuracy matrix, "interrupted": bool}``, one
+        run of ``method`` (``experiments.continual.run_method``).
+      workdir: the run directory; trials live in ``<workdir>/search/``.
+
+    Returns:
+      ``{"values": chosen {path: value}, "valid_final_acc": its score, "trials": [{"values",
+      "valid_final_acc"}, ...]}``, or None if a trial was interrupted.
+    """
+    valid = validation_stream(stream, fraction=config.data.valid_fraction, seed=config.seeds[0])
+    root = os.path.join(workdir, "search")
+    cells = sweep.CellStore(root, log_metrics=False)
+    scored = []
+    for i, values in enumerate(sample_trials(config, method)):
+        key = f"{method}/trial={i}"
+        if key not in cells:
+            wd = os.path.join(root, method, f"t{i}")
+            out = run_fn(config=apply_values(config, values), stream=valid, workdir=wd)
+            if out["interrupted"]:
+                return None
+            acc = float(np.mean(np.asarray(out["R"])[-1]))
+            cells.get(key, lambda v=values, a=acc: {"values": v, "valid_final_acc": a})
+        scored.append(cells.get(key, dict))
+    if not scored:
+        return {"values": {}, "valid_final_acc": math.nan, "trials": []}
+    best = max(range(len(scored)), key=lambda i: (scored[i]["valid_final_acc"], -i))
+    return {**scored[best], "trial": best, "trials": scored}
+
+
+def search_markdown(chosen: Mapping[str, Mapping[str, Any]], workdir: str) -> str:
+    """The chosen values as a Markdown table (also written to ``<workdir>/search.json``)."""
+    metrics_lib.write_json(os.path.join(workdir, "search.json"), dict(chosen))
+    rows = []
+    for method, c in chosen.items():
+        scores = [t["valid_final_acc"] for t in c["trials"]]
+        values = ", ".join(f"{k.split('.')[-1]}={v:.4g}" for k, v in c["values"].items())
+        rows.append(
+            {
+                "method": method,
+                "trials": len(scores),
+                "valid_final_acc (chosen)": c["valid_final_acc"],
+                "valid range": f"{min(scores):.3f}–{max(scores):.3f}" if scores else "",
+                "chosen values": values,
+            }
+        )
+    cols = [(c, c) for c in ("method", "trials", "valid_final_acc (chosen)", "valid range")]
+    return sweep.markdown_table(rows, [*cols, ("chosen values", "chosen values")])
