@@ -48,6 +48,7 @@ def test_tpv_tiny_runs(tmp_path):
         c.pruning.steps = 2
         c.pruning.num_batches = 2
         c.pruning.tpv_examples = 16
+        c.pruning.confidence = 0.0  # 30 training steps give no confident predictions
         c.stability.dims = (5,)
         c.stability.widths = (4,)
         c.stability.n_trains = (10, 100)
