@@ -1,0 +1,70 @@
+r"""P9 limits of adaptation in multitask learning: the threshold-class mechanism demo of §9.
+
+Thresholds on [0, 1], target with Bernstein exponent β = ½ (η(x) = x); a hidden random subset of
+``k`` of the ``N`` sources is good, the rest are decoys whose η is flat (½) on
+``|x − ½| ≤ c n^{−1/3}`` (one task's ERM resolution, so a single decoy looks like a good task).
+Estimators: target-only, pooled, oracle prefix (knows the good set), and the adaptive
+heuristics agreement clustering, validation-selected prefix (``n_val`` extra target samples),
+inverse-variance weighting and Lepski prefix selection; 200 draws per cell, vmapped. Family:
+``k ∈ {1, ⌈√N⌉, N}``, ``c ∈ {1, 3}``; an adaptive method is judged by its worst-case ratio of
+mean excess risk to the oracle's. Real-data version: MNIST 4 vs 9 reduced to a 1-D LDA score
+(rank-transformed to [0, 1]); tasks draw ``n`` images each from the training pool, decoys get
+coin-flip labels in the flat zone; excess risk is measured on the MNIST test set. See
+``experiments/multitask_limits.py``.
+
+Command::
+
+    python -m experiments.train --config=configs/multitask_limits.py --workdir=runs/multitask_limits
+
+Runtime: about 45 minutes on a 2-core CPU shared with ~25 other processes (the N = 256, n = 500
+cell dominates); MNIST: N ≤ 64, 50 draws per family member;
+``:smoke`` a few minutes on a loaded machine. Expected result (measured, ``results.md``, see
+``.notes/readme/analysis.md``): synthetic — the oracle's excess risk falls with N (0.0133 ->
+0.00099 at n = 20), every adaptive method's worst-case ratio to the oracle grows from N = 4 to
+256, and the best one at N = 256 does not shrink with n (4.9, 12.3, 15.8 at n = 20, 100, 500);
+MNIST — not reproduced: the oracle meets a floor (~0.006 excess test error) and the ratios
+shrink towards 1 as n grows.
+
+``arg``: ``"smoke"``; ``mnist=false`` skips the MNIST part.
+"""
+
+import ml_collections
+
+from configs.common import parse_arg
+
+
+def get_config(arg=None):
+    """``arg``: ``"smoke"``, ``"mnist=true|false"``, comma-separated."""
+    arg = parse_arg(arg, smoke=False, mnist=True)
+    c = ml_collections.ConfigDict()
+    c.experiment = "multitask_limits"
+    c.seed = 0
+
+    c.data = ml_collections.ConfigDict()
+    c.data.num_tasks = (4, 16) if arg.smoke else (4, 16, 64, 256)
+    c.data.ns = (20, 100) if arg.smoke else (20, 100, 500)
+    c.data.good = ("one", "sqrt", "all")  # k = 1, ceil(sqrt(N)), N good sources
+    c.data.cs = (1.0, 3.0)  # decoy width constants
+    c.data.beta = 0.5
+    c.data.n_val = 20  # held-out target samples of the validation-prefix heuristic
+    c.data.num_draws = 20 if arg.smoke else 200
+
+    c.model = ml_collections.ConfigDict()  # the adaptive heuristics' constants (fixed a priori)
+    c.model.agreement_z = 2.0
+    c.model.lepski_c = 1.0
+    c.model.batch_size = 8  # draws per vmapped batch
+
+    c.mnist = ml_collections.ConfigDict()
+    c.mnist.enabled = arg.mnist
+    c.mnist.digits = (4, 9)
+    c.mnist.pca_dim = 30
+    c.mnist.num_tasks = (4, 16) if arg.smoke else (4, 16, 64)
+    c.mnist.ns = (20,) if arg.smoke else (20, 100, 500)
+    c.mnist.num_draws = 10 if arg.smoke else 50
+
+    c.ckpt = ml_collections.ConfigDict()
+    c.ckpt.resume = True  # finished cells in <workdir>/cells are read back
+
+    c.log = ml_collections.ConfigDict()
+    c.log.progress = not arg.smoke
+    return c

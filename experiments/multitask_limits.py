@@ -1,0 +1,261 @@
+"""P9: the threshold-class mechanism demo of the limits of adaptation (specs §9 (4)).
+
+Per cell ``(N, n)`` and family member ``(k, c)`` (``k`` good sources among ``N``, decoy width
+constant ``c``), :func:`lowrank_jax.analysis.simulate_threshold_family` gives the excess target
+risk of every estimator over ``num_draws`` vmapped draws. The table reports mean excess risks,
+the ratio of each estimator's mean to the oracle's, and the worst case of that ratio over the
+family. The MNIST version runs the same estimators on a 1-D LDA score of MNIST 4 vs 9 with
+semi-synthetic decoys (``lowrank_jax.analysis.sample_pool_tasks``), excess risk on the test set.
+
+The method (estimators, sampling) lives in ``lowrank_jax.analysis.multitask``; this module only
+wires cells and writes ``results.md``, ``summary.json`` and ratio-to-oracle plots. Finished cells
+live in ``<workdir>/cells`` (``experiments.common.sweep.CellStore``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tqdm
+
+from experiments import common
+from experiments.common import sweep
+from lowrank_jax import analysis, data
+
+EST = analysis.ESTIMATORS
+ADAPTIVE = ("target_only", "pooled", "agreement", "validation_prefix", "inverse_variance", "lepski")
+
+
+def check_config(config: Any) -> None:
+    """Validates ``config`` (raises ``common.ConfigError``)."""
+    c = common
+    c.check_nonnegative(config, "seed", integer=True)
+    for key in ("data.num_draws", "data.n_val", "mnist.pca_dim", "mnist.num_draws"):
+        c.check_positive(config, key, integer=True)
+    for n in (*config.data.ns, *config.mnist.ns):
+        if n < 2:
+            raise c.ConfigError(f"config.data.ns holds {n}: need at least 2 samples per task")
+    for g in config.data.good:
+        if g not in ("one", "sqrt", "all"):
+            raise c.ConfigError(f"config.data.good holds {g!r}: use 'one', 'sqrt' or 'all'")
+    if not 0 < config.data.beta <= 1:
+        raise c.ConfigError("config.data.beta must lie in (0, 1]")
+    if len(config.mnist.digits) != 2:
+        raise c.ConfigError("config.mnist.digits must name two digits")
+
+
+def _num_good(name: str, n_tasks: int) -> int:
+    return {"one": 1, "sqrt": math.ceil(math.sqrt(n_tasks)), "all": n_tasks}[name]
+
+
+def _summarise(excess: np.ndarray) -> dict:
+    """``excess``: ``(members, draws, E)`` -> means, ratios to the oracle, worst-case ratios."""
+    mean = excess.mean(1)  # (members, E)
+    ratio = mean / mean[:, EST.index("oracle")][:, None]
+    return {
+        "mean": mean.tolist(),
+        "sem": (excess.std(1) / np.sqrt(excess.shape[1])).tolist(),
+        "ratio": ratio.tolist(),
+        "worst_ratio": dict(zip(EST, ratio.max(0).tolist(), strict=True)),
+    }
+
+
+def synthetic_cell(config: Any, n_tasks: int, n: int, key: jax.Array) -> dict:
+    d, m = config.data, config.model
+    members = [(g, c) for g in d.good for c in d.cs]
+    ks = jnp.asarray([_num_good(g, n_tasks) for g, _ in members])
+    cs = jnp.asarray([c for _, c in members], jnp.float32)
+    fn = jax.jit(
+        jax.vmap(
+            lambda k, c: analysis.simulate_threshold_family(
+                key,
+                num_tasks=n_tasks,
+                n=n,
+                num_good=k,
+                c=c,
+                num_draws=d.num_draws,
+                n_val=d.n_val,
+                beta=d.beta,
+                agreement_z=m.agreement_z,
+                lepski_c=m.lepski_c,
+                batch_size=m.batch_size,
+            )
+        )
+    )
+    out = _summarise(np.asarray(fn(ks, cs), np.float64))
+    out["members"] = [f"k={int(k)},c={c}" for k, (_, c) in zip(ks, members, strict=True)]
+    return out
+
+
+def mnist_pool(config: Any) -> dict:
+    """1-D LDA scores of two MNIST digits, rank-transformed to [0, 1] (fit half / pool / test)."""
+    a, b = config.mnist.digits
+    tr, te = data.load_mnist("train"), data.load_mnist("test")
+
+    def pick(ds):
+        keep = (ds.y == a) | (ds.y == b)
+        return ds.x[keep].reshape(keep.sum(), -1).astype(np.float64), (ds.y[keep] == b) * 1.0
+
+    x, y = pick(tr)
+    xt, yt = pick(te)
+    rng = np.random.default_rng(config.seed)
+    perm = rng.permutation(len(x))
+    fit, pool = perm[: len(x) // 2], perm[len(x) // 2 :]
+    mu = x[fit].mean(0)
+    _, _, vt = np.linalg.svd(x[fit] - mu, full_matrices=False)
+    proj = vt[: config.mnist.pca_dim].T
+    z = (x[fit] - mu) @ proj
+    m0, m1 = z[y[fit] == 0].mean(0), z[y[fit] == 1].mean(0)
+    cov = np.cov(z[y[fit] == 0].T) + np.cov(z[y[fit] == 1].T)
+    w = np.linalg.solve(cov + 1e-3 * np.eye(len(cov)), m1 - m0)
+    ref = np.sort(z @ w)
+
+    def score(xx):
+        return np.searchsorted(ref, ((xx - mu) @ proj) @ w) / len(ref)
+
+    s_pool, s_test = score(x[pool]), score(xt)
+    grid = np.linspace(0, 1, 1001)
+    errs = [np.mean((s_pool >= t) != y[pool]) for t in grid]
+    return {
+        "pool": (s_pool.astype(np.float32), y[pool].astype(np.float32)),
+        "test": (s_test, yt),
+        "center": float(grid[int(np.argmin(errs))]),
+        "pool_error": float(min(errs)),
+    }
+
+
+def mnist_cell(config: Any, pool: dict, n_tasks: int, n: int, key: jax.Array) -> dict:
+    d, m = config.data, config.model
+    sp, yp = (jnp.asarray(v) for v in pool["pool"])
+    members = [(g, c) for g in d.good for c in d.cs]
+
+    def one(k, num_good, c):
+        kp, ks, kv = jax.random.split(k, 3)
+        good = jnp.concatenate(
+            [jnp.ones((1,), bool), jax.random.permutation(kp, n_tasks) < num_good]
+        )
+        width = jnp.minimum(c * n ** (-d.beta / (2 - d.beta)), 0.5)
+        x, y = analysis.sample_pool_tasks(ks, sp, yp, good, n=n, center=pool["center"], width=width)
+        iv = jax.random.randint(kv, (d.n_val,), 0, sp.shape[0])
+        return analysis.threshold_estimates(
+            x, y, sp[iv], yp[iv], good, beta=d.beta, agreement_z=m.agreement_z, lepski_c=m.lepski_c
+        )
+
+    keys = jax.random.split(key, config.mnist.num_draws)
+    fn = jax.jit(lambda g, c: jax.lax.map(lambda k: one(k, g, c), keys, batch_size=m.batch_size))
+    ts = np.stack([np.asarray(fn(_num_good(g, n_tasks), c)) for g, c in members])
+    excess = np.asarray(analysis.empirical_excess_risk(ts, *pool["test"]), np.float64)
+    out = _summarise(excess)
+    out["members"] = [f"k={_num_good(g, n_tasks)},c={c}" for g, c in members]
+    return out
+
+
+def _rows_and_plots(workdir, cells, part, tasks, ns):
+    rows = []
+    for n in ns:
+        curves = {}
+        for e in ADAPTIVE:
+            curves[e] = (list(tasks), [cells[(nt, n)]["worst_ratio"][e] for nt in tasks])
+        common.plot_curves(
+            os.path.join(workdir, f"{part}_worst_ratio_n{n}.png"),
+            curves,
+            title=f"{part}: worst-case mean excess risk / oracle's (n={n})",
+            xlabel="N (source tasks)",
+            ylabel="ratio to oracle",
+            logy=True,
+            hline=1.0,
+        )
+        for nt in tasks:
+            cell = cells[(nt, n)]
+            oracle = [row[EST.index("oracle")] for row in cell["mean"]]
+            rows.append(
+                {
+                    "part": part,
+                    "N": nt,
+                    "n": n,
+                    "oracle_excess(k=N)": oracle[cell["members"].index(f"k={nt},c=1.0")],
+                    **{f"worst/{e}": cell["worst_ratio"][e] for e in ADAPTIVE},
+                }
+            )
+    return rows
+
+
+def _checks(cells, tasks, ns, part):
+    lo, hi = tasks[0], tasks[-1]
+    falls = all(
+        cells[(hi, n)]["mean"][cells[(hi, n)]["members"].index(f"k={hi},c=1.0")][2]
+        < cells[(lo, n)]["mean"][cells[(lo, n)]["members"].index(f"k={lo},c=1.0")][2]
+        for n in ns
+    )
+    adaptive = [e for e in ADAPTIVE]
+    grows = {
+        e: all(cells[(hi, n)]["worst_ratio"][e] > cells[(lo, n)]["worst_ratio"][e] for n in ns)
+        for e in adaptive
+    }
+    best = {n: min(cells[(hi, n)]["worst_ratio"][e] for e in adaptive) for n in ns}
+    return [
+        sweep.check(f"{part}: oracle excess risk (k=N) falls from N={lo} to N={hi}", falls),
+        sweep.check(
+            f"{part}: worst-case ratio grows from N={lo} to N={hi} for every method (each n)",
+            all(grows.values()),
+            ", ".join(f"{e}: {'yes' if v else 'no'}" for e, v in grows.items()),
+        ),
+        sweep.check(
+            f"{part}: best worst-case ratio at N={hi} does not shrink from n={ns[0]} to n={ns[-1]}",
+            best[ns[-1]] >= 0.8 * best[ns[0]],
+            ", ".join(f"n={n}: {v:.2f}" for n, v in best.items()),
+        ),
+    ]
+
+
+def run(config: Any, workdir: str) -> dict:
+    """Runs the synthetic grid and the MNIST version; writes results.md, summary.json, plots."""
+    check_config(config)
+    common.write_config_json(workdir, config)
+    store = sweep.CellStore(workdir, resume=config.ckpt.resume)
+    key = jax.random.key(config.seed)
+    d = config.data
+    grid = [(nt, n) for n in d.ns for nt in d.num_tasks]
+    cells = {}
+    for nt, n in tqdm.tqdm(grid, disable=not config.log.progress, desc="synthetic"):
+        k = jax.random.fold_in(key, 1000 * nt + n)
+        cells[(nt, n)] = store.get(
+            f"synthetic/N={nt}/n={n}", lambda nt=nt, n=n, k=k: synthetic_cell(config, nt, n, k)
+        )
+    rows = _rows_and_plots(workdir, cells, "synthetic", d.num_tasks, d.ns)
+    checks = _checks(cells, d.num_tasks, d.ns, "synthetic")
+    extra = {}
+    if config.mnist.enabled:
+        mc = config.mnist
+        pool = None
+        mcells = {}
+        mgrid = [(nt, n) for n in mc.ns for nt in mc.num_tasks]
+        for nt, n in tqdm.tqdm(mgrid, disable=not config.log.progress, desc="mnist"):
+            name = f"mnist/N={nt}/n={n}"
+            if name not in store and pool is None:
+                pool = mnist_pool(config)
+                extra["mnist_pool_error"] = pool["pool_error"]
+            k = jax.random.fold_in(key, 7 + 1000 * nt + n)
+            mcells[(nt, n)] = store.get(
+                name, lambda p=pool, nt=nt, n=n, k=k: mnist_cell(config, p, nt, n, k)
+            )
+        rows += _rows_and_plots(workdir, mcells, "mnist", mc.num_tasks, mc.ns)
+        checks += _checks(mcells, mc.num_tasks, mc.ns, "mnist")
+    store.close()
+    columns = ["part", "N", "n", "oracle_excess(k=N)", *[f"worst/{e}" for e in ADAPTIVE]]
+    return sweep.write_sweep_results(
+        workdir,
+        rows,
+        checks,
+        title="P9 multitask limits: worst-case ratio of mean excess risk to the oracle's",
+        columns=columns,
+        command=sweep.command_line(
+            "python -m experiments.train --config=configs/multitask_limits.py"
+        ),
+        extra=extra,
+    )

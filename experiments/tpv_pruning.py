@@ -1,0 +1,316 @@
+"""P19: TPV stability, JBR pruning without fine-tuning, and TPV for model selection (specs §19 (4)).
+
+* ``pruning``: per seed, an MLP on sklearn digits trained with ``sweep.train_scan``; each
+  criterion of ``lowrank_jax.analysis.pruning`` prunes hidden neurons to ``target_ratio`` in
+  ``steps`` steps (``prune_iteratively``, scores recomputed on the current masked model, no
+  fine-tuning); test accuracy after every step. Every criterion sees the same number of scoring
+  examples (``num_batches × batch_size``; exact TPV: ``tpv_examples``).
+* ``stability``: one-hidden-layer students on synthetic teachers (the paper's setting is
+  synthetic here); TPV_train / TPV_test for quantisation and label noise.
+* ``selection``: digits with noisy training labels, a weight-decay × label-smoothing grid;
+  Spearman correlation between the training-set label-noise TPV and the clean test loss.
+
+The methods live in ``lowrank_jax.analysis``; this module wires data, training and reports.
+Finished cells live in ``<workdir>/cells``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import tqdm
+
+from experiments import common
+from experiments.common import sweep
+from lowrank_jax import analysis, data
+from lowrank_jax.models import MLP
+
+PARTS = ("pruning", "stability", "selection")
+CRITERIA = ("random", "l1", "taylor", "jacobian", "jbr", "exact_tpv")
+
+
+def check_config(config: Any) -> None:
+    """Validates ``config`` (raises ``common.ConfigError``)."""
+    c = common
+    for p in config.parts:
+        if p not in PARTS:
+            raise c.ConfigError(f"config.parts holds {p!r}: use {', '.join(PARTS)}")
+    for k in config.pruning.criteria:
+        if k not in CRITERIA:
+            raise c.ConfigError(f"config.pruning.criteria holds {k!r}: use {', '.join(CRITERIA)}")
+    for key in ("schedule.num_steps", "data.batch_size", "pruning.num_seeds", "pruning.steps"):
+        c.check_positive(config, key, integer=True)
+    if not 0 < config.pruning.target_ratio < 1:
+        raise c.ConfigError("config.pruning.target_ratio must lie in (0, 1)")
+    c.check_fraction(config, "selection.label_noise")
+
+
+@functools.cache
+def _tx(lr: float, wd: float) -> optax.GradientTransformation:
+    return optax.adamw(lr, weight_decay=wd) if wd else sweep.adam(lr)
+
+
+@functools.cache
+def _loss(model: MLP, kind: str):
+    def loss(params, _, batch):
+        out = model.apply(params, batch["x"])
+        if kind == "mse":
+            return jnp.mean((out[:, 0] - batch["y"]) ** 2)
+        return jnp.mean(optax.softmax_cross_entropy(out, batch["t"]))
+
+    return loss
+
+
+def _train(model, key, train, *, kind, steps, batch_size, lr, wd=0.0, seed=0):
+    params = model.init(key, train["x"][:1])
+    idx = sweep.batch_indices(seed, len(train["x"]), min(batch_size, len(train["x"])), steps)
+    params, _, _ = sweep.train_scan(
+        params,
+        None,
+        train,
+        jnp.asarray(idx),
+        loss_fn=_loss(model, kind),
+        tx=_tx(lr, wd),
+        trace=False,
+    )
+    return params
+
+
+def _digits_split(seed: int, num_test: int):
+    ds = data.load_digits()
+    perm = np.random.default_rng([seed, 5]).permutation(len(ds.y))
+    te, tr = perm[:num_test], perm[num_test:]
+    return (ds.x[tr], ds.y[tr]), (ds.x[te], ds.y[te])
+
+
+_score_taylor = jax.jit(analysis.score_taylor, static_argnums=(0, 4))
+_score_jac = jax.jit(analysis.score_jacobian, static_argnums=(0, 4))
+_score_tpv = jax.jit(analysis.score_exact_tpv, static_argnums=(0, 3), static_argnames="chunk")
+
+
+def pruning_cell(config: Any, seed: int) -> dict:
+    """Trains one MLP and prunes it with every criterion; test accuracy after each step."""
+    p = config.pruning
+    (xtr, ytr), (xte, yte) = _digits_split(seed, config.data.num_test)
+    model = MLP(tuple(config.model.features), 10)
+    key = jax.random.key(seed)
+    train = {"x": jnp.asarray(xtr), "t": jax.nn.one_hot(ytr, 10)}
+    params = _train(
+        model, key, train, kind="ce", steps=config.schedule.num_steps,
+        batch_size=config.data.batch_size, lr=config.optim.learning_rate, seed=seed,
+    )  # fmt: skip
+    groups = analysis.mlp_groups(params)
+    acc = jax.jit(lambda q: jnp.mean(jnp.argmax(model.apply(q, xte), -1) == yte))
+    bs, nb = config.data.batch_size, p.num_batches
+    rng = np.random.default_rng([seed, 9])
+    pick = rng.choice(len(ytr), nb * bs, replace=False)
+    xb = jnp.asarray(xtr[pick]).reshape(nb, bs, *xtr.shape[1:])
+    yb = jnp.asarray(ytr[pick]).reshape(nb, bs)
+    xj, yj = analysis.confident_pseudo_labels(
+        model.apply, params, jnp.asarray(xtr), key=jax.random.fold_in(key, 1),
+        num_batches=nb, batch_size=bs, threshold=p.confidence,
+    )  # fmt: skip
+    xt = jnp.asarray(xtr[pick[: p.tpv_examples]])
+    fns = {
+        "random": lambda q, m, s: analysis.score_random(jax.random.fold_in(key, 100 + s), m),
+        "l1": lambda q, m, s: analysis.score_l1(q, groups),
+        "taylor": lambda q, m, s: _score_taylor(
+            model.apply, q, xb.reshape(-1, *xb.shape[2:]), yb.reshape(-1), groups
+        ),
+        "jacobian": lambda q, m, s: _score_jac(model.apply, q, xb, yb, groups),
+        "jbr": lambda q, m, s: _score_jac(model.apply, q, xj, yj, groups),
+        "exact_tpv": lambda q, m, s: _score_tpv(model.apply, q, xt, groups, chunk=32),
+    }
+    out = {"acc_dense": float(acc(params))}
+    for name in p.criteria:
+        hist = analysis.prune_iteratively(
+            params, groups, fns[name], target_ratio=p.target_ratio, steps=p.steps
+        )
+        out[name] = [float(acc(analysis.apply_masks(params, m, groups))) for m in hist]
+    return out
+
+
+def stability_cell(config: Any, teacher: str, d: int, width: int, n: int) -> dict:
+    """TPV_train / TPV_test (quantisation and label noise) of one trained student."""
+    s = config.stability
+    kx, kt, kn, ks, kr = jax.random.split(jax.random.key(1000 * d + 10 * width + n), 5)
+    x = jax.random.normal(kx, (n + s.num_test, d))
+    if teacher == "linear":
+        f = x @ jax.random.normal(kt, (d,)) / np.sqrt(d)
+    else:
+        w1 = jax.random.normal(kt, (d, 16)) / np.sqrt(d)
+        f = jax.nn.relu(x @ w1) @ jax.random.normal(jax.random.fold_in(kt, 1), (16,)) / 4
+    y = f + 0.1 * jax.random.normal(kn, f.shape)
+    model = MLP((width,), 1)
+    train = {"x": x[:n], "y": y[:n]}
+    params = _train(
+        model, ks, train, kind="mse", steps=s.steps, batch_size=64, lr=config.optim.learning_rate
+    )
+
+    def apply1(q, xi):
+        return model.apply(q, xi[None])[0]
+
+    xtr, xte = x[:n], x[n:]
+    tr_h, te_h = (float(analysis.trace_heff(apply1, params, a)) for a in (xtr, xte))
+    sq = float(analysis.quantization_variance(params, bits=s.bits))
+    ln = {
+        name: float(
+            analysis.tpv_label_noise(
+                apply1,
+                params,
+                xtr,
+                xe,
+                key=kr,
+                sigma=s.sigma,
+                num_runs=s.refits,
+                steps=s.refit_steps,
+                learning_rate=0.01,
+            )
+        )  # fmt: skip
+        for name, xe in (("train", xtr), ("test", xte))
+    }
+    loss = _loss(model, "mse")
+    return {
+        "quant_train": sq * tr_h, "quant_test": sq * te_h, "quant_ratio": tr_h / te_h,
+        "label_train": ln["train"], "label_test": ln["test"],
+        "label_ratio": ln["train"] / ln["test"],
+        "train_mse": float(loss(params, None, train)),
+        "test_mse": float(loss(params, None, {"x": xte, "y": y[n:]})),
+    }  # fmt: skip
+
+
+def selection_cell(config: Any, wd: float, smoothing: float) -> dict:
+    """Training-set label-noise TPV and clean test loss of one recipe on noisy digits."""
+    s = config.selection
+    (xtr, ytr), (xte, yte) = _digits_split(config.seed, config.data.num_test)
+    rng = np.random.default_rng([config.seed, 3])
+    flip = rng.uniform(size=len(ytr)) < s.label_noise
+    noisy = np.where(flip, rng.integers(0, 10, len(ytr)), ytr)
+    t = jax.nn.one_hot(noisy, 10) * (1 - smoothing) + smoothing / 10
+    model = MLP(tuple(config.model.features), 10)
+    train = {"x": jnp.asarray(xtr), "t": t}
+    params = _train(
+        model, jax.random.key(config.seed), train, kind="ce", steps=config.schedule.num_steps,
+        batch_size=config.data.batch_size, lr=config.optim.learning_rate, wd=wd,
+    )  # fmt: skip
+
+    def apply1(q, xi):
+        return model.apply(q, xi[None])[0]
+
+    tpv = analysis.tpv_label_noise(
+        apply1, params, jnp.asarray(xtr[: s.tpv_examples]), key=jax.random.key(7),
+        sigma=s.sigma, num_runs=s.refits, steps=s.refit_steps, learning_rate=0.01,
+    )  # fmt: skip
+    logits = model.apply(params, xte)
+    return {
+        "tpv_train": float(tpv),
+        "test_loss": float(analysis.pruning.cross_entropy(logits, jnp.asarray(yte))),
+        "test_acc": float(jnp.mean(jnp.argmax(logits, -1) == yte)),
+        "train_loss_noisy": float(
+            analysis.pruning.cross_entropy(model.apply(params, xtr), jnp.asarray(noisy))
+        ),
+    }
+
+
+def _pruning_report(workdir, cells, p):
+    sparsity = [p.target_ratio * s / p.steps for s in range(1, p.steps + 1)]
+    curves, rows = {}, []
+    for name in p.criteria:
+        acc = np.array([c[name] for c in cells])  # (seeds, steps)
+        curves[name] = (sparsity, acc.mean(0).tolist())
+        row = {"criterion": name}
+        for j in sorted({p.steps // 2, (3 * p.steps) // 4, p.steps - 1}):
+            row[f"acc@{sparsity[j]:.0%}"] = sweep.format_mean_sd(acc[:, j] * 100, 1)
+        rows.append(row)
+    common.plot_curves(
+        os.path.join(workdir, "pruning_accuracy.png"), curves, title="digits MLP: pruning without fine-tuning",
+        xlabel="fraction of hidden neurons pruned", ylabel="test accuracy",
+    )  # fmt: skip
+    final = {n: float(np.mean([c[n][-1] for c in cells])) * 100 for n in p.criteria}
+    checks = []
+    if {"jbr", "jacobian"} <= set(final):
+        checks.append(sweep.check("JBR within 1 point of Jacobian-with-labels at the target", abs(final["jbr"] - final["jacobian"]) <= 1.0, f"{final['jbr']:.1f} vs {final['jacobian']:.1f}"))  # fmt: skip
+    base = [k for k in ("l1", "taylor", "random") if k in final]
+    if "jbr" in final and base:
+        checks.append(sweep.check("JBR at least as good as L1/Taylor/random at the target", all(final["jbr"] >= final[k] for k in base), ", ".join(f"{k}: {final[k]:.1f}" for k in base)))  # fmt: skip
+    if {"jbr", "exact_tpv"} <= set(final):
+        checks.append(sweep.check("JBR close to exact TPV (within 2 points)", abs(final["jbr"] - final["exact_tpv"]) <= 2.0, f"{final['jbr']:.1f} vs {final['exact_tpv']:.1f}"))  # fmt: skip
+    dense = sweep.format_mean_sd([c["acc_dense"] * 100 for c in cells], 1)
+    return rows, checks, {"dense_accuracy": dense}
+
+
+def run(config: Any, workdir: str) -> dict:
+    """Runs the selected parts; writes results.md, summary.json, plots."""
+    check_config(config)
+    common.write_config_json(workdir, config)
+    store = sweep.CellStore(workdir, resume=config.ckpt.resume)
+    bar = not config.log.progress
+    rows, checks, extra = [], [], {}
+    if "pruning" in config.parts:
+        p = config.pruning
+        cells = [
+            store.get(f"pruning/seed={s}", lambda s=s: pruning_cell(config, s))
+            for s in tqdm.trange(
+                config.seed, config.seed + p.num_seeds, disable=bar, desc="pruning"
+            )
+        ]
+        r, c, e = _pruning_report(workdir, cells, p)
+        rows += [{"part": "pruning", **x} for x in r]
+        checks += c
+        extra.update(e)
+    if "stability" in config.parts:
+        s = config.stability
+        grid = [
+            (t, d, w, n) for t in s.teachers for d in s.dims for w in s.widths for n in s.n_trains
+        ]
+        st = []
+        for t, d, w, n in tqdm.tqdm(grid, disable=bar, desc="stability"):
+            cell = store.get(f"stability/{t}/d={d}/w={w}/n={n}", lambda a=(t, d, w, n): stability_cell(config, *a))  # fmt: skip
+            st.append({"teacher": t, "d": d, "width": w, "n_train": n, **cell})
+        for n in s.n_trains:
+            sel = [x for x in st if x["n_train"] == n]
+            for form in ("quant", "label"):
+                inside = np.mean([0.8 <= x[f"{form}_ratio"] <= 1.25 for x in sel])
+                extra[f"stability/{form}/n={n}: share of ratios in [0.8, 1.25]"] = round(
+                    float(inside), 3
+                )
+        big = [x for x in st if x["n_train"] >= 100]
+        small = [x for x in st if x["n_train"] == min(s.n_trains)]
+        share = np.mean([0.8 <= x["quant_ratio"] <= 1.25 for x in big]) if big else float("nan")
+        checks.append(sweep.check("quantisation TPV_train/TPV_test in [0.8, 1.25] for most configs with n_train >= 100", bool(share > 0.5), f"share {share:.2f}"))  # fmt: skip
+        share_s = np.mean([0.8 <= x["quant_ratio"] <= 1.25 for x in small])
+        checks.append(sweep.check("the ratio degrades at the smallest n_train", bool(share_s < share), f"share {share_s:.2f}"))  # fmt: skip
+        common.write_json(os.path.join(workdir, "stability.json"), st)
+        common.write_results_md(workdir, st, title="TPV stability", filename="stability.md")
+    if "selection" in config.parts:
+        s = config.selection
+        sel = [
+            {
+                "weight_decay": wd,
+                "smoothing": ls,
+                **store.get(
+                    f"selection/wd={wd}/ls={ls}",
+                    lambda wd=wd, ls=ls: selection_cell(config, wd, ls),
+                ),
+            }  # fmt: skip
+            for wd in tqdm.tqdm(s.weight_decays, disable=bar, desc="selection")
+            for ls in s.smoothings
+        ]
+        from scipy.stats import spearmanr
+
+        rho = float(spearmanr([x["tpv_train"] for x in sel], [x["test_loss"] for x in sel])[0])
+        extra["selection: Spearman(TPV_train, test loss)"] = round(rho, 3)
+        checks.append(sweep.check("selection: Spearman(label-noise TPV_train, test loss) > 0", bool(rho > 0), f"{rho:.3f} over {len(sel)} recipes"))  # fmt: skip
+        common.write_results_md(workdir, sel, title="TPV model selection", filename="selection.md")
+    store.close()
+    cols = sorted({k for r in rows for k in r}, key=lambda k: (k != "part", k != "criterion", k))
+    return sweep.write_sweep_results(
+        workdir, rows, checks, title="P19 TPV and JBR pruning", columns=cols,
+        command=sweep.command_line("python -m experiments.train --config=configs/tpv.py"), extra=extra,
+    )  # fmt: skip

@@ -1,0 +1,80 @@
+"""The P9 and P19 experiments run end to end on tiny grids and resume from their cells."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from configs import multitask_limits as mt_config
+from configs import tpv as tpv_config
+from experiments import multitask_limits as mt_exp
+from experiments import tpv_pruning as tpv_exp
+from experiments.common import ConfigError
+
+
+def _tiny_p9():
+    c = mt_config.get_config("smoke,mnist=false")
+    with c.unlocked():
+        c.data.num_tasks = (2, 4)
+        c.data.ns = (20,)
+        c.data.good = ("one", "all")
+        c.data.cs = (1.0,)
+        c.data.num_draws = 4
+        c.model.batch_size = 4
+    return c
+
+
+def test_multitask_limits_tiny_runs_and_resumes(tmp_path):
+    c = _tiny_p9()
+    m = mt_exp.run(c, str(tmp_path))
+    assert m["rows"] == 2
+    assert (tmp_path / "results.md").exists() and (
+        tmp_path / "synthetic_worst_ratio_n20.png"
+    ).exists()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    for row in summary["table"]:
+        # k = N is in the family, where pooling is the oracle: every worst-case ratio is >= 1.
+        assert row["worst/pooled"] >= 1.0 - 1e-6
+    assert mt_exp.run(c, str(tmp_path)) == m  # finished cells are reused
+
+
+def test_tpv_tiny_runs(tmp_path):
+    c = tpv_config.get_config("smoke")
+    with c.unlocked():
+        c.model.features = (16, 16)
+        c.schedule.num_steps = 30
+        c.pruning.num_seeds = 1
+        c.pruning.steps = 2
+        c.pruning.num_batches = 2
+        c.pruning.tpv_examples = 16
+        c.pruning.confidence = 0.0  # 30 training steps give no confident predictions
+        c.stability.dims = (5,)
+        c.stability.widths = (4,)
+        c.stability.n_trains = (10, 100)
+        c.stability.teachers = ("linear",)
+        c.stability.steps = 20
+        c.stability.refit_steps = 5
+        c.stability.num_test = 50
+        c.selection.weight_decays = (0.0,)
+        c.selection.smoothings = (0.0, 0.2)
+        c.selection.refit_steps = 5
+        c.selection.tpv_examples = 20
+    m = tpv_exp.run(c, str(tmp_path))
+    assert m["rows"] == len(c.pruning.criteria)
+    cell = json.loads((tmp_path / "cells" / "pruning%2Fseed=0.json").read_text())
+    assert all(len(cell[k]) == 2 for k in c.pruning.criteria)
+    assert (tmp_path / "pruning_accuracy.png").exists() and (tmp_path / "stability.md").exists()
+
+
+def test_bad_configs_are_rejected():
+    c = _tiny_p9()
+    with c.unlocked():
+        c.data.good = ("many",)
+    with pytest.raises(ConfigError, match="good"):
+        mt_exp.check_config(c)
+    t = tpv_config.get_config("smoke")
+    with t.unlocked():
+        t.pruning.criteria = ("snip",)
+    with pytest.raises(ConfigError, match="criteria"):
+        tpv_exp.check_config(t)
