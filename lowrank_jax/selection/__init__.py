@@ -14,6 +14,13 @@ from lowrank_jax.selection.gradients import (
     gradient_features,
     per_example_grads,
 )
+from lowrank_jax.selection.pipeline import (
+    WarmupCheckpoint,
+    cosine_pipeline,
+    gist_pipeline,
+    less_pipeline,
+    warmup_checkpoint,
+)
 from lowrank_jax.selection.projection import jl_matrix, jl_project
 from lowrank_jax.selection.scoring import (
     GistBasis,
@@ -32,21 +39,26 @@ __all__ = [
     "POOL_KINDS",
     "GistBasis",
     "SyntheticPool",
+    "WarmupCheckpoint",
     "adam_moments",
     "adam_precondition",
     "adam_update_direction",
+    "cosine_pipeline",
     "cosine_scores",
     "feature_storage_bytes",
     "flatten_per_example",
     "gist_basis",
+    "gist_pipeline",
     "gist_scores",
     "gradient_features",
     "jl_matrix",
     "jl_project",
+    "less_pipeline",
     "less_scores",
     "make_synthetic_pool",
     "per_example_grads",
     "random_scores",
     "select_top",
     "subtask_means",
+    "warmup_checkpoint",
 ]

@@ -17,6 +17,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -124,27 +125,51 @@ def flatten_per_example(grads: Any) -> jax.Array:
     return jnp.concatenate([jnp.reshape(x, (n, -1)) for x in leaves], axis=1)
 
 
+@functools.partial(jax.jit, static_argnames=("loss_fn", "transform", "chunk_size", "n"))
+def _features(trainable, frozen, chunks, transform_args, *, loss_fn, transform, chunk_size, n):
+    grad_one = jax.vmap(jax.grad(loss_fn), in_axes=(None, None, 0))
+
+    def one_chunk(chunk):
+        flat = flatten_per_example(grad_one(trainable, frozen, chunk))
+        out = flat if transform is None else transform(flat, *transform_args)
+        if out.ndim != 2 or out.shape[0] != chunk_size:
+            raise ValueError(
+                f"transform must map ({chunk_size}, D) gradients to ({chunk_size}, k); got "
+                f"{out.shape}."
+            )
+        return out
+
+    out = jax.lax.map(one_chunk, chunks)
+    return out.reshape(-1, out.shape[-1])[:n]
+
+
 def gradient_features(
     loss_fn: LossFn,
     trainable: Any,
     frozen: Any,
     examples: Any,
     *,
-    transform: Callable[[jax.Array], jax.Array] | None = None,
+    transform: Callable[..., jax.Array] | None = None,
+    transform_args: tuple[Any, ...] = (),
     chunk_size: int = 256,
 ) -> jax.Array:
-    """Per-example gradient features ``f_i = transform(flat(g_i))`` over a pool, chunk by chunk.
+    """Per-example gradient features ``f_i = transform(flat(g_i), *transform_args)``, chunked.
 
     Each chunk's per-example factor gradients (:func:`per_example_grads`) are flattened to
     ``(c, D)`` and mapped by ``transform`` to ``(c, k)`` inside the same ``lax.map`` step, so peak
-    memory is ``O(c·D + N·k)`` whatever ``N``.
+    memory is ``O(c·D + N·k)`` whatever ``N``. The computation is jitted once per ``(loss_fn,
+    transform, chunk_size, N)`` and shapes: pass module-level (or cached) functions and put the
+    arrays they need (projection matrices, Adam moments, keys) in ``transform_args`` so that
+    calls at several checkpoints reuse one compilation.
 
     Args:
-      loss_fn: ``(trainable, frozen, example) -> scalar`` for one example.
+      loss_fn: ``(trainable, frozen, example) -> scalar`` for one example (hashable).
       trainable, frozen, examples: as in :func:`per_example_grads`.
-      transform: jittable ``(c, D) -> (c, k)`` applied to each chunk's flat gradients, e.g.
-        ``functools.partial(jl_project, key=key, dim=512)``, a GIST projection
-        ``lambda g: g @ basis.projection``, or an Adam normalisation (None: identity, ``k = D``).
+      transform: jittable, hashable ``(flat (c, D), *transform_args) -> (c, k)``, e.g.
+        ``lambda g, p: g @ p`` with ``transform_args=(basis.projection,)`` (GIST), an Adam
+        normalisation followed by :func:`~lowrank_jax.selection.jl_project` (LESS); None: the
+        flat gradients (``k = D``).
+      transform_args: arrays (a pytree) passed to ``transform``; traced, not static.
       chunk_size: examples per chunk ``c``.
 
     Returns:
@@ -156,24 +181,17 @@ def gradient_features(
     """
     _check_chunk(chunk_size)
     n = _num_examples(examples)
-    transform = (lambda g: g) if transform is None else transform
-    grad_one = jax.vmap(jax.grad(loss_fn), in_axes=(None, None, 0))
     chunk_size = min(chunk_size, n)
-
-    def one_chunk(trainable, frozen, chunk):
-        out = transform(flatten_per_example(grad_one(trainable, frozen, chunk)))
-        if out.ndim != 2 or out.shape[0] != chunk_size:
-            raise ValueError(
-                f"transform must map ({chunk_size}, D) gradients to ({chunk_size}, k); got "
-                f"{out.shape}."
-            )
-        return out
-
-    def run(trainable, frozen, chunks):
-        out = jax.lax.map(lambda c: one_chunk(trainable, frozen, c), chunks)
-        return out.reshape(-1, out.shape[-1])[:n]
-
-    return jax.jit(run)(trainable, frozen, _chunked(examples, n, chunk_size))
+    return _features(
+        trainable,
+        frozen,
+        _chunked(examples, n, chunk_size),
+        tuple(transform_args),
+        loss_fn=loss_fn,
+        transform=transform,
+        chunk_size=chunk_size,
+        n=n,
+    )
 
 
 def adam_moments(opt_state: Any) -> tuple[Any, Any, jax.Array]:

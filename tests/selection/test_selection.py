@@ -50,7 +50,7 @@ def test_chunked_equals_unchunked_and_features_match_flat_grads():
     flat = selection.flatten_per_example(full)
     r = jax.random.normal(jax.random.key(3), (flat.shape[1], 4))
     feats = selection.gradient_features(
-        loss, ad, variables, ex, transform=lambda g: g @ r, chunk_size=5
+        loss, ad, variables, ex, transform=jnp.matmul, transform_args=(r,), chunk_size=5
     )
     np.testing.assert_allclose(feats, flat @ r, rtol=1e-5, atol=1e-6)
     # jax.flatten_util order agrees with one example's ravel.
