@@ -198,3 +198,45 @@ def test_synthetic_pool_proportions_and_subtasks():
     np.testing.assert_array_equal(np.bincount(p.val_subtask), [5] * 9)
     again = selection.make_synthetic_pool(0, num_pool=1000, num_test=50, num_pretrain=40)
     np.testing.assert_array_equal(p.pool_y, again.pool_y)
+
+
+def test_pipelines_match_their_pieces():
+    loss, ad, variables, ex = _lora_mlp()
+    val, sub = jax.tree.map(lambda a: a[:6], ex), np.array([0, 0, 0, 1, 1, 1])
+    flat = lambda e: selection.flatten_per_example(  # noqa: E731
+        selection.per_example_grads(loss, ad, variables, e)
+    )
+    g_pool, g_val = flat(ex), flat(val)
+    # GIST: k = 2 from the k = 4 pass equals a k = 2 basis.
+    got = selection.gist_pipeline(loss, ad, variables, ex, val, sub, num_subtasks=2, ks=(2, 4))
+    b2 = selection.gist_basis(g_val, k=2)
+    want = selection.gist_scores(
+        (g_pool @ b2.projection)[None], b2.val_features[None], sub, num_subtasks=2
+    )
+    np.testing.assert_allclose(got[2], want, rtol=1e-4, atol=1e-5)
+    # GIST-diag: GIST on Adam-scaled gradients.
+    nu = jnp.linspace(0.1, 2.0, g_pool.shape[1])
+    diag = selection.gist_pipeline(
+        loss, ad, variables, ex, val, sub, num_subtasks=2, ks=(3,), nu=nu
+    )
+    b3 = selection.gist_basis(selection.adam_precondition(g_val, nu), k=3)
+    want = selection.gist_scores(
+        (selection.adam_precondition(g_pool, nu) @ b3.projection)[None],
+        b3.val_features[None],
+        sub,
+        num_subtasks=2,
+    )
+    np.testing.assert_allclose(diag[3], want, rtol=1e-4, atol=1e-5)
+    # LESS with one checkpoint: Adam direction of the pool, JL of both, less_scores.
+    mu = jnp.full(g_pool.shape[1], 0.01)
+    ck = selection.WarmupCheckpoint(ad, mu, nu, 1.0)
+    key = jax.random.key(4)
+    got = selection.less_pipeline(
+        loss, [ck], variables, ex, val, sub, num_subtasks=2, key=key, dim=16, chunk_size=5
+    )
+    tr = selection.jl_project(selection.adam_update_direction(g_pool, mu, nu), key=key, dim=16)
+    va = selection.jl_project(g_val, key=key, dim=16)
+    want = selection.less_scores(tr[None], va[None], sub, num_subtasks=2)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    cos = selection.cosine_pipeline(loss, ad, variables, ex, val, chunk_size=5)
+    np.testing.assert_allclose(cos, selection.cosine_scores(g_pool, g_val), rtol=1e-5, atol=1e-6)
