@@ -49,8 +49,11 @@ def check_config(config: Any) -> None:
         c.check_positive(config, k, integer=True)
     for k in ("adapter.rank", "warmup.epochs", "warmup.batch_size", "select.less_dim"):
         c.check_positive(config, k, integer=True)
-    for k in ("select.chunk_size", "select.gist_diag_k", "schedule.num_steps", "eval.num_seeds"):
+    for k in ("select.chunk_size", "select.gist_diag_k", "eval.num_seeds"):
         c.check_positive(config, k, integer=True)
+    stops = c.get_path(config, "schedule.eval_steps")
+    if not stops or any(not isinstance(t, int) or t < 1 for t in stops):
+        raise c.ConfigError(f"config.schedule.eval_steps={stops!r}: a tuple of positive ints")
     for k in ("warmup.fraction", "select.fraction", "data.distractor_fraction"):
         c.check_fraction(config, k, allow_zero=k == "data.distractor_fraction")
     for k in ("optim.learning_rate", "warmup.learning_rate", "model.pretrain_lr"):
@@ -316,20 +319,22 @@ def _select(config: Any, task: Task, seed: int) -> dict[str, Any]:
 
 
 def _finetune(config: Any, task: Task, chosen: list[int], seed: int) -> dict[str, Any]:
+    """LoRA from the base on ``chosen``; target metrics after each of ``schedule.eval_steps``."""
     chosen = np.asarray(chosen)
     ad = adapters.init(jax.random.key(seed + 3), task.variables, task.rules)
-    rows = sweep.batch_indices(seed, len(chosen), config.data.batch_size, config.schedule.num_steps)
+    stops = sorted(config.schedule.eval_steps)
+    rows = chosen[sweep.batch_indices(seed, len(chosen), config.data.batch_size, stops[-1])]
     pool = jax.tree.map(jnp.asarray, task.pool)
-    ad, _, _ = sweep.train_scan(ad, task.variables, pool, jnp.asarray(chosen[rows]),
-                                loss_fn=task.batch_loss, tx=sweep.adam(config.optim.learning_rate),
-                                trace=False)  # fmt: skip
-    test, val = task.evaluate(ad, task.test), task.evaluate(ad, _with_y(task.val))
+    out, opt_state, start = {}, None, 0
+    for stop in stops:  # constant-rate Adam continued segment by segment = one run
+        ad, opt_state, _ = sweep.train_scan(ad, task.variables, pool, jnp.asarray(rows[start:stop]),
+                                            loss_fn=task.batch_loss, opt_state=opt_state,
+                                            tx=sweep.adam(config.optim.learning_rate), trace=False)  # fmt: skip
+        test, val = task.evaluate(ad, task.test), task.evaluate(ad, _with_y(task.val))
+        out[str(stop)] = {f"test_{k}": v for k, v in test.items()} | {"valid_loss": val["loss"]}
+        start = stop
     kinds = np.bincount(task.pool_kind[chosen], minlength=3) / len(chosen)
-    out = {"test_loss": test["loss"], "valid_loss": val["loss"], "target_share": float(kinds[0]),
-           "distractor_share": float(kinds[1])}  # fmt: skip
-    if "accuracy" in test:
-        out["test_accuracy"] = test["accuracy"]
-    return out
+    return {"at": out, "target_share": float(kinds[0]), "distractor_share": float(kinds[1])}
 
 
 def _with_y(arrays):
@@ -361,12 +366,13 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
     cells.close()
     metric = "test_accuracy" if not text else "test_loss"
     table = []
-    for name, rows in res.items():
-        vals = [r[metric] for r in rows]
+    for name, rows in res.items():  # the step count is picked on the validation loss
+        stop = min(rows[0]["at"], key=lambda t: np.mean([r["at"][t]["valid_loss"] for r in rows]))
+        vals = [r["at"][stop][metric] for r in rows]
         mean, sd = sweep.mean_sd(vals)
         table.append({"method": name, metric: sweep.format_mean_sd(vals, 4),
-                      "mean": mean, "se": sd / np.sqrt(len(vals)),
-                      "valid loss": sweep.format_mean_sd([r["valid_loss"] for r in rows], 4),
+                      "mean": mean, "se": sd / np.sqrt(len(vals)), "steps": int(stop),
+                      "valid loss": sweep.format_mean_sd([r["at"][stop]["valid_loss"] for r in rows], 4),
                       "target share": float(np.mean([r["target_share"] for r in rows])),
                       "distractor share": float(np.mean([r["distractor_share"] for r in rows])),
                       "bytes/example": rows[0]["bytes"],
@@ -381,7 +387,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
     title = f"GIST vs LESS on {'Shakespeare (target: Histories)' if text else 'the synthetic pool'}"
     return sweep.write_sweep_results(
         workdir, table, checks, title=title,
-        columns=["method", metric, "valid loss", "target share", "distractor share",
+        columns=["method", metric, "steps", "valid loss", "target share", "distractor share",
                  "bytes/example", "selection s"],
         command=sweep.command_line(COMMAND),
         extra={"base_" + metric.split("_")[1]: base.get(metric.split("_")[1]),
