@@ -51,3 +51,25 @@ def test_synthetic_smoke_run_selects_and_reports(tmp_path):
     # 5% of the 600-example pool, for every method and seed.
     cell = json.loads((tmp_path / "cells" / "select%2Fseed=0.json").read_text())
     assert {len(v["indices"]) for k, v in cell["methods"].items()} == {30}
+
+
+def test_train_scan_continues_from_an_opt_state():
+    import jax.numpy as jnp
+    import numpy as np
+
+    from experiments.common import sweep
+
+    def loss(w, _, batch):
+        return jnp.mean((batch["x"] @ w - batch["y"]) ** 2)
+
+    train = {"x": jnp.arange(24.0).reshape(8, 3) / 10, "y": jnp.arange(8.0) / 8}
+    idx = jnp.asarray(sweep.batch_indices(0, 8, 4, 6))
+    tx = sweep.adam(0.05)
+    whole, _, _ = sweep.train_scan(jnp.zeros(3), None, train, idx, loss_fn=loss, tx=tx, trace=False)
+    half, state, _ = sweep.train_scan(
+        jnp.zeros(3), None, train, idx[:3], loss_fn=loss, tx=tx, trace=False
+    )
+    rest, _, _ = sweep.train_scan(
+        half, None, train, idx[3:], loss_fn=loss, tx=tx, trace=False, opt_state=state
+    )
+    np.testing.assert_allclose(rest, whole, rtol=1e-6, atol=1e-7)
