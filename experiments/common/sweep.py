@@ -205,6 +205,7 @@ def train_scan(
     loss_fn: Callable[[Any, Any, Any], jax.Array],
     tx: optax.GradientTransformation,
     trace: bool = True,
+    opt_state: Any = None,
 ) -> tuple[Any, Any, jax.Array | None]:
     """``len(idx)`` optimiser steps in one ``lax.scan``: ``(trainable, opt_state, trace)``.
 
@@ -220,6 +221,8 @@ def train_scan(
         cached closure), since it is a static argument.
       tx: the optimizer; hashable and reused across cells (e.g. :func:`adam`).
       trace: also return the full-training-set loss after every step.
+      opt_state: continue from this optimizer state (None: ``tx.init(trainable)``), e.g. to
+        train epoch by epoch and keep each epoch's checkpoint with its optimizer state.
 
     Returns:
       ``(trainable, opt_state, trace)``; ``trace[k - 1]`` is the loss on all of ``train`` after
@@ -234,7 +237,8 @@ def train_scan(
         p = optax.apply_updates(p, u)
         return (p, s), (loss_fn(p, frozen, train) if trace else None)
 
-    (p, s), losses = jax.lax.scan(body, (trainable, tx.init(trainable)), idx)
+    s0 = tx.init(trainable) if opt_state is None else opt_state
+    (p, s), losses = jax.lax.scan(body, (trainable, s0), idx)
     return p, s, losses
 
 

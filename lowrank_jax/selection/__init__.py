@@ -1,1 +1,64 @@
-"""lowrank_jax.selection."""
+"""Targeted data selection from factorised per-example LoRA gradients: GIST (P11) and LESS.
+
+Pipeline: :func:`gradient_features` (chunked ``vmap(grad)`` over the adapter factors, reduced per
+chunk by a projection) -> a scorer (:func:`gist_scores` on :func:`gist_basis` projections,
+:func:`less_scores` on Adam-normalised (:func:`adam_update_direction`) JL-projected
+(:func:`jl_project`) features, :func:`cosine_scores`, :func:`random_scores`) -> :func:`select_top`.
+"""
+
+from lowrank_jax.selection.gradients import (
+    adam_moments,
+    adam_precondition,
+    adam_update_direction,
+    flatten_per_example,
+    gradient_features,
+    per_example_grads,
+)
+from lowrank_jax.selection.pipeline import (
+    WarmupCheckpoint,
+    cosine_pipeline,
+    gist_pipeline,
+    less_pipeline,
+    warmup_checkpoint,
+)
+from lowrank_jax.selection.projection import jl_matrix, jl_project
+from lowrank_jax.selection.scoring import (
+    GistBasis,
+    cosine_scores,
+    feature_storage_bytes,
+    gist_basis,
+    gist_scores,
+    less_scores,
+    random_scores,
+    select_top,
+    subtask_means,
+)
+from lowrank_jax.selection.synthetic import POOL_KINDS, SyntheticPool, make_synthetic_pool
+
+__all__ = [
+    "POOL_KINDS",
+    "GistBasis",
+    "SyntheticPool",
+    "WarmupCheckpoint",
+    "adam_moments",
+    "adam_precondition",
+    "adam_update_direction",
+    "cosine_pipeline",
+    "cosine_scores",
+    "feature_storage_bytes",
+    "flatten_per_example",
+    "gist_basis",
+    "gist_pipeline",
+    "gist_scores",
+    "gradient_features",
+    "jl_matrix",
+    "jl_project",
+    "less_pipeline",
+    "less_scores",
+    "make_synthetic_pool",
+    "per_example_grads",
+    "random_scores",
+    "select_top",
+    "subtask_means",
+    "warmup_checkpoint",
+]

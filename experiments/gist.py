@@ -1,0 +1,423 @@
+"""GIST vs LESS, raw cosine and random targeted data selection with LoRA (P11, specs §11).
+
+Per seed: warm up LoRA on a random ``warmup.fraction`` of the pool (``warmup.epochs`` epochs,
+one checkpoint and its Adam state per epoch); score the pool with every method of
+``lowrank_jax.selection`` (factorised per-example LoRA gradients, chunked); keep the top
+``select.fraction``; fine-tune LoRA from the base on each selection with one fixed recipe and
+evaluate on the target's test split. Data, model and base pre-training come from
+``data.name``: ``"shakespeare"`` (char-GPT pre-trained with ``experiments.common.fit``; target:
+the Histories) or ``"synthetic"`` (``selection.make_synthetic_pool``; MLP). Each seed's selection
+and each (method, seed) fine-tune is a cell of :mod:`experiments.common.sweep` (a rerun skips
+finished cells). Writes ``results.md``, ``summary.json``, ``cells/``, ``metrics.jsonl`` and
+``spectrum.png`` (cumulative energy of the validation-gradient spectrum).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from experiments import common
+from experiments.common import sweep
+from lowrank_jax import adapters, data, models, selection
+
+__all__ = ["check_config", "run"]
+
+METHODS = ("random", "less", "gist", "gist_diag", "cosine", "oracle", "full")
+COMMAND = "python -m experiments.train --config=configs/gist.py"
+
+
+def check_config(config: Any) -> None:
+    """Validates ``config``; raises ``common.ConfigError`` naming the bad key."""
+    c = common
+    c.check_nonnegative(config, "seed", integer=True)
+    name = c.check_choice(config, "data.name", ("shakespeare", "synthetic"))
+    keys = (
+        ("data.seq_len", "data.pretrain_per_play", "data.pool_per_play", "data.val_per_play")
+        + ("data.test_per_play", "model.dim", "model.depth", "model.heads")
+        if name == "shakespeare"
+        else ("data.num_pool", "data.num_test", "data.num_pretrain")
+    )
+    for k in keys + ("data.batch_size", "model.pretrain_steps", "model.pretrain_batch"):
+        c.check_positive(config, k, integer=True)
+    for k in ("adapter.rank", "warmup.epochs", "warmup.batch_size", "select.less_dim"):
+        c.check_positive(config, k, integer=True)
+    for k in ("select.chunk_size", "select.gist_diag_k", "eval.num_seeds"):
+        c.check_positive(config, k, integer=True)
+    stops = c.get_path(config, "schedule.eval_steps")
+    if not stops or any(not isinstance(t, int) or t < 1 for t in stops):
+        raise c.ConfigError(f"config.schedule.eval_steps={stops!r}: a tuple of positive ints")
+    for k in ("warmup.fraction", "select.fraction", "data.distractor_fraction"):
+        c.check_fraction(config, k, allow_zero=k == "data.distractor_fraction")
+    for k in ("optim.learning_rate", "warmup.learning_rate", "model.pretrain_lr"):
+        c.check_positive(config, k)
+    bad = [m for m in config.select.methods if m not in METHODS]
+    if bad or not config.select.methods:
+        raise c.ConfigError(f"config.select.methods has {bad}: choose from {METHODS}")
+    if not config.select.gist_ks or any(k < 1 for k in config.select.gist_ks):
+        raise c.ConfigError("config.select.gist_ks must be a non-empty tuple of positive ints")
+
+
+# ----------------------------------------------------------------------------------------------
+# The task: base model, pool, few-shot validation set with subtasks, test set.
+
+
+class Task(NamedTuple):
+    variables: Any  # frozen base {"params": ...}
+    rules: list
+    example_loss: Any  # (adapters, variables, one example) -> scalar
+    batch_loss: Any  # (adapters, variables, batch) -> scalar
+    pool: dict  # arrays with a leading pool axis
+    pool_kind: np.ndarray  # 0 target, 1 distractor, 2 other
+    val: dict
+    val_subtask: np.ndarray
+    num_subtasks: int
+    test: dict
+    evaluate: Any  # (adapters, arrays) -> {"loss", ("accuracy")}
+
+
+@functools.cache
+def _gpt_losses(model):
+    fwd = adapters.adapt(model.apply)
+
+    def batch_loss(ad, variables, batch):
+        x = batch["x"]
+        logits = fwd(variables, ad, x[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, x[:, 1:]).mean()
+
+    def example_loss(ad, variables, ex):
+        return batch_loss(ad, variables, {"x": ex["x"][None]})
+
+    return example_loss, batch_loss
+
+
+@functools.cache
+def _mlp_losses(model):
+    fwd = adapters.adapt(model.apply)
+
+    def batch_loss(ad, variables, batch):
+        logits = fwd(variables, ad, batch["x"])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+
+    def example_loss(ad, variables, ex):
+        return batch_loss(ad, variables, {"x": ex["x"][None], "y": ex["y"][None]})
+
+    return example_loss, batch_loss
+
+
+def _make_evaluate(batch_loss, variables, *, accuracy_fn=None, batch_size=256):
+    @jax.jit
+    def sums(ad, chunk, w):
+        per = jax.vmap(lambda e: batch_loss(ad, variables, jax.tree.map(lambda a: a[None], e)))
+        out = {"loss": jnp.sum(per(chunk) * w)}
+        if accuracy_fn is not None:
+            out["accuracy"] = jnp.sum(accuracy_fn(ad, chunk) * w)
+        return out
+
+    def evaluate(ad, arrays):
+        n, tot = len(arrays["y"]), {}
+        for chunk, w in common.padded_batches(arrays, batch_size):
+            for k, v in sums(ad, chunk, w).items():
+                tot[k] = tot.get(k, 0.0) + float(v)
+        return {k: v / n for k, v in tot.items()}
+
+    return evaluate
+
+
+def _shakespeare_task(config: Any, workdir: str) -> Task:
+    d = config.data
+    per = d.pretrain_per_play + d.pool_per_play + d.val_per_play + d.test_per_play
+    ds = data.load_shakespeare(label="play", passage_chars=d.seq_len + 1, max_passages_per_play=per)
+    vocab = sorted(set("".join(ds.x)))
+    table = {ch: i for i, ch in enumerate(vocab)}
+    enc = np.asarray([[table[ch] for ch in s] for s in ds.x], np.int32)
+    rng = np.random.default_rng([config.seed, 11])
+    parts: dict[str, list] = {"pre": [], "pool": [], "val": [], "test": []}
+    pool_hist, val_sub = [], []
+    hist = [k for k in ds.class_names if data.PLAYS[k][0] == "history"]
+    for play, key in enumerate(ds.class_names):
+        idx = rng.permutation(np.flatnonzero(ds.y == play))
+        cut = np.cumsum([d.pretrain_per_play, d.pool_per_play, d.val_per_play])
+        pre, pool, val, test = np.split(idx, cut)
+        parts["pre"].append(pre)
+        parts["pool"].append(pool)
+        pool_hist += [key in hist] * len(pool)
+        if key in hist:
+            parts["val"].append(val)
+            parts["test"].append(test[: d.test_per_play])
+            val_sub += [hist.index(key)] * len(val)
+    pick = {k: enc[np.concatenate(v)] for k, v in parts.items()}
+    n_pool = len(pick["pool"])
+    n_bad = int(round(d.distractor_fraction * n_pool))
+    src = rng.choice(n_pool, n_bad, replace=False)
+    bad = pick["pool"][src].copy()
+    mask = rng.random(bad.shape) < d.corrupt_fraction
+    bad[mask] = rng.integers(0, len(vocab), int(mask.sum()))
+    pool = np.concatenate([pick["pool"], bad])
+    kind = np.concatenate([np.where(pool_hist, 0, 2), np.ones(n_bad, int)])
+
+    model = models.CharGPT(len(vocab), config.model.dim, config.model.depth, config.model.heads,
+                           d.seq_len)  # fmt: skip
+    tx = optax.adamw(config.model.pretrain_lr, b2=0.95, weight_decay=0.1)
+
+    def step(state, frozen, batch, key):
+        del frozen, key
+
+        def loss(p):
+            logits = model.apply({"params": p}, batch["x"][:, :-1])
+            return optax.softmax_cross_entropy_with_integer_labels(logits, batch["x"][:, 1:]).mean()
+
+        value, grads = jax.value_and_grad(loss)(state["params"])
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        return {**state, "params": optax.apply_updates(state["params"], updates),
+                "opt_state": opt_state}, {"loss": value}  # fmt: skip
+
+    params = model.init(jax.random.key(config.seed), pick["pre"][:1, :-1])["params"]
+    result = common.fit(
+        {"params": params, "opt_state": tx.init(params), "step": 0}, None, step,
+        data.BatchIterator({"x": pick["pre"]}, batch_size=config.model.pretrain_batch, seed=0),
+        key=jax.random.key(0), num_steps=config.model.pretrain_steps,
+        workdir=os.path.join(workdir, "base"), log_every=config.log.every,
+        ckpt_every=config.model.pretrain_steps, progress=config.log.progress,
+        description="base char-GPT",
+    )  # fmt: skip
+    variables = {"params": jax.device_get(result.state["params"])}
+    example_loss, batch_loss = _gpt_losses(model)
+    with_y = lambda x: {"x": x, "y": np.zeros(len(x), np.int32)}  # noqa: E731
+    return Task(
+        variables, [(t, _lora(config)) for t in config.adapter.targets], example_loss,
+        batch_loss, {"x": pool}, kind, {"x": pick["val"]}, np.asarray(val_sub), len(hist),
+        with_y(pick["test"]),
+        _make_evaluate(batch_loss, variables, batch_size=config.eval.batch_size),
+    )  # fmt: skip
+
+
+def _synthetic_task(config: Any) -> Task:
+    d = config.data
+    s = selection.make_synthetic_pool(
+        config.seed, num_pool=d.num_pool, noisy=d.distractor_fraction, num_test=d.num_test,
+        num_pretrain=d.num_pretrain,
+    )  # fmt: skip
+    model = models.MLP(tuple(config.model.features), 10)
+    variables = model.init(jax.random.key(config.seed), jnp.asarray(s.pretrain_x[:1]))
+    pre = {"x": jnp.asarray(s.pretrain_x), "y": jnp.asarray(s.pretrain_y)}
+    idx = sweep.batch_indices(0, len(s.pretrain_y), config.model.pretrain_batch,
+                              config.model.pretrain_steps)  # fmt: skip
+    variables, _, _ = sweep.train_scan(
+        variables, None, pre, jnp.asarray(idx), loss_fn=_full_mlp_loss(model),
+        tx=sweep.adam(config.model.pretrain_lr), trace=False,
+    )  # fmt: skip
+    example_loss, batch_loss = _mlp_losses(model)
+    fwd = adapters.adapt(model.apply)
+    acc = lambda ad, b: (jnp.argmax(fwd(variables, ad, b["x"]), -1) == b["y"]).astype(jnp.float32)  # noqa: E731
+    kind = np.asarray([0, 1, 2])[s.pool_kind]
+    return Task(
+        variables, [(t, _lora(config)) for t in config.adapter.targets], example_loss,
+        batch_loss, {"x": s.pool_x, "y": s.pool_y}, kind, {"x": s.val_x, "y": s.val_y},
+        s.val_subtask, int(s.val_subtask.max()) + 1, {"x": s.test_x, "y": s.test_y},
+        _make_evaluate(batch_loss, variables, accuracy_fn=acc, batch_size=config.eval.batch_size),
+    )  # fmt: skip
+
+
+@functools.cache
+def _full_mlp_loss(model):
+    def loss(v, _, batch):
+        logits = model.apply(v, batch["x"])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+
+    return loss
+
+
+def _lora(config: Any):
+    return adapters.lora(config.adapter.rank, alpha=config.adapter.alpha)
+
+
+# ----------------------------------------------------------------------------------------------
+# Selection: warm-up checkpoints, gradient features, scores.
+
+
+@functools.cache
+def _warmup_tx(lr: float, steps: int) -> optax.GradientTransformation:
+    """AdamW with LESS's linear schedule (3% warm-up, then linear decay to 0)."""
+    warm = max(1, round(0.03 * steps))
+    sched = optax.join_schedules(
+        [optax.linear_schedule(0.0, lr, warm), optax.linear_schedule(lr, 0.0, steps - warm)], [warm]
+    )
+    return optax.adamw(sched, weight_decay=0.0), sched
+
+
+def _warmup(config: Any, task: Task, seed: int, pool: Any) -> list:
+    """LoRA warmed up on a random slice of the pool: one checkpoint (and Adam state) per epoch."""
+    rng = np.random.default_rng([seed, 5])
+    n, b = len(task.pool_kind), config.warmup.batch_size
+    warm = rng.choice(n, max(b, round(config.warmup.fraction * n)), replace=False)
+    per_epoch = len(warm) // b
+    tx, sched = _warmup_tx(config.warmup.learning_rate, per_epoch * config.warmup.epochs)
+    rows = sweep.batch_indices(seed, len(warm), b, per_epoch * config.warmup.epochs)
+    ad = adapters.init(jax.random.key(seed + 1), task.variables, task.rules)
+    ckpts, opt_state = [], None
+    for e in range(config.warmup.epochs):
+        steps = range(e * per_epoch, (e + 1) * per_epoch)
+        ad, opt_state, _ = sweep.train_scan(ad, task.variables, pool, jnp.asarray(warm[rows[steps]]),
+                                            loss_fn=task.batch_loss, tx=tx, trace=False,
+                                            opt_state=opt_state)  # fmt: skip
+        weight = float(np.mean([sched(i) for i in steps]))
+        ckpts.append(selection.warmup_checkpoint(ad, opt_state, weight=weight))
+    return ckpts
+
+
+def _select(config: Any, task: Task, seed: int) -> dict[str, Any]:
+    """Warm-up, then every method's selected pool indices, selection time and storage."""
+    s, n = config.select, len(task.pool_kind)
+    pool = jax.tree.map(jnp.asarray, task.pool)
+    ckpts = _warmup(config, task, seed, pool)
+    last = ckpts[-1]
+    common_args = (task.example_loss, last.trainable, task.variables, pool, task.val)
+    kw = {"num_subtasks": task.num_subtasks, "chunk_size": s.chunk_size}
+    ks = [k for k in s.gist_ks if k <= len(task.val_subtask)]
+    dk = min(s.gist_diag_k, len(task.val_subtask))
+    runs = {  # name -> (scores (n,) or {k: (n,)}, bytes stored per example)
+        "less": (lambda: selection.less_pipeline(
+            task.example_loss, ckpts, task.variables, pool, task.val, task.val_subtask,
+            key=jax.random.key(seed + 2), dim=s.less_dim, **kw), (s.less_dim, len(ckpts))),
+        "gist": (lambda: selection.gist_pipeline(*common_args, task.val_subtask, ks=ks, **kw), None),
+        "gist_diag": (lambda: selection.gist_pipeline(
+            *common_args, task.val_subtask, ks=(dk,), nu=last.nu, **kw)[dk], (dk, 1)),
+        "cosine": (lambda: selection.cosine_pipeline(*common_args, chunk_size=s.chunk_size),
+                   (len(last.mu), 1)),
+    }  # fmt: skip
+    nbytes = lambda d, c=1: selection.feature_storage_bytes(dim=d, num_checkpoints=c)  # noqa: E731
+    sel = {}
+    for name, (fn, size) in runs.items():
+        if name in s.methods:
+            t0 = time.perf_counter()
+            scores = jax.block_until_ready(fn())
+            secs = time.perf_counter() - t0
+            for k, sc in scores.items() if name == "gist" else [(None, scores)]:
+                sel[name if k is None else f"gist_k{k}"] = {
+                    "indices": selection.select_top(sc, fraction=s.fraction), "time_s": secs,
+                    "bytes": nbytes(*size) if k is None else nbytes(k)}  # fmt: skip
+    rng, m = np.random.default_rng([seed, 6]), max(1, round(s.fraction * n))
+    target = np.flatnonzero(task.pool_kind == 0)
+    refs = {"random": rng.choice(n, m, False), "oracle": rng.choice(target, min(m, len(target)), False),
+            "full": np.arange(n)}  # fmt: skip
+    sel.update(
+        {k: {"indices": v, "time_s": 0.0, "bytes": 0} for k, v in refs.items() if k in s.methods}
+    )
+    for v in sel.values():
+        v["indices"] = np.asarray(v["indices"]).tolist()
+    g_val = selection.gradient_features(task.example_loss, last.trainable, task.variables, task.val)
+    return {"methods": sel, "spectrum": np.asarray(jnp.linalg.svd(g_val, compute_uv=False)).tolist(),
+            "num_params": len(last.mu), "less_paper_bytes": nbytes(s.less_paper_dim, len(ckpts))}  # fmt: skip
+
+
+def _finetune(config: Any, task: Task, chosen: list[int], seed: int) -> dict[str, Any]:
+    """LoRA from the base on ``chosen``; target metrics after each of ``schedule.eval_steps``."""
+    chosen = np.asarray(chosen)
+    ad = adapters.init(jax.random.key(seed + 3), task.variables, task.rules)
+    stops = sorted(config.schedule.eval_steps)
+    rows = chosen[sweep.batch_indices(seed, len(chosen), config.data.batch_size, stops[-1])]
+    pool = jax.tree.map(jnp.asarray, task.pool)
+    out, opt_state, start = {}, None, 0
+    for stop in stops:  # constant-rate Adam continued segment by segment = one run
+        ad, opt_state, _ = sweep.train_scan(ad, task.variables, pool, jnp.asarray(rows[start:stop]),
+                                            loss_fn=task.batch_loss, opt_state=opt_state,
+                                            tx=sweep.adam(config.optim.learning_rate), trace=False)  # fmt: skip
+        test, val = task.evaluate(ad, task.test), task.evaluate(ad, _with_y(task.val))
+        out[str(stop)] = {f"test_{k}": v for k, v in test.items()} | {"valid_loss": val["loss"]}
+        start = stop
+    kinds = np.bincount(task.pool_kind[chosen], minlength=3) / len(chosen)
+    return {"at": out, "target_share": float(kinds[0]), "distractor_share": float(kinds[1])}
+
+
+def _with_y(arrays):
+    return arrays if "y" in arrays else {**arrays, "y": np.zeros(len(arrays["x"]), np.int32)}
+
+
+# ----------------------------------------------------------------------------------------------
+# The run and its report.
+
+
+def run(config: Any, workdir: str) -> dict[str, Any]:
+    """Runs (or resumes) every cell; writes the table and trend checks; returns the headlines."""
+    check_config(config)
+    os.makedirs(workdir, exist_ok=True)
+    text = config.data.name == "shakespeare"
+    task = _shakespeare_task(config, workdir) if text else _synthetic_task(config)
+    base = task.evaluate(adapters.init(jax.random.key(0), task.variables, task.rules), task.test)
+    cells = sweep.CellStore(workdir, resume=config.ckpt.resume)
+    seeds = range(config.seed, config.seed + config.eval.num_seeds)
+    res: dict[str, list] = {}
+    sels = []
+    for seed in seeds:
+        sel = cells.get(f"select/seed={seed}", functools.partial(_select, config, task, seed))
+        sels.append(sel)
+        for name, v in sel["methods"].items():
+            cell = cells.get(f"{name}/seed={seed}",
+                             functools.partial(_finetune, config, task, v["indices"], seed))  # fmt: skip
+            res.setdefault(name, []).append({**cell, "time_s": v["time_s"], "bytes": v["bytes"]})
+    cells.close()
+    metric = "test_accuracy" if not text else "test_loss"
+    table = []
+    for name, rows in res.items():  # the step count is picked on the validation loss
+        stop = min(rows[0]["at"], key=lambda t: np.mean([r["at"][t]["valid_loss"] for r in rows]))
+        vals = [r["at"][stop][metric] for r in rows]
+        mean, sd = sweep.mean_sd(vals)
+        table.append({"method": name, metric: sweep.format_mean_sd(vals, 4),
+                      "mean": mean, "se": sd / np.sqrt(len(vals)), "steps": int(stop),
+                      "valid loss": sweep.format_mean_sd([r["at"][stop]["valid_loss"] for r in rows], 4),
+                      "target share": float(np.mean([r["target_share"] for r in rows])),
+                      "distractor share": float(np.mean([r["distractor_share"] for r in rows])),
+                      "bytes/example": rows[0]["bytes"],
+                      "selection s": float(np.mean([r["time_s"] for r in rows]))})  # fmt: skip
+    checks = _checks(table, sels[0], higher_better=not text)
+    spec = np.asarray(sels[0]["spectrum"]) ** 2
+    curves = {f"seed {s}": (list(range(1, len(x["spectrum"]) + 1)),
+                            list(np.cumsum(np.square(x["spectrum"])) / np.sum(np.square(x["spectrum"]))))
+              for s, x in zip(seeds, sels, strict=True)}  # fmt: skip
+    common.plot_curves(os.path.join(workdir, "spectrum.png"), curves, xlabel="k",
+                       ylabel="energy share of top-k", title="validation-gradient spectrum")  # fmt: skip
+    title = f"GIST vs LESS on {'Shakespeare (target: Histories)' if text else 'the synthetic pool'}"
+    return sweep.write_sweep_results(
+        workdir, table, checks, title=title,
+        columns=["method", metric, "steps", "valid loss", "target share", "distractor share",
+                 "bytes/example", "selection s"],
+        command=sweep.command_line(COMMAND),
+        extra={"base_" + metric.split("_")[1]: base.get(metric.split("_")[1]),
+               "num_lora_params": sels[0]["num_params"], "seeds": len(seeds),
+               "top9_energy": float(spec[:9].sum() / spec.sum()),
+               "less_d8192_bytes": sels[0]["less_paper_bytes"]},
+    )  # fmt: skip
+
+
+def _checks(table, sel, *, higher_better: bool) -> list[dict[str, Any]]:
+    by = {r["method"]: r for r in table}
+    sign = 1.0 if higher_better else -1.0
+    out = []
+    less = by.get("less")
+    for name in [m for m in by if m.startswith("gist_k")]:
+        g = by[name]
+        if less:
+            se = float(np.hypot(g["se"], less["se"]))
+            out.append(sweep.check(f"{name} ≥ LESS within 1 SE", sign * (g["mean"] - less["mean"]) >= -se,
+                                   f"{g['mean']:.4f} vs {less['mean']:.4f} (SE {se:.4f})"))  # fmt: skip
+            ratio = g["bytes/example"] / sel["less_paper_bytes"]
+            out.append(sweep.check(f"{name} storage ≤ 1% of LESS (d=8192, 4 ckpts)", ratio <= 0.01,
+                                   f"ratio {ratio:.5f}"))  # fmt: skip
+            out.append(sweep.check(f"{name} faster than LESS", g["selection s"] < less["selection s"],
+                                   f"{g['selection s']:.1f}s vs {less['selection s']:.1f}s"))  # fmt: skip
+    rnd = by.get("random")
+    for name in [m for m in by if m.startswith("gist_k9") or m == "less"]:
+        if rnd:
+            se = float(np.hypot(by[name]["se"], rnd["se"]))
+            gap = sign * (by[name]["mean"] - rnd["mean"])
+            out.append(sweep.check(f"{name} clearly above random (> 2 SE)", gap > 2 * se,
+                                   f"gap {gap:.4f}, SE {se:.4f}"))  # fmt: skip
+    return out
