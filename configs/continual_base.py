@@ -151,6 +151,20 @@ def build(arg, *, comparison, benchmark):
     c.method.gr_lora.lambda_global = 0.5
     c.method.gr_lora.ood_batch = b.get("ood_batch", 64)  # synthetic OOD points per step
 
+    # the classifier head (lowrank_jax.continual.with_head): masked (trained on the current
+    # task's classes only), aligned (SLCA: refit on Gaussian pseudo-features of all seen classes
+    # after each task) or prototype (class means, closed form); override: --config.head=aligned
+    c.head = "masked"
+    c.method.heads = ml_collections.ConfigDict()
+    c.method.heads.shrinkage = 0.1  # of the per-class feature covariances
+    c.method.heads.align_steps = 200
+    c.method.heads.align_learning_rate = 1e-2
+    c.method.heads.align_per_class = 64  # pseudo-features per class and step
+    c.method.heads.metric = "euclidean"  # prototype: euclidean | cosine | lda
+    c.method.heads.ridge = 1e-2  # lda only
+    c.method.heads.drift = True  # move old class means along the features' drift (SDC)
+    c.method.heads.drift_bandwidth = 0.5
+
     c.eval = ml_collections.ConfigDict()
     c.eval.batch_size = 256
 

@@ -18,9 +18,7 @@ from lowrank_jax.continual.baselines import (
 )
 from lowrank_jax.continual.capture import layer_inputs
 from lowrank_jax.continual.gr_lora import (
-    ClassStatistics,
     GRLoRAState,
-    class_statistics,
     gr_lora,
     gr_lora_adapters,
     masked_entropy,
@@ -30,7 +28,16 @@ from lowrank_jax.continual.gr_lora import (
     synthesize_global,
     synthesize_local,
 )
-from lowrank_jax.continual.heads import refit_head
+from lowrank_jax.continual.heads import (
+    HEADS,
+    HeadState,
+    align_head,
+    compensate_drift,
+    head_inputs,
+    prototype_head,
+    refit_head,
+    with_head,
+)
 from lowrank_jax.continual.methods import (
     OLoRAState,
     SDLoRAState,
@@ -67,9 +74,16 @@ from lowrank_jax.continual.saber import (
     recompose,
     saber,
 )
+from lowrank_jax.continual.statistics import (
+    ClassStatistics,
+    class_statistics,
+    covariance_factors,
+    sample_class_features,
+)
 from lowrank_jax.continual.streams import long_stream
 
 __all__ = [
+    "HEADS",
     "ClassStatistics",
     "ContinualMethod",
     "ContinualState",
@@ -116,4 +130,12 @@ __all__ = [
     "synthesize_global",
     "synthesize_local",
     "unit_direction",
+    "compensate_drift",
+    "sample_class_features",
+    "covariance_factors",
+    "with_head",
+    "prototype_head",
+    "head_inputs",
+    "align_head",
+    "HeadState",
 ]
