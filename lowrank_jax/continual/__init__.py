@@ -7,7 +7,9 @@ A method is a :class:`ContinualMethod` (a ``NamedTuple`` of pure functions: ``in
 :func:`inflora`, :func:`gpm_lora`, :func:`sd_lora` (see :mod:`lowrank_jax.continual.protocol` for
 a loop). SABER and GR-LoRA are reconstructions from their abstracts (``papers/specs.md`` §1, §2);
 their optax halves live in :mod:`lowrank_jax.optim` (``scale_by_orthogonal_projection``,
-``scale_by_gradient_recycling``), the per-matrix maths in the submodules below.
+``scale_by_gradient_recycling``), the per-matrix maths in the submodules below. Class-incremental
+heads for every method alike (:func:`with_head`: SLCA classifier alignment, prototype/LDA heads
+from stored class statistics) live in :mod:`lowrank_jax.continual.heads`.
 """
 
 from lowrank_jax.continual.baselines import (
