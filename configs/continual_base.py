@@ -159,6 +159,19 @@ def build(arg, *, comparison, benchmark):
 
     # the validation search (experiments/continual_search.py): trials per method, its seed
     c.search = ml_collections.ConfigDict(dict(trials=arg.search, seed=0))
+    # the classifier head (lowrank_jax.continual.with_head): masked (trained on the current
+    # task's classes only), aligned (SLCA: refit on Gaussian pseudo-features of all seen classes
+    # after each task) or prototype (class means, closed form); override: --config.head=aligned
+    c.head = "masked"
+    c.method.heads = ml_collections.ConfigDict()
+    c.method.heads.shrinkage = 0.1  # of the per-class feature covariances
+    c.method.heads.align_steps = 200
+    c.method.heads.align_learning_rate = 1e-2
+    c.method.heads.align_per_class = 64  # pseudo-features per class and step
+    c.method.heads.metric = "euclidean"  # prototype: euclidean | cosine | lda
+    c.method.heads.ridge = 1e-2  # lda only
+    c.method.heads.drift = True  # move old class means along the features' drift (SDC)
+    c.method.heads.drift_bandwidth = 0.5
 
     c.eval = ml_collections.ConfigDict()
     c.eval.batch_size = 256

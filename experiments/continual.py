@@ -4,7 +4,9 @@ The family behind ``configs/saber.py`` and ``configs/gr_lora.py``. A frozen back
 layers of the pretrained MiniLM on cached hidden states, a ViT or an MLP pretrained on a base
 session, or random features; streams and backbones: :mod:`experiments.continual_setup`) learns a
 stream of tasks with one LoRA branch per task on the kernels matching ``config.adapter.targets``
-plus a shared linear head (trained on the current task's classes only: masked cross-entropy).
+plus a shared linear head (trained on the current task's classes only: masked cross-entropy;
+``config.head``: ``masked`` keeps it, ``aligned``/``prototype`` refit it from per-class feature
+statistics after each task, :func:`~lowrank_jax.continual.with_head`).
 
 The methods are library values (:mod:`lowrank_jax.continual`: :func:`~lowrank_jax.continual.saber`,
 :func:`~lowrank_jax.continual.gr_lora`, :func:`~lowrank_jax.continual.sequential_lora`,
@@ -117,6 +119,17 @@ def check_config(config: Any) -> None:
         raise c.ConfigError(
             "config.adapter.rank must be >= 2 for saber (half shared, half specific)"
         )
+    c.check_choice(config, "head", continual.HEADS)
+    c.check_choice(config, "method.heads.metric", ("euclidean", "cosine", "lda"))
+    c.check_positive(config, "method.heads.align_learning_rate")
+    c.check_positive(config, "method.heads.align_per_class", integer=True)
+    c.check_nonnegative(config, "method.heads.align_steps", integer=True)
+    c.check_nonnegative(config, "method.heads.ridge")
+    c.check_positive(config, "method.heads.drift_bandwidth")
+    if not 0 <= m.heads.shrinkage <= 1:
+        raise c.ConfigError(
+            f"config.method.heads.shrinkage={m.heads.shrinkage!r} is invalid: in [0, 1]"
+        )
     c.check_positive(config, "eval.batch_size", integer=True)
     c.check_positive(config, "ckpt.max_to_keep", integer=True)
     c.check_positive(config, "log.every", integer=True)
@@ -126,8 +139,12 @@ def check_config(config: Any) -> None:
 # The method, from the config (a lookup of keyword arguments: the methods live in the library).
 
 
-def make_method(config: Any, name: str, apply_fn: Any, protocol: str) -> continual.ContinualMethod:
-    """The :class:`~lowrank_jax.continual.ContinualMethod` ``name`` with the config's settings."""
+def make_method(
+    config: Any, name: str, apply_fn: Any, protocol: str, seed: int = 0
+) -> continual.ContinualMethod:
+    """The :class:`~lowrank_jax.continual.ContinualMethod` ``name`` with the config's settings,
+    wrapped by :func:`~lowrank_jax.continual.with_head` for ``config.head`` (``seed``: the
+    alignment's sampling)."""
     c, m = config, config.method
     kw = dict(
         targets=tuple(c.adapter.targets),
@@ -172,7 +189,7 @@ def make_method(config: Any, name: str, apply_fn: Any, protocol: str) -> continu
             ood_batch=g.ood_batch,
         ),
     }
-    return factories[name]()
+    return continual.with_head(factories[name](), head=c.head, seed=seed, **m.heads)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -243,7 +260,7 @@ def run_method(
     """Runs one method over the stream; returns its accuracy matrix and diagnostics."""
     c = config
     num_tasks = len(stream.tasks)
-    method = make_method(c, name, model.apply, stream.protocol)
+    method = make_method(c, name, model.apply, stream.protocol, seed)
     state = method.init(variables)
     steps = c.schedule.steps_per_task
     # (task index, tasks whose data it trains on, steps); joint: everything at once
@@ -358,7 +375,8 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
     seeds = ", ".join(str(s) for s in config.seeds)
     notes = (
         f"Benchmark `{bench}` ({PROTOCOLS[bench]}), {config.data.num_tasks} tasks, seeds ({seeds}), "
-        f"LoRA rank {config.adapter.rank}, {config.schedule.steps_per_task} steps per task. "
+        f"LoRA rank {config.adapter.rank}, {config.schedule.steps_per_task} steps per task, "
+        f"head `{config.head}`. "
         "final_acc: mean accuracy on all tasks after the last; avg_inc_acc: mean over steps of the "
         "accuracy on the tasks seen so far; forgetting/bwt: from the accuracy matrix; plasticity: "
         "mean accuracy on each task right after learning it; update_cos: mean |cos| between "

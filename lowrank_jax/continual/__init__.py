@@ -7,7 +7,9 @@ A method is a :class:`ContinualMethod` (a ``NamedTuple`` of pure functions: ``in
 :func:`inflora`, :func:`gpm_lora`, :func:`sd_lora` (see :mod:`lowrank_jax.continual.protocol` for
 a loop). SABER and GR-LoRA are reconstructions from their abstracts (``papers/specs.md`` §1, §2);
 their optax halves live in :mod:`lowrank_jax.optim` (``scale_by_orthogonal_projection``,
-``scale_by_gradient_recycling``), the per-matrix maths in the submodules below.
+``scale_by_gradient_recycling``), the per-matrix maths in the submodules below. Class-incremental
+heads for every method alike (:func:`with_head`: SLCA classifier alignment, prototype/LDA heads
+from stored class statistics) live in :mod:`lowrank_jax.continual.heads`.
 """
 
 from lowrank_jax.continual.baselines import (
@@ -18,9 +20,7 @@ from lowrank_jax.continual.baselines import (
 )
 from lowrank_jax.continual.capture import layer_inputs
 from lowrank_jax.continual.gr_lora import (
-    ClassStatistics,
     GRLoRAState,
-    class_statistics,
     gr_lora,
     gr_lora_adapters,
     masked_entropy,
@@ -30,7 +30,16 @@ from lowrank_jax.continual.gr_lora import (
     synthesize_global,
     synthesize_local,
 )
-from lowrank_jax.continual.heads import refit_head
+from lowrank_jax.continual.heads import (
+    HEADS,
+    HeadState,
+    align_head,
+    compensate_drift,
+    head_inputs,
+    prototype_head,
+    refit_head,
+    with_head,
+)
 from lowrank_jax.continual.methods import (
     OLoRAState,
     SDLoRAState,
@@ -67,9 +76,16 @@ from lowrank_jax.continual.saber import (
     recompose,
     saber,
 )
+from lowrank_jax.continual.statistics import (
+    ClassStatistics,
+    class_statistics,
+    covariance_factors,
+    sample_class_features,
+)
 from lowrank_jax.continual.streams import long_stream
 
 __all__ = [
+    "HEADS",
     "ClassStatistics",
     "ContinualMethod",
     "ContinualState",
@@ -116,4 +132,12 @@ __all__ = [
     "synthesize_global",
     "synthesize_local",
     "unit_direction",
+    "compensate_drift",
+    "sample_class_features",
+    "covariance_factors",
+    "with_head",
+    "prototype_head",
+    "head_inputs",
+    "align_head",
+    "HeadState",
 ]

@@ -8,8 +8,9 @@ stability parts:
 * **Entropy selection** (:func:`select_module`): each task module ``R_t`` yields logits
   ``z_t(x)``; with ``H_t(x)`` the entropy of ``softmax`` of ``z_t`` restricted to task ``t``'s
   classes, predict with ``t* = argmin_t H_t(x)`` (hard) or weights ``w_t ∝ exp(−H_t/τ)`` (soft).
-* **Class statistics, no exemplars** (:func:`class_statistics`): per-class mean and diagonal
-  variance of the features the modules read (here: the model inputs).
+* **Class statistics, no exemplars** (:func:`~lowrank_jax.continual.class_statistics`, shared
+  with the class-incremental heads): per-class mean and diagonal variance of the features the
+  modules read (here: the model inputs).
 * **Synthetic OOD** — local (:func:`synthesize_local`): inter/extrapolations
   ``μ_a + β(μ_b − μ_a)``, ``β ~ U(β_lo, β_hi)``, of the current task's class means plus Gaussian
   noise of the classes' scale (points between and beyond the task's own classes); global
@@ -43,6 +44,7 @@ from lowrank_jax.continual.protocol import (
     get_path,
     set_path,
 )
+from lowrank_jax.continual.statistics import ClassStatistics, class_statistics
 from lowrank_jax.optim.projection import (
     extend_subspace_memory,
     project_off,
@@ -51,9 +53,7 @@ from lowrank_jax.optim.projection import (
 from lowrank_jax.optim.recycling import scale_by_gradient_recycling
 
 __all__ = [
-    "ClassStatistics",
     "GRLoRAState",
-    "class_statistics",
     "gr_lora",
     "gr_lora_adapters",
     "masked_entropy",
@@ -138,66 +138,6 @@ def mismatch_loss(logits: jax.typing.ArrayLike, mask: jax.typing.ArrayLike) -> j
     logp = jax.nn.log_softmax(jnp.where(mask, logits, _NEG), axis=-1)
     kl = -jnp.log(k) - jnp.sum(jnp.where(mask, logp, 0.0), axis=-1) / k
     return jnp.mean(kl)
-
-
-class ClassStatistics(NamedTuple):
-    """Per-class Gaussian statistics (no exemplars are kept).
-
-    Attributes:
-      mean: ``(C, d)`` class means.
-      var: ``(C, d)`` diagonal variances (shrunk towards the pooled variance).
-      count: ``(C,)`` number of examples seen per class (0: unseen).
-    """
-
-    mean: np.ndarray
-    var: np.ndarray
-    count: np.ndarray
-
-
-def class_statistics(
-    x: np.ndarray,
-    y: np.ndarray,
-    num_classes: int,
-    *,
-    shrinkage: float = 0.1,
-    previous: ClassStatistics | None = None,
-) -> ClassStatistics:
-    """Means and shrunk diagonal variances of ``x`` per class, merged into ``previous``.
-
-    Args:
-      x: ``(N, ...)`` features (flattened to ``(N, d)``).
-      y: ``(N,)`` integer classes in ``[0, num_classes)``.
-      num_classes: ``C``.
-      shrinkage: weight of the pooled (all-class) variance in each class's variance.
-      previous: statistics of earlier tasks; classes present in ``y`` are overwritten.
-
-    Returns:
-      :class:`ClassStatistics`.
-
-    Raises:
-      ValueError: labels out of range or ``shrinkage`` outside ``[0, 1]``.
-    """
-    x = np.asarray(x, np.float64).reshape(len(x), -1)
-    y = np.asarray(y)
-    if y.size and (y.min() < 0 or y.max() >= num_classes):
-        raise ValueError(f"labels must lie in [0, {num_classes}); got {y.min()}..{y.max()}.")
-    if not 0.0 <= shrinkage <= 1.0:
-        raise ValueError(f"shrinkage must lie in [0, 1], got {shrinkage!r}.")
-    d = x.shape[1]
-    if previous is None:
-        mean = np.zeros((num_classes, d))
-        var = np.ones((num_classes, d))
-        count = np.zeros(num_classes, np.int64)
-    else:
-        mean, var, count = (np.array(a) for a in previous)
-    pooled = x.var(axis=0) if len(x) > 1 else np.ones(d)
-    for c in np.unique(y):
-        xc = x[y == c]
-        mean[c] = xc.mean(axis=0)
-        vc = xc.var(axis=0) if len(xc) > 1 else pooled
-        var[c] = (1.0 - shrinkage) * vc + shrinkage * pooled
-        count[c] = len(xc)
-    return ClassStatistics(mean.astype(np.float32), var.astype(np.float32), count)
 
 
 def synthesize_global(
@@ -400,7 +340,7 @@ def gr_lora(
         frozen = {"params": base.full(state.params, state.head)}
         stats = state.extra.stats
         if (lambda_local or lambda_global) and stats is not None:
-            frozen["stats"] = ClassStatistics(*(jnp.asarray(a) for a in stats))
+            frozen["stats"] = jax.tree.map(jnp.asarray, stats)
             frozen["own"] = jnp.asarray(task.classes)
             mask = np.zeros(task.num_classes, bool)
             mask[task.classes] = True

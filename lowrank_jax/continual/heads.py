@@ -1,26 +1,68 @@
-r"""The classifier head as a component of its own: refitting it on frozen features.
+r"""The classifier head as a component of its own: refits and class-incremental heads.
 
-:class:`~lowrank_jax.continual.ContinualState` keeps the head (``state.head``) apart from the
-backbone (``state.params``), so head-side corrections act on every method alike: they read the
-consolidated backbone and rewrite only ``state.head``. :func:`refit_head` is the one used today
-(SABER's recalibration after recomposition); class-incremental heads (classifier alignment from
-stored per-class feature statistics, prototype heads) belong here too.
+:class:`~lowrank_jax.continual.ContinualState` keeps the head (``state.head``, a dense layer
+``z = f W + b`` with ``W: (d, C)``, ``b: (C,)`` on the features ``f: (b, d)`` it reads) apart
+from the backbone (``state.params``), so head-side corrections act on every method alike: they
+read the consolidated backbone and rewrite only ``state.head``.
+
+* :func:`refit_head`: SABER's recalibration after recomposition (masked to the task's classes).
+* :func:`align_head`: SLCA's classifier alignment: re-fit the head with *unmasked*
+  cross-entropy over every seen class on Gaussian pseudo-features ``f̃ ~ N(μ_c, Σ_c)`` drawn
+  from stored class statistics (:class:`~lowrank_jax.continual.ClassStatistics`; no exemplars).
+* :func:`prototype_head`: a nearest-class-mean (Euclidean or cosine) or LDA head written as the
+  same dense layer, computed in closed form from the statistics.
+* :func:`with_head`: wraps any :class:`~lowrank_jax.continual.ContinualMethod` so that after each
+  ``end_task`` the features of the task's training rows (:func:`head_inputs`) update the class
+  statistics and the head is replaced by :func:`align_head` or :func:`prototype_head`.
+
+Why: with cross-entropy masked to the current task's classes (the protocol's default), logits of
+classes of different tasks are never contrasted, and a class-incremental stream (no task id at
+test time) is decided by whichever task's logits happen to be largest.
+
+References:
+  Zhang et al. 2023, "SLCA: Slow Learner with Classifier Alignment for Continual Learning on a
+  Pre-trained Model" (ICCV); McDonnell et al. 2023, "RanPAC: Random Projections and Pre-trained
+  Models for Continual Learning" (NeurIPS; the class-mean/LDA readout — its random ReLU
+  projection of the features is not implemented here, as it would make the head non-linear).
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from lowrank_jax.continual.protocol import masked_cross_entropy, set_path
+from lowrank_jax.continual.protocol import (
+    ContinualMethod,
+    ContinualState,
+    masked_cross_entropy,
+    set_path,
+)
+from lowrank_jax.continual.statistics import (
+    ClassStatistics,
+    class_statistics,
+    covariance_factors,
+    sample_class_features,
+)
 
-__all__ = ["refit_head"]
+__all__ = [
+    "HEADS",
+    "HeadState",
+    "align_head",
+    "compensate_drift",
+    "head_inputs",
+    "prototype_head",
+    "refit_head",
+    "with_head",
+]
+
+HEADS = ("masked", "aligned", "prototype")
+PROTOTYPE_METRICS = ("euclidean", "cosine", "lda")
 
 
 @functools.partial(jax.jit, static_argnames=("apply_fn", "head_path", "learning_rate"))
@@ -91,3 +133,451 @@ def refit_head(
         idx = rng.choice(n, bs, replace=False)
         head, opt_state = step(params, head, opt_state, x[idx], y[idx], mask[idx])
     return jax.device_get(head)
+
+
+# ----------------------------------------------------------------------------------------------
+# Class-incremental heads.
+
+
+def _check_head(head: Any) -> tuple[int, int]:
+    if not isinstance(head, dict) or set(head) != {"kernel", "bias"}:
+        keys = sorted(head) if isinstance(head, dict) else type(head).__name__
+        raise TypeError(
+            "the class-incremental heads need a dense head {'kernel': (d, C), 'bias': (C,)} at "
+            f"the method's head_path; got {keys}."
+        )
+    kernel, bias = np.shape(head["kernel"]), np.shape(head["bias"])
+    if len(kernel) != 2 or bias != kernel[1:]:
+        raise ValueError(f"head kernel {kernel} and bias {bias} must be (d, C) and (C,).")
+    return kernel
+
+
+def _seen(classes: Any, num_classes: int) -> np.ndarray:
+    classes = np.unique(np.asarray(classes, np.int64))
+    if not classes.size or classes.min() < 0 or classes.max() >= num_classes:
+        raise ValueError(f"classes must be a non-empty set of ids in [0, {num_classes}).")
+    return classes
+
+
+def head_inputs(
+    method: ContinualMethod,
+    state: ContinualState,
+    x: np.ndarray,
+    *,
+    task_id: int | None = None,
+    batch_size: int = 256,
+    check: bool = True,
+) -> np.ndarray:
+    r"""The features ``f: (N, d)`` that ``state.head`` reads on ``x``, through ``method.predict``.
+
+    The head is affine, ``z = f W + b``, so ``predict`` with a probe head ``W = [e_j … e_{j+C−1}]``,
+    ``b = 0`` returns the coordinates ``f_j … f_{j+C−1}``; ``⌈d/C⌉`` probes recover ``f`` for
+    any method (GR-LoRA's modules included, via ``task_id``) without a method-specific feature
+    hook. Exact in float32 on CPU (products with 1 and sums of zeros); matmuls in reduced
+    precision (TF32 on some GPUs) make it approximate.
+
+    Args:
+      method: the method whose ``predict`` defines the features.
+      state: its state (the head a dense ``{'kernel': (d, C), 'bias': (C,)}``).
+      x: ``(N, ...)`` inputs.
+      task_id: passed to ``predict`` (GR-LoRA: the module whose features to read).
+      batch_size: rows per ``predict`` call.
+      check: verify ``f W + b`` against ``predict`` with the real head on the first batch.
+
+    Returns:
+      ``(N, d)`` float32 host array.
+
+    Raises:
+      TypeError/ValueError: the head is not a dense layer; ``check`` fails (the head is not the
+        model's last, affine layer).
+    """
+    d, c = _check_head(state.head)
+    dtype = np.asarray(state.head["kernel"]).dtype
+    out = []
+    for i in range(0, len(x), batch_size):
+        xb, cols = x[i : i + batch_size], []
+        for j in range(0, d, c):
+            k = min(c, d - j)
+            kernel = np.zeros((d, c), dtype)
+            kernel[j + np.arange(k), np.arange(k)] = 1
+            probe = {"kernel": kernel, "bias": np.zeros(c, dtype)}
+            logits, _ = method.predict(state._replace(head=probe), xb, task_id=task_id)
+            cols.append(np.asarray(logits, np.float32)[:, :k])
+        out.append(np.concatenate(cols, axis=1))
+    f = np.concatenate(out)
+    if check and len(x):
+        logits, _ = method.predict(state, x[:batch_size], task_id=task_id)
+        head = jax.tree.map(np.asarray, state.head)
+        want = f[:batch_size] @ head["kernel"] + head["bias"]
+        scale = 1e-3 * (1.0 + np.abs(want).max())
+        if np.abs(np.asarray(logits) - want).max() > scale:
+            raise ValueError(
+                "predict's logits are not an affine function of the recovered head inputs: the "
+                "head must be the model's last layer, a dense {'kernel', 'bias'}."
+            )
+    return f
+
+
+@functools.partial(jax.jit, static_argnames=("steps", "num_per_class"))
+def _align(key, head, mean, factors, mask, lr, *, steps, num_per_class):
+    # every class is sampled (fixed shapes: one compilation for the whole stream); rows of
+    # unseen classes get weight 0
+    tx = optax.adam(lr)
+    all_classes = jnp.arange(mean.shape[0])
+    weight = jnp.repeat(mask, num_per_class).astype(jnp.float32)
+
+    def step(carry, k):
+        h, opt_state = carry
+        f, y = sample_class_features(k, mean, factors, all_classes, num_per_class=num_per_class)
+
+        def loss_fn(h):
+            z = jnp.where(mask, f @ h["kernel"] + h["bias"], -1e9)
+            ce = optax.softmax_cross_entropy_with_integer_labels(z, y)
+            return jnp.sum(weight * ce) / jnp.sum(weight)
+
+        loss, grads = jax.value_and_grad(loss_fn)(h)
+        updates, opt_state = tx.update(grads, opt_state, h)
+        return (optax.apply_updates(h, updates), opt_state), loss
+
+    (head, _), losses = jax.lax.scan(step, (head, tx.init(head)), jax.random.split(key, steps))
+    return head, losses
+
+
+def align_head(
+    key: jax.Array,
+    head: Any,
+    stats: ClassStatistics,
+    classes: jax.typing.ArrayLike,
+    *,
+    steps: int,
+    learning_rate: float,
+    num_per_class: int,
+) -> Any:
+    r"""SLCA classifier alignment: re-fits a dense head on Gaussian pseudo-features of ``classes``.
+
+    Each of ``steps`` Adam steps draws ``m = num_per_class`` features per class,
+    ``f̃ ~ N(μ_c, Σ_c)`` (:func:`~lowrank_jax.continual.sample_class_features`), and minimises the
+    cross-entropy over *all* of ``classes`` (the classes seen so far; others masked)
+
+        ``L(W, b) = −(1/km) Σ_c Σ_i log softmax_{classes}(f̃_{c,i} W + b)_c``,
+
+    so every seen class is contrasted with every other. Starts from ``head`` (the trained head);
+    columns of classes outside ``classes`` are left as they are.
+
+    Args:
+      key: PRNG key of the sampling.
+      head: ``{'kernel': (d, C), 'bias': (C,)}``.
+      stats: statistics with covariances (``class_statistics(..., covariance=True)``).
+      classes: ``(k,)`` the classes to align (each with ``stats.count > 0``).
+      steps: Adam steps (0 returns ``head``).
+      learning_rate: Adam learning rate.
+      num_per_class: pseudo-features per class and step.
+
+    Returns:
+      The aligned head (host float32 arrays).
+
+    Raises:
+      TypeError/ValueError: a head that is not dense, statistics without covariances, classes
+        out of range or never seen, non-positive sizes.
+
+    References:
+      Zhang et al. 2023 (SLCA), §3.3 "classifier alignment" (there: after each task, 256
+      samples per class, a few epochs; logit normalisation is not used here).
+    """
+    d, c = _check_head(head)
+    if stats.cov is None:
+        raise ValueError("align_head needs covariances: class_statistics(..., covariance=True).")
+    if stats.mean.shape != (c, d):
+        raise ValueError(f"statistics of shape {stats.mean.shape} do not fit a head of {(d, c)}.")
+    classes = _seen(classes, c)
+    if np.any(np.asarray(stats.count)[classes] == 0):
+        raise ValueError("align_head got classes without statistics (count 0).")
+    if steps < 0 or num_per_class < 1 or not learning_rate > 0:
+        raise ValueError(
+            "steps must be >= 0, num_per_class >= 1 and learning_rate > 0; got "
+            f"{steps}, {num_per_class}, {learning_rate}."
+        )
+    if not steps:
+        return head
+    mask = np.zeros(c, bool)
+    mask[classes] = True
+    head = {k: jnp.asarray(v, jnp.float32) for k, v in head.items()}
+    factors = covariance_factors(stats.cov)
+    aligned, _ = _align(key, head, stats.mean, factors, mask, learning_rate,
+                        steps=int(steps), num_per_class=int(num_per_class))  # fmt: skip
+    return jax.device_get(aligned)
+
+
+def prototype_head(
+    head: Any,
+    stats: ClassStatistics,
+    classes: jax.typing.ArrayLike,
+    *,
+    metric: str = "euclidean",
+    ridge: float = 1e-2,
+) -> Any:
+    r"""A class-mean head in closed form, written into the dense head's columns of ``classes``.
+
+    With class means ``μ_c`` and the count-weighted pooled within-class covariance ``Σ`` of
+    ``classes``:
+
+    * ``euclidean`` (nearest class mean): ``W_c = μ_c/σ²``, ``b_c = −‖μ_c‖²/(2σ²)`` with
+      ``σ² = tr Σ/d``; then ``z_c = −‖f − μ_c‖²/(2σ²) + const(f)``, so ``argmax z`` is the
+      nearest mean and ``softmax z`` the posterior of a shared isotropic Gaussian model;
+    * ``cosine``: ``W_c = μ_c/‖μ_c‖``, ``b_c = 0``: ``z_c = ‖f‖ cos(f, μ_c)``, whose argmax is the
+      nearest mean in angle;
+    * ``lda``: ``W_c = Σ_λ⁻¹ μ_c``, ``b_c = −½ μ_cᵀ Σ_λ⁻¹ μ_c`` with
+      ``Σ_λ = Σ + λ (tr Σ/d) I`` (``λ = ridge``): the linear discriminant of a shared
+      Gaussian, RanPAC's class-prototype readout (with its Gram-matrix ridge).
+
+    Columns of classes outside ``classes`` are left as they are (a later task trains them).
+
+    Args:
+      head: ``{'kernel': (d, C), 'bias': (C,)}``.
+      stats: class statistics (``cov`` needed for ``lda``; ``var`` suffices otherwise).
+      classes: ``(k,)`` seen classes (``stats.count > 0``).
+      metric: ``"euclidean"``, ``"cosine"`` or ``"lda"``.
+      ridge: ``λ ≥ 0`` of ``lda``.
+
+    Returns:
+      The head (host float32 arrays).
+
+    Raises:
+      TypeError/ValueError: a head that is not dense, unknown ``metric``, ``lda`` without
+        covariances, classes out of range or never seen.
+
+    References:
+      McDonnell et al. 2023 (RanPAC), §3 (NCM and the LDA/ridge readout; the random projection
+      is not implemented); Mensink et al. 2013 (nearest class mean).
+    """
+    d, c = _check_head(head)
+    if metric not in PROTOTYPE_METRICS:
+        raise ValueError(f"metric must be one of {PROTOTYPE_METRICS}, got {metric!r}.")
+    if not ridge >= 0:
+        raise ValueError(f"ridge must be >= 0, got {ridge!r}.")
+    if metric == "lda" and stats.cov is None:
+        raise ValueError("metric='lda' needs covariances: class_statistics(..., covariance=True).")
+    classes = _seen(classes, c)
+    counts = np.asarray(stats.count, np.float64)[classes]
+    if np.any(counts == 0):
+        raise ValueError("prototype_head got classes without statistics (count 0).")
+    mu = np.asarray(stats.mean, np.float64)[classes]  # (k, d)
+    w = counts / counts.sum()
+    kernel = np.array(head["kernel"], np.float32)
+    bias = np.array(head["bias"], np.float32)
+    if metric == "cosine":
+        cols = mu / np.maximum(np.linalg.norm(mu, axis=1, keepdims=True), 1e-12)
+        b = np.zeros(len(classes))
+    elif metric == "euclidean":
+        sigma2 = float(w @ np.asarray(stats.var, np.float64)[classes].mean(axis=1))
+        cols = mu / sigma2
+        b = -0.5 * np.sum(mu * mu, axis=1) / sigma2
+    else:
+        pooled = np.einsum("k,kij->ij", w, np.asarray(stats.cov, np.float64)[classes])
+        pooled = pooled + ridge * np.trace(pooled) / d * np.eye(d)
+        cols = np.linalg.solve(pooled, mu.T).T
+        b = -0.5 * np.sum(mu * cols, axis=1)
+    kernel[:, classes] = cols.T
+    bias[classes] = b
+    return {"kernel": kernel, "bias": bias}
+
+
+def compensate_drift(
+    mean: np.ndarray,
+    old: np.ndarray,
+    new: np.ndarray,
+    classes: np.ndarray,
+    *,
+    bandwidth: float = 0.5,
+) -> np.ndarray:
+    r"""Semantic drift compensation: moves stored class means along the features' observed drift.
+
+    The backbone changed while learning a task, so the stored means ``μ_c`` (features of an
+    older model) are stale and no exemplar is left to recompute them. The current task's rows
+    were seen by both models, ``f_i`` (before) and ``f'_i`` (after); each old mean moves by the
+    kernel-weighted drift of the rows near it
+
+        ``μ_c ← μ_c + Σ_i w_ic (f'_i − f_i)``,  ``w_ic = softmax_i(−‖f_i − μ_c‖² / (2 h² m_c))``
+
+    with ``m_c`` the median of ``‖f_i − μ_c‖²`` over ``i`` and ``h = bandwidth`` (small ``h``: the
+    nearest rows' drift; large: the mean drift). Covariances are kept.
+
+    Args:
+      mean: ``(C, d)`` stored class means.
+      old: ``(N, d)`` the task's features before the update; ``new``: ``(N, d)`` after.
+      classes: ``(k,)`` the classes whose means to move.
+      bandwidth: ``h > 0``.
+
+    Returns:
+      ``(C, d)`` float32 means (rows outside ``classes`` unchanged).
+
+    Raises:
+      ValueError: shapes disagree or ``bandwidth <= 0``.
+
+    References:
+      Yu et al. 2020, "Semantic Drift Compensation for Class-Incremental Learning" (CVPR);
+      here the kernel width is relative (``m_c``) rather than SDC's fixed ``σ``.
+    """
+    mean = np.array(mean, np.float64)
+    old, new = np.asarray(old, np.float64), np.asarray(new, np.float64)
+    if old.shape != new.shape or old.ndim != 2 or old.shape[1] != mean.shape[1]:
+        raise ValueError(
+            f"old {old.shape}, new {new.shape} must be (N, d) with d = {mean.shape[1]}."
+        )
+    if not bandwidth > 0:
+        raise ValueError(f"bandwidth must be > 0, got {bandwidth!r}.")
+    classes = np.asarray(classes, np.int64)
+    if not len(old) or not classes.size:
+        return mean.astype(np.float32)
+    d2 = np.sum((old[None] - mean[classes][:, None]) ** 2, axis=-1)  # (k, N)
+    logits = -d2 / (2 * bandwidth**2 * np.maximum(np.median(d2, axis=1, keepdims=True), 1e-12))
+    w = np.exp(logits - logits.max(axis=1, keepdims=True))
+    w /= w.sum(axis=1, keepdims=True)
+    mean[classes] += w @ (new - old)
+    return mean.astype(np.float32)
+
+
+class HeadState(NamedTuple):
+    """``state.extra`` of a method wrapped by :func:`with_head`.
+
+    Attributes:
+      inner: the wrapped method's own ``extra``.
+      stats: :class:`~lowrank_jax.continual.ClassStatistics` (with covariances) of the head's
+        input features, each class's recorded right after the task that taught it (means moved
+        by :func:`compensate_drift` after later tasks; None before the first task).
+      task_of: ``(C,)`` the task that taught each class (−1: unseen), None before the first.
+    """
+
+    inner: Any
+    stats: ClassStatistics | None
+    task_of: np.ndarray | None = None
+
+
+def _reads_task_id(method, state, x, task_ids) -> bool:
+    """Whether ``predict`` depends on ``task_id`` (GR-LoRA's modules) on a few rows."""
+    if len(set(task_ids)) < 2:
+        return False
+    z = [np.asarray(method.predict(state, x[:16], task_id=t)[0]) for t in task_ids[:2]]
+    return not np.array_equal(*z)
+
+
+def _drift(method, old_state, new_state, task, stats, task_of, bandwidth):
+    """``stats`` with the old classes' means moved by :func:`compensate_drift` on ``task.x``."""
+    x = np.asarray(task.x)
+    old_tasks = sorted({int(t) for t in task_of[task_of >= 0]})
+    if not old_tasks:
+        return stats
+    per_task = _reads_task_id(method, new_state, x, [old_tasks[0], task.index])
+    mean = stats.mean
+    for j in old_tasks if per_task else [None]:
+        classes = np.flatnonzero(task_of == j) if per_task else np.flatnonzero(task_of >= 0)
+        tid = j if per_task else task.index
+        old = head_inputs(method, old_state, x, task_id=tid, check=False)
+        new = head_inputs(method, new_state, x, task_id=tid, check=False)
+        mean = compensate_drift(mean, old, new, classes, bandwidth=bandwidth)
+    return stats._replace(mean=mean)
+
+
+def with_head(
+    method: ContinualMethod,
+    *,
+    head: str,
+    seed: int = 0,
+    shrinkage: float = 0.1,
+    align_steps: int = 200,
+    align_learning_rate: float = 1e-2,
+    align_per_class: int = 64,
+    metric: str = "euclidean",
+    ridge: float = 1e-2,
+    drift: bool = True,
+    drift_bandwidth: float = 0.5,
+) -> ContinualMethod:
+    r"""``method`` with a class-incremental head: refitted from class statistics after each task.
+
+    ``end_task`` runs ``method.end_task``, then reads the features of the task's training rows
+    under the consolidated model (:func:`head_inputs`, ``task_id = task.index``: GR-LoRA's new
+    module), records their per-class mean and covariance
+    (:func:`~lowrank_jax.continual.class_statistics`, shrinkage ``ρ``) and replaces ``state.head``
+    over all classes seen so far by :func:`align_head` (``head="aligned"``, key
+    ``fold_in(key(seed), task.index)``) or :func:`prototype_head` (``head="prototype"``). The
+    next task starts its training from that head; ``predict`` is ``method.predict`` (the head
+    is the model's head). Statistics of a class are never recomputed (no exemplars); with
+    ``drift`` the old classes' means follow the backbone's drift on the new task's rows
+    (:func:`compensate_drift`, per GR-LoRA module when ``predict`` reads the task id).
+    ``head="masked"`` returns ``method`` unchanged (the head trained by masked cross-entropy).
+
+    Args:
+      method: any :class:`~lowrank_jax.continual.ContinualMethod` whose head is a dense layer.
+      head: ``"masked"``, ``"aligned"`` or ``"prototype"``.
+      seed: seed of the alignment's sampling.
+      shrinkage: ``ρ`` of the covariances.
+      align_steps, align_learning_rate, align_per_class: :func:`align_head`'s ``steps``,
+        ``learning_rate``, ``num_per_class``.
+      metric, ridge: :func:`prototype_head`'s.
+      drift, drift_bandwidth: compensate the stored means for the backbone's drift (SDC) and
+        its ``bandwidth``.
+
+    Returns:
+      A :class:`~lowrank_jax.continual.ContinualMethod` whose ``state.extra`` is a
+      :class:`HeadState`.
+
+    Raises:
+      ValueError: unknown ``head`` or ``metric``, hyper-parameters out of range.
+
+    Example:
+      >>> method = continual.with_head(continual.sequential_lora(model.apply, targets=t),
+      ...                              head="aligned")
+    """
+    if head not in HEADS:
+        raise ValueError(f"head must be one of {HEADS}, got {head!r}.")
+    if metric not in PROTOTYPE_METRICS:
+        raise ValueError(f"metric must be one of {PROTOTYPE_METRICS}, got {metric!r}.")
+    if not 0 <= shrinkage <= 1 or align_steps < 0 or align_per_class < 1:
+        raise ValueError(
+            "shrinkage must lie in [0, 1], align_steps >= 0 and align_per_class >= 1; got "
+            f"{shrinkage!r}, {align_steps!r}, {align_per_class!r}."
+        )
+    if not align_learning_rate > 0 or not ridge >= 0 or not drift_bandwidth > 0:
+        raise ValueError(
+            "align_learning_rate and drift_bandwidth must be > 0 and ridge >= 0, got "
+            f"{align_learning_rate!r}, {drift_bandwidth!r}, {ridge!r}."
+        )
+    if head == "masked":
+        return method
+
+    def inner(state):
+        return state._replace(extra=state.extra.inner)
+
+    def init(variables):
+        state = method.init(variables)
+        _check_head(state.head)
+        return state._replace(extra=HeadState(state.extra, None))
+
+    def end_task(state, trainable, frozen, task):
+        stats, task_of = state.extra.stats, state.extra.task_of
+        new = method.end_task(inner(state), trainable, frozen, task)
+        if drift and stats is not None:
+            stats = _drift(method, inner(state), new, task, stats, task_of, drift_bandwidth)
+        feats = head_inputs(method, new, np.asarray(task.x), task_id=task.index)
+        stats = class_statistics(
+            feats, task.y, task.num_classes, shrinkage=shrinkage, covariance=True, previous=stats
+        )
+        task_of = np.full(task.num_classes, -1) if task_of is None else np.array(task_of)
+        task_of[np.unique(task.y)] = task.index
+        seen = np.flatnonzero(stats.count)
+        if head == "aligned":
+            key = jax.random.fold_in(jax.random.key(seed), task.index)
+            fitted = align_head(key, new.head, stats, seen, steps=align_steps,
+                                learning_rate=align_learning_rate,
+                                num_per_class=align_per_class)  # fmt: skip
+        else:
+            fitted = prototype_head(new.head, stats, seen, metric=metric, ridge=ridge)
+        return new._replace(head=fitted, extra=HeadState(new.extra, stats, task_of))
+
+    return method._replace(
+        init=init,
+        begin_task=lambda state, key, task: method.begin_task(inner(state), key, task),
+        end_task=end_task,
+        predict=lambda state, x, task_id=None: method.predict(inner(state), x, task_id=task_id),
+        diagnostics=lambda state: method.diagnostics(inner(state)),
+    )
