@@ -21,7 +21,6 @@ from lowrank_jax.merging.casa import (
 )
 from lowrank_jax.merging.task_vectors import (
     TaskVector,
-    check_same_paths,
     dare_delta,
     dare_masks,
     lowrank_factors,
@@ -70,7 +69,6 @@ __all__ = [
     "casa_arbitration",
     "casa_diagnostics",
     "casa_matrix",
-    "check_same_paths",
     "check_same_tree",
     "dare_delta",
     "dare_masks",
