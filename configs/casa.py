@@ -21,9 +21,9 @@ Commands::
     python -m experiments.train --config=configs/casa.py:smoke --workdir=/tmp/casa_smoke
 
 Runtime: 52 min wall on a 2-core CPU shared with ~8 other jobs (12 min of CPU time); ``:smoke``
-about 40 s of CPU time (the test; 3 steps, 5 passages per play,
-query/value kernels only, one candidate per method). Result (5 seeds, test): spectral rigidity (spectrum drift 0.006 vs
-weight drift 0.082); play accuracy on the target 0.35 direct, 0.34 CASA, 0.35 TIES, 0.35 DARE,
+(the test: 3 steps, 5 passages per play, query/value kernels, one candidate per method) about
+40 s of CPU time. Result (5 seeds, test): spectral rigidity (spectrum drift 0.006 vs weight drift
+0.082); play accuracy on the target 0.35 direct, 0.34 CASA, 0.35 TIES, 0.35 DARE,
 0.36 oracle; genre retention 0.51 direct, 0.49 CASA, 0.35 source-revert: direct application did
 not fail here, and CASA did not beat TIES/DARE (table and discussion in the README).
 """

@@ -167,9 +167,7 @@ def task_vector(finetuned: Any, base: Any, *, targets: Sequence[str] | None = No
         differing path), or ``targets`` selects nothing.
     """
     fine, start = paths_lib.named_leaves(finetuned), paths_lib.named_leaves(base)
-    trees.check_same_tree(
-        start, fine, what="finetuned", reference_what="base", compare="paths"
-    )
+    trees.check_same_tree(start, fine, what="finetuned", reference_what="base", compare="paths")
     compiled = [re.compile(t) for t in targets] if targets is not None else None
     out = {}
     for path, x in start.items():
