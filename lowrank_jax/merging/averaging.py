@@ -14,12 +14,10 @@ References:
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from lowrank_jax.merging import streaming, trees
@@ -27,15 +25,6 @@ from lowrank_jax.merging import streaming, trees
 __all__ = ["ema", "expo", "lawa", "window_matrix", "window_merges"]
 
 PyTree = Any
-
-
-@functools.partial(jax.jit, donate_argnums=(0,))
-def _ema_step(acc: PyTree, tree: PyTree, decay: jax.Array) -> PyTree:
-    return jax.tree.map(
-        lambda a, x: decay.astype(a.dtype) * a + (1 - decay.astype(a.dtype)) * x.astype(a.dtype),
-        acc,
-        tree,
-    )
 
 
 def lawa(checkpoints: Iterable[PyTree], *, window: int | None = None) -> PyTree:
@@ -63,15 +52,15 @@ def lawa(checkpoints: Iterable[PyTree], *, window: int | None = None) -> PyTree:
         for i, tree in streaming.stream_checkpoints(checkpoints):
             if acc is None:
                 streaming.check_floating(tree, f"checkpoint {i}")
-                template, acc = streaming.shape_tree(tree), streaming.zeros_accumulator(tree)
-            acc = jax.block_until_ready(
-                streaming.axpy(acc, tree, jax.tree.map(lambda _: np.float32(1.0), tree))
-            )
-            count += 1
+                template, acc = streaming.shape_tree(tree), streaming.new_accumulator(tree)
+            leaves = jax.tree.leaves(tree)
             del tree
+            streaming.accumulate(acc, leaves, 1.0, [1.0] * len(leaves))
+            count += 1
+            del leaves
         if acc is None:
             raise ValueError("no checkpoints to average (the iterable was empty)")
-        return streaming.cast_like(jax.tree.map(lambda a: a / count, acc), template)
+        return streaming.finish(acc, template, scale=1.0 / count)
     if not isinstance(checkpoints, Sequence):
         raise TypeError(
             "lawa(window=...) needs a Sequence of checkpoints (list or lazy loader); for an "
@@ -105,20 +94,17 @@ def ema(checkpoints: Iterable[PyTree], *, decay: float) -> PyTree:
     if not 0.0 <= float(decay) < 1.0:
         raise ValueError(f"decay must be in [0, 1); got {decay!r}")
     acc, template = None, None
-    beta = jnp.asarray(decay, jnp.float32)
     for i, tree in streaming.stream_checkpoints(checkpoints):
+        leaves = jax.tree.leaves(tree)
         if acc is None:
             streaming.check_floating(tree, f"checkpoint {i}")
-            template = streaming.shape_tree(tree)
-            acc = jax.tree.map(
-                lambda x: jnp.array(x, streaming.accumulator_dtype(x.dtype), copy=True), tree
-            )
+            template, acc = streaming.shape_tree(tree), streaming.new_accumulator(tree, copy=True)
         else:
-            acc = jax.block_until_ready(_ema_step(acc, tree, beta))
-        del tree
+            streaming.accumulate(acc, leaves, decay, [1.0 - decay] * len(leaves))
+        del tree, leaves
     if acc is None:
         raise ValueError("no checkpoints to average (the iterable was empty)")
-    return streaming.cast_like(acc, template)
+    return streaming.finish(acc, template)
 
 
 def expo(previous: PyTree, last: PyTree, *, alpha: float) -> PyTree:

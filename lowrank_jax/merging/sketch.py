@@ -14,6 +14,7 @@ References:
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
@@ -23,7 +24,7 @@ import numpy as np
 
 from lowrank_jax.merging import streaming, trees
 
-__all__ = ["TrajectorySketch", "sketch_trajectory"]
+__all__ = ["TrajectorySketch", "sketch_signs", "sketch_trajectory", "unpack_signs"]
 
 PyTree = Any
 
@@ -57,17 +58,60 @@ class TrajectorySketch(NamedTuple):
         return {p: s @ s.T for p, s in self.leaf_sketches.items()}
 
 
-@functools.partial(jax.jit, static_argnames=("dims",))
-def _sketch_leaves(leaves, ref_leaves, sign_leaves, dims):
-    out = []
-    for x, r, s, k in zip(leaves, ref_leaves, sign_leaves, dims, strict=True):
-        d = streaming.accumulator_dtype(x.dtype)
-        y = (x.astype(d) - r.astype(d)).ravel() * s.astype(d)
-        if y.size > k:
-            main = (y.size // k) * k
-            folded = y[:main].reshape(-1, k).sum(0)
-            y = folded.at[: y.size - main].add(y[main:]) if y.size > main else folded
-        out.append(y)
+def sketch_signs(key: jax.Array, index: int, size: int) -> np.ndarray:
+    """The Rademacher signs σ of the ``index``-th leaf (``size`` entries), packed 8 to a byte.
+
+    Random bytes from NumPy's PCG64 seeded with ``fold_in(key, index)``'s key data: P/8 bytes
+    for all P parameters (1/32 of a float32 copy), drawn without temporaries. Bit j (NumPy's
+    big-endian bit order of :func:`numpy.unpackbits`) set means σ_j = +1; see
+    :func:`unpack_signs`.
+    """
+    seed = np.asarray(jax.random.key_data(jax.random.fold_in(key, index)), np.uint32)
+    rng = np.random.default_rng([int(v) for v in seed.ravel()])
+    return rng.integers(0, 256, (size + 7) // 8, dtype=np.uint8)
+
+
+def unpack_signs(packed: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """σ_start … σ_{stop−1} (int8, ±1) from :func:`sketch_signs`'s packed bits (``start % 8 == 0``)."""
+    if start % 8:
+        raise ValueError(f"start must be a multiple of 8; got {start}")
+    bits = np.unpackbits(packed[start // 8 : (stop + 7) // 8], count=stop - start)
+    return (bits.view(np.int8) << 1) - 1
+
+
+@functools.partial(jax.jit, static_argnames=("k",))
+def _fold_device(x: jax.Array, r: jax.Array, signs: jax.Array, k: int) -> jax.Array:
+    d = streaming.accumulator_dtype(x.dtype)
+    y = (x.astype(d) - r.astype(d)).ravel() * signs.astype(d)
+    if y.size > k:
+        main = (y.size // k) * k
+        folded = y[:main].reshape(-1, k).sum(0)
+        y = folded.at[: y.size - main].add(y[main:]) if y.size > main else folded
+    return y
+
+
+def _fold(x: Any, r: Any, signs: Any, k: int) -> np.ndarray:
+    """fold_k(σ ⊙ vec(x − r)) as float64 (k,) (or (size,) when size ≤ k) for one leaf.
+
+    NumPy leaves are folded on the host in blocks of a multiple of k entries (no leaf-sized
+    temporary, no device copy); JAX leaves by a jitted fold.
+    """
+    if not isinstance(x, np.ndarray):
+        return np.asarray(_fold_device(x, r, signs, k), np.float64)
+    d = streaming.accumulator_dtype(x.dtype)
+    xs, rs = np.asarray(x).reshape(-1), np.asarray(r).reshape(-1)
+    size = xs.size
+    out = np.zeros(min(size, k))
+    unit = math.lcm(k, 8)  # block starts ≡ 0 (mod k) and on a byte of the packed signs
+    block = unit * max(1, (1 << 20) // unit)
+    for start in range(0, size, block):
+        stop = min(start + block, size)
+        y = np.subtract(xs[start:stop], rs[start:stop], dtype=d)
+        y *= unpack_signs(signs, start, stop)
+        full = (y.size // k) * k
+        if full:
+            out += y[:full].reshape(-1, k).sum(0, dtype=np.float64)
+        out[: y.size - full] += y[full:]
     return out
 
 
@@ -88,7 +132,9 @@ def sketch_trajectory(
     sketched rather than raw weights so that rounding is relative to the trajectory's spread,
     not to the weights' size.
 
-    Memory: θ₁, the current checkpoint, int8 signs (P/4 floats' worth) and N·k floats.
+    Memory: θ₁ (kept as loaded), the current checkpoint, the signs (packed bits, P/32 floats'
+    worth, for NumPy checkpoints; int8 on the device for JAX ones) and N·k floats. NumPy
+    checkpoints are folded on the host block by block (no device copy of them).
 
     Args:
       checkpoints: θ₁ … θ_N, any iterable of parameter pytrees (read once).
@@ -112,20 +158,23 @@ def sketch_trajectory(
         leaves = jax.tree.leaves(tree)
         if ref is None:
             streaming.check_floating(tree, f"checkpoint {i}")
-            ref = [jnp.asarray(x) for x in leaves]  # kept on device: one copy, not one per call
+            ref = leaves  # θ₁ as loaded (NumPy or JAX): the one parameter copy kept
             names = [p for p, _, _ in trees.leaf_signature(tree)]
             sizes = [int(np.prod(np.shape(x), dtype=np.int64)) for x in leaves]
             total = int(sum(sizes))
             dims = tuple(min(s, sketch_dim) for s in sizes)
             k_glob = min(total, sketch_dim)
             offsets = np.concatenate([[0], np.cumsum(dims)[:-1]]) % max(k_glob, 1)
-            signs = [
-                jax.random.rademacher(jax.random.fold_in(key, t), (s,), jnp.int8)
-                for t, s in enumerate(sizes)
-            ]
+            signs = []  # packed bits for host leaves, int8 ±1 on the device for JAX leaves
+            for t, (x, z) in enumerate(zip(leaves, sizes, strict=True)):
+                packed = sketch_signs(key, t, z)
+                host = isinstance(x, np.ndarray)
+                signs.append(packed if host else jnp.asarray(unpack_signs(packed, 0, z)))
             parts = [np.zeros(k) for k in dims]
         else:
-            parts = [np.asarray(p, np.float64) for p in _sketch_leaves(leaves, ref, signs, dims)]
+            parts = [
+                _fold(x, r, sg, k) for x, r, sg, k in zip(leaves, ref, signs, dims, strict=True)
+            ]
         row = np.zeros(k_glob)
         for part, off in zip(parts, offsets, strict=True):
             first = min(len(part), k_glob - off)

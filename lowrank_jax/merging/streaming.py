@@ -28,15 +28,17 @@ from lowrank_jax.merging import trees
 __all__ = [
     "Checkpoints",
     "accumulator_dtype",
-    "axpy",
+    "accumulate",
+    "axpby",
     "cast_like",
     "check_floating",
+    "finish",
+    "new_accumulator",
     "reiterable",
     "shape_tree",
     "stream_checkpoints",
     "weighted_sum",
     "weighted_sums",
-    "zeros_accumulator",
 ]
 
 PyTree = Any
@@ -53,7 +55,10 @@ def stream_checkpoints(checkpoints: Iterable[PyTree], indices: Iterable[int] | N
     Raises:
       ValueError: a tree differs from the first one (naming the first differing path).
     """
-    if isinstance(checkpoints, Sequence) and indices is not None:
+    if isinstance(checkpoints, Sequence):
+        # Indexing, not iter(): a Sequence's iterator keeps the previous item alive while the
+        # next one loads (two checkpoints in memory instead of one).
+        indices = range(len(checkpoints)) if indices is None else indices
         items = ((i, checkpoints[i]) for i in indices)
     else:
         items = enumerate(checkpoints)
@@ -102,12 +107,74 @@ def check_floating(tree: PyTree, what: str) -> None:
             )
 
 
+_BLOCK = 1 << 20  # elements per block of host-side (NumPy) arithmetic
+
+
 @functools.partial(jax.jit, donate_argnums=(0,))
-def axpy(acc: PyTree, tree: PyTree, weights: PyTree) -> PyTree:
-    """``acc + w · tree`` leaf by leaf in ``acc``'s dtype (``acc`` is donated: updated in place)."""
-    return jax.tree.map(
-        lambda a, x, w: a + w.astype(a.dtype) * x.astype(a.dtype), acc, tree, weights
-    )
+def _axpby_device(acc: jax.Array, x: jax.Array, a: jax.Array, b: jax.Array) -> jax.Array:
+    return a.astype(acc.dtype) * acc + b.astype(acc.dtype) * x.astype(acc.dtype)
+
+
+def axpby(acc: Any, x: Any, a: float, b: float) -> Any:
+    """``a·acc + b·x`` for one leaf, without a parameter-sized temporary.
+
+    A NumPy accumulator is updated in place, block by block (``x`` is read through
+    ``np.asarray``, a view for NumPy leaves and CPU arrays); a JAX accumulator is donated to a
+    jitted update (in place where the backend supports donation). So a checkpoint loaded as NumPy
+    arrays (e.g. from ``.npz``) is never converted to device arrays as a whole.
+    """
+    if not isinstance(acc, np.ndarray):
+        return _axpby_device(acc, x, np.float64(a), np.float64(b))
+    flat, xs = acc.reshape(-1), np.asarray(x).reshape(-1)
+    scale_a, scale_b = acc.dtype.type(a), acc.dtype.type(b)
+    tmp = np.empty(min(_BLOCK, flat.size), acc.dtype)
+    for start in range(0, flat.size, _BLOCK):
+        stop = min(start + _BLOCK, flat.size)
+        t = tmp[: stop - start]
+        np.multiply(xs[start:stop], scale_b, out=t, casting="unsafe")
+        if scale_a != 1:
+            flat[start:stop] *= scale_a
+        flat[start:stop] += t
+    return acc
+
+
+def accumulate(acc: list[Any], leaves: Sequence[Any], a: float, b: Sequence[float]) -> None:
+    """``acc[j] ← a·acc[j] + b[j]·leaves[j]`` for every leaf ``j`` (``acc`` updated in place)."""
+    for j, (x, w) in enumerate(zip(leaves, b, strict=True)):
+        if a != 1 or w != 0:
+            acc[j] = axpby(acc[j], x, a, w)
+    # Blocking keeps one checkpoint in flight: asynchronous dispatch would otherwise let the
+    # loader run ahead and hold many checkpoints at once.
+    jax.block_until_ready([x for x in acc if not isinstance(x, np.ndarray)])
+
+
+def new_accumulator(tree: PyTree, *, copy: bool = False) -> list[Any]:
+    """Zeros (or, with ``copy``, a copy of ``tree``) as a list of leaves in
+    :func:`accumulator_dtype`: NumPy arrays for NumPy leaves (kept on the host, updated in place),
+    JAX arrays otherwise."""
+
+    def one(x):
+        d = accumulator_dtype(x.dtype)
+        if isinstance(x, np.ndarray):
+            return np.array(x, d) if copy else np.zeros(x.shape, d)
+        return jnp.array(x, d, copy=True) if copy else jnp.zeros(jnp.shape(x), d)
+
+    return [one(x) for x in jax.tree.leaves(tree)]
+
+
+def finish(acc: list[Any], template: PyTree, *, scale: float = 1.0) -> PyTree:
+    """The accumulator as a pytree of JAX arrays in ``template``'s structure and dtypes, times
+    ``scale``; ``acc``'s entries are released one by one (so the result and the accumulator
+    together hold one copy plus one leaf)."""
+    specs, treedef = jax.tree.flatten(template)
+    out = []
+    for j, spec in enumerate(specs):
+        a, acc[j] = acc[j], None
+        if scale != 1:
+            a = a * a.dtype.type(scale) if isinstance(a, np.ndarray) else a * scale
+        out.append(jnp.asarray(a).astype(spec.dtype))
+        del a
+    return jax.tree.unflatten(treedef, out)
 
 
 def cast_like(acc: PyTree, signature_tree: PyTree) -> PyTree:
@@ -118,11 +185,6 @@ def cast_like(acc: PyTree, signature_tree: PyTree) -> PyTree:
 def shape_tree(tree: PyTree) -> PyTree:
     """``jax.ShapeDtypeStruct`` leaves of ``tree`` (a template that holds no memory)."""
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), x.dtype), tree)
-
-
-def zeros_accumulator(tree: PyTree) -> PyTree:
-    """Zeros shaped like ``tree`` in :func:`accumulator_dtype`."""
-    return jax.tree.map(lambda x: jnp.zeros(jnp.shape(x), accumulator_dtype(x.dtype)), tree)
 
 
 def weighted_sums(
@@ -180,8 +242,8 @@ def weighted_sums(
     indices = [i for i in range(n) if nonzero(i)] if isinstance(checkpoints, Sequence) else None
     if isinstance(checkpoints, Sequence) and len(checkpoints) != n:
         raise ValueError(f"got {len(checkpoints)} checkpoints for weight vectors of length {n}")
-    accs: list[PyTree] | None = None
-    template = names = treedef = None
+    accs: list[list[Any]] | None = None
+    template = names = None
     count = 0
     for i, tree in stream_checkpoints(checkpoints, indices):
         if i >= n:
@@ -189,9 +251,8 @@ def weighted_sums(
         if accs is None:
             check_floating(tree, f"checkpoint {i}")
             template = shape_tree(tree)
-            accs = [zeros_accumulator(tree) for _ in specs]
+            accs = [new_accumulator(tree) for _ in specs]
             names = [p for p, _, _ in trees.leaf_signature(tree)]
-            treedef = jax.tree.structure(tree)
             for s in specs:
                 missing = [p for p in names if p not in s] if isinstance(s, Mapping) else []
                 if missing:
@@ -199,27 +260,23 @@ def weighted_sums(
                         f"per-tensor weights have no entry for {missing[0]!r} (and "
                         f"{len(missing) - 1} more paths); give one (N,) vector per path"
                     )
-        # Blocking keeps one checkpoint in flight: asynchronous dispatch would otherwise let the
-        # loader run ahead and hold many checkpoints at once.
-        accs = jax.block_until_ready(
-            [
-                axpy(a, tree, _weight_tree(s, names, treedef, i))
-                for a, s in zip(accs, specs, strict=True)
-            ]
-        )
+        leaves = jax.tree.leaves(tree)
+        del tree  # the leaves are dropped after the update, before the next checkpoint loads
+        for acc, s in zip(accs, specs, strict=True):
+            accumulate(acc, leaves, 1.0, _leaf_weights(s, names, i))
         count = i + 1
-        del tree
+        del leaves
     if accs is None:
         raise ValueError("no checkpoints to merge (the iterable was empty)")
     if indices is None and count != n:
         raise ValueError(f"got {count} checkpoints for weight vectors of length {n}")
-    return [cast_like(a, template) for a in accs]
+    return [finish(acc, template) for acc in accs]
 
 
-def _weight_tree(spec: Any, names: list[str], treedef: Any, i: int) -> PyTree:
+def _leaf_weights(spec: Any, names: list[str], i: int) -> list[float]:
     if isinstance(spec, Mapping):
-        return jax.tree.unflatten(treedef, [np.float64(np.asarray(spec[p])[i]) for p in names])
-    return jax.tree.unflatten(treedef, [np.float64(spec[i])] * len(names))
+        return [float(np.asarray(spec[p])[i]) for p in names]
+    return [float(spec[i])] * len(names)
 
 
 def weighted_sum(checkpoints: Iterable[PyTree], weights: Any) -> PyTree:
