@@ -20,9 +20,10 @@ c = √λ₁ w₁. All pairwise inner products of N streamed vectors cannot be h
 O(P) memory, so pass 1 (:func:`sketch_trajectory`) keeps an unbiased random sketch s_i ∈ R^k of
 each θ_i − θ₁ (random signs, coordinates folded modulo k; exact — a signed permutation — when
 the parameter count P ≤ k) and G ≈ S Sᵀ; its relative error is about 1/√k of the centred
-norms. Pass 2 (:func:`weighted_sums`) forms M_N and v u (or θ(α) directly) exactly as weighted
-sums of the checkpoints. Peak memory: pass 1 holds θ₁, the current checkpoint and int8 signs
-(≈ 2.25 parameter copies); pass 2 the accumulators and the current checkpoint (2 copies for
+norms. Pass 2 (:func:`~lowrank_jax.merging.streaming.weighted_sums`) forms M_N and v u (or θ(α) directly) exactly as weighted
+sums of the checkpoints. Peak memory: pass 1 holds θ₁, the current checkpoint and the signs
+(packed bits for NumPy checkpoints, ≈ 2.03 parameter copies; int8 on the device for JAX ones,
+≈ 2.25); pass 2 the accumulators and the current checkpoint (2 copies for
 θ(α) with a fixed α, 3 for the line form M_N, v u); plus N·k floats of sketch and N² of Gram.
 
 References:
