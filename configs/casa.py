@@ -30,7 +30,7 @@ not fail here, and CASA did not beat TIES/DARE (table and discussion in the READ
 
 import ml_collections
 
-from configs.common import parse_arg
+from configs.common import parse_arg, train_section
 
 
 def get_config(arg=None):
@@ -93,4 +93,5 @@ def get_config(arg=None):
     c.log = ml_collections.ConfigDict()
     c.log.every = 1 if arg.smoke else 25
     c.log.progress = True
+    c.train = train_section()  # options of the shared loop: skip_nonfinite
     return c

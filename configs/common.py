@@ -1,5 +1,5 @@
-"""What configs share: ``parse_arg`` (big_vision-style structural options for ``get_config(arg)``)
-and ``ConfigError``.
+"""What configs share: ``parse_arg`` (big_vision-style structural options for ``get_config(arg)``),
+``train_section`` (the options of the shared training loop) and ``ConfigError``.
 
 Configs import only this module (and ``ml_collections``), so reading a config loads neither the
 experiment runner nor orbax or absl flags.
@@ -16,7 +16,9 @@ from __future__ import annotations
 import types
 from typing import Any
 
-__all__ = ["ConfigError", "parse_arg"]
+import ml_collections
+
+__all__ = ["ConfigError", "parse_arg", "train_section"]
 
 
 class ConfigError(ValueError):
@@ -84,3 +86,20 @@ def parse_arg(arg: str | None, **defaults: Any) -> types.SimpleNamespace:
         else:
             options[name] = _cast(name, text.strip(), defaults[name])
     return types.SimpleNamespace(**options)
+
+
+def train_section() -> ml_collections.ConfigDict:
+    """``config.train``: options of the shared training loop, in every config that trains through it.
+
+    The runner (``python -m experiments.train``) hands them to every ``experiments.common.fit``
+    call of the experiment, so no experiment passes them itself:
+
+    * ``skip_nonfinite`` (default False): a step whose loss, metrics or new state are NaN/Inf keeps
+      the previous state and is counted in ``train/skipped_steps`` (as ``optax.apply_if_finite``),
+      instead of stopping the run with a message that names the step and the last good
+      checkpoint. It may be switched on to resume a run that stopped that way:
+      ``--config.train.skip_nonfinite=True``.
+    """
+    c = ml_collections.ConfigDict()
+    c.skip_nonfinite = False
+    return c

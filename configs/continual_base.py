@@ -5,7 +5,7 @@ Not a config to run by itself: it has no ``get_config``.
 
 import ml_collections
 
-from configs.common import ConfigError, parse_arg
+from configs.common import ConfigError, parse_arg, train_section
 
 METHODS = ("saber", "gr_lora", "seq_lora", "o_lora", "inflora", "gpm_lora", "sd_lora", "joint")
 BENCHMARKS = ("split_digits", "digits_cil", "long_stream", "shakespeare_plays", "split_mnist")
@@ -160,4 +160,5 @@ def build(arg, *, comparison, benchmark):
     c.log = ml_collections.ConfigDict()
     c.log.every = 10 if arg.smoke else 50
     c.log.progress = True
+    c.train = train_section()  # options of the shared loop: skip_nonfinite
     return c

@@ -14,7 +14,7 @@ same). Expected result: test accuracy 0.955 (``method=full``; ``:smoke`` 0.80).
 
 import ml_collections
 
-from configs.common import parse_arg
+from configs.common import parse_arg, train_section
 
 
 def get_config(arg=None):
@@ -67,4 +67,5 @@ def get_config(arg=None):
     c.parallel = ml_collections.ConfigDict()
     c.parallel.fsdp = False
     c.parallel.distributed = False
+    c.train = train_section()  # options of the shared loop: skip_nonfinite
     return c

@@ -27,7 +27,7 @@ scaling; rank-aware scales are ``sqrt(d/(γ r))`` times the rank-agnostic ones (
 
 import ml_collections
 
-from configs.common import parse_arg
+from configs.common import parse_arg, train_section
 
 
 def get_config(arg=None):
@@ -102,4 +102,5 @@ def get_config(arg=None):
     c.log = ml_collections.ConfigDict()
     c.log.progress = not arg.smoke
     c.log.tensorboard = True
+    c.train = train_section()  # options of the shared loop: skip_nonfinite
     return c

@@ -38,7 +38,7 @@ float32 base (more seeds in ``.notes/bench.md``).
 
 import ml_collections
 
-from configs.common import parse_arg
+from configs.common import parse_arg, train_section
 
 # Peak learning rates per method (small lookups only): the pretrained body needs a small one.
 LEARNING_RATES = {"lora": 1e-3, "full": 1e-4, "head": 3e-3}
@@ -105,4 +105,5 @@ def get_config(arg=None):
     c.parallel = ml_collections.ConfigDict()
     c.parallel.fsdp = False
     c.parallel.distributed = False
+    c.train = train_section()  # options of the shared loop: skip_nonfinite
     return c

@@ -37,7 +37,7 @@ n ∈ {100, 200, 400}: the measured run of the notes, made on a heavily loaded m
 
 import ml_collections
 
-from configs.common import parse_arg
+from configs.common import parse_arg, train_section
 
 
 def get_config(arg=None):
@@ -101,4 +101,5 @@ def get_config(arg=None):
         c.model.mlp_cells = (("syn", 2, 10, 200), ("syn", 2, 200, 200))
         c.schedule.mlp_steps = 600
         c.eval.num_samples = 300
+    c.train = train_section()  # options of the shared loop: skip_nonfinite
     return c

@@ -41,9 +41,7 @@ def check_config(config: Any) -> None:
     c.check_fraction(config, "data.noise", allow_zero=True)
     c.check_positive(config, "model.pretrain_steps", integer=True)
     for name in ("adapter.budgets", "adapter.lora_ranks"):
-        values = c.get_path(config, name)
-        if not values or any(not isinstance(b, int) or b < 1 for b in values):
-            raise c.ConfigError(f"config.{name}={values!r}: must be a tuple of positive ints")
+        c.check_positive_ints(config, name)
     for name in ("optim.lr_grid_coeff", "optim.lr_grid_lora", "optim.lr_grid_full"):
         if not c.get_path(config, name):
             raise c.ConfigError(f"config.{name} is empty: give at least one learning rate")

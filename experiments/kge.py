@@ -59,8 +59,7 @@ def check_config(config) -> None:
                 f"config.model.baselines has {b!r}: allowed values are "
                 f"{', '.join((*_OUTPUTS_OF_BASELINE, 'ensemble'))}"
             )
-    if not config.model.dims or min(config.model.dims) < 1:
-        raise c.ConfigError("config.model.dims must be a non-empty tuple of positive ints")
+    c.check_positive_ints(config, "model.dims")
     if "complex" in (*config.model.scorers, config.model.synthetic_scorer) and any(
         d % 2 for d in config.model.dims
     ):

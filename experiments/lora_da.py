@@ -39,18 +39,11 @@ def check_config(config: Any) -> None:
     """Validates ``config`` before anything is computed (raises ``common.ConfigError``)."""
     c = common
     sweep.check_config(config)
-    steps = config.schedule.num_steps
     c.check_fraction(config, "data.noise", allow_zero=True)
     c.check_positive(config, "model.pretrain_steps", integer=True)
-    ranks = c.get_path(config, "adapter.ranks")
-    if not ranks or any(not isinstance(r, int) or r < 1 for r in ranks):
-        raise c.ConfigError(f"config.adapter.ranks={ranks!r}: must be a tuple of positive ints")
-    loss_steps = c.get_path(config, "eval.loss_steps")
-    if not loss_steps or any(not isinstance(k, int) or k < 1 for k in loss_steps):
-        raise c.ConfigError(
-            f"config.eval.loss_steps={loss_steps!r}: must be positive step counts (those beyond "
-            f"schedule.num_steps={steps} report the final loss)"
-        )
+    c.check_positive_ints(config, "adapter.ranks")
+    # Step counts beyond schedule.num_steps report the final loss.
+    c.check_positive_ints(config, "eval.loss_steps")
     if c.get_path(config, "adapter.default_beta") not in c.get_path(config, "adapter.betas"):
         raise c.ConfigError("config.adapter.default_beta must be one of config.adapter.betas")
 

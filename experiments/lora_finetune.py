@@ -24,7 +24,6 @@ reports test accuracy, the number of trained parameters and the mean step time, 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -93,28 +92,9 @@ def check_config(config: Any) -> None:
             c.check_positive(config, "adapter.frame_scale")
         if "adapter_learning_rate" in config.optim:  # optional: 0 = optim.learning_rate
             c.check_nonnegative(config, "optim.adapter_learning_rate")
-        targets = c.get_path(config, "adapter.targets")
-        if isinstance(targets, str) or not targets:
-            raise c.ConfigError(
-                f"config.adapter.targets={targets!r} is invalid: must be a non-empty tuple of "
-                "regexes, e.g. ('.*attention/(query|value)/kernel',)"
-            )
-        for t in targets:
-            try:
-                re.compile(t)
-            except re.error as e:
-                raise c.ConfigError(
-                    f"config.adapter.targets has an invalid regex {t!r}: {e}"
-                ) from e
+        c.check_regexes(config, "adapter.targets")
     if model == "mlp":
-        features = c.get_path(config, "model.features")
-        if not isinstance(features, tuple | list) or any(
-            not isinstance(f, int) or f < 1 for f in features
-        ):
-            raise c.ConfigError(
-                f"config.model.features={features!r} is invalid: must be a tuple of positive "
-                "ints, e.g. (64, 64)"
-            )
+        c.check_positive_ints(config, "model.features")
     c.check_choice(config, "optim.name", OPTIMIZERS)
     c.check_positive(config, "optim.learning_rate")
     c.check_nonnegative(config, "optim.weight_decay")

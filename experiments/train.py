@@ -158,7 +158,9 @@ def load_experiment(config):
     return module
 
 
-_FREE = ("log", "ckpt", "parallel")
+# Sections that may change when a run is resumed: how it is logged, saved and laid out over
+# devices, and the loop's fault policy (a run stopped by a NaN may be resumed skipping such steps).
+_FREE = ("log", "ckpt", "parallel", "train")
 
 
 def _has_checkpoint(workdir: str) -> bool:
@@ -174,8 +176,9 @@ def _has_checkpoint(workdir: str) -> bool:
 def _check_workdir(workdir: str, config) -> None:
     """Refuses to resume a workdir that holds a run of a different config.
 
-    Differences in the ``log``, ``ckpt`` and ``parallel`` sections are allowed: they change how a
-    run is logged, saved and laid out over devices, not what it computes. A workdir without any
+    Differences in the ``log``, ``ckpt``, ``parallel`` and ``train`` sections are allowed: they
+    change how a run is logged, saved, laid out over devices, and whether it stops or skips a
+    non-finite step, not what it computes otherwise. A workdir without any
     checkpoint holds nothing to resume (e.g. a run that failed while starting), so its
     ``config.json`` is simply replaced.
     """
@@ -185,7 +188,7 @@ def _check_workdir(workdir: str, config) -> None:
     with open(path) as f:
         old = json.load(f)
     new = json.loads(json.dumps(config.to_dict(), default=str))
-    # Logging, checkpoint frequency and device layout may change between runs; nothing else.
+    # Logging, checkpoints, device layout and the NaN policy may change between runs; nothing else.
     diff = [k for k in config_checks.config_differences(old, new) if k.split(".")[0] not in _FREE]
     if diff:
         raise config_checks.ConfigError(
@@ -219,7 +222,8 @@ def _run(config, workdir: str) -> dict:
         _check_workdir(workdir, config)
         logging.info("Experiment %s, workdir %s", config.experiment, workdir)
         metrics.write_config_json(workdir, config)
-        return module.run(config, workdir)
+        with loop.train_options(config):
+            return module.run(config, workdir)
 
 
 def main(argv: list[str]) -> None:

@@ -7,6 +7,8 @@ import pathlib
 import nbformat
 import pytest
 
+from experiments.tools import colab_cells
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "colabs").glob("*.ipynb"))
 
@@ -22,11 +24,29 @@ def test_notebook_is_clean_and_starts_right(path):
     assert all(not c.outputs and c.execution_count is None for c in code), (
         f"{path.name} is committed with outputs: clear them (Kernel > Restart & Clear Output)"
     )
-    first = nb.cells[0]
-    assert first.cell_type == "markdown" and first.source.startswith("# "), "start with a title"
-    install = code[0].source
-    assert "import lowrank_jax" in install and "except ImportError" in install
-    assert "!pip install" in install
+    # Badge, install cell and devices cell are exactly what colab_cells generates from setup.cfg.
+    assert nb.cells[:3] == colab_cells.expected_cells(path).cells[:3], (
+        f"{path.name}: run python -m experiments.tools.colab_cells"
+    )
+    url = colab_cells.repo_url()
+    title, install, devices = (c.source for c in nb.cells[:3])
+    assert title.startswith("# ")
+    assert (
+        f"(https://colab.research.google.com/github/{url[19:]}/blob/main/colabs/{path.name})"
+        in (title.split("\n")[2])
+    )
+    lines = install.splitlines()
+    assert 'if os.environ.get("LOWRANK_JAX_INSTALLED") != "1" and not in_checkout:' in lines
+    assert f"        !git clone -q --depth=1 {url}" in lines
+    assert "    %cd lowrank_jax" in lines
+    packages = " ".join(colab_cells.PACKAGES.get(path.name, ()))
+    assert lines[-1] == f"    !python experiments/tools/colab_install.py {packages}".rstrip()
+    assert "jax.devices()" in devices and "jax.default_backend()" in devices
+
+
+def test_colab_cells_cover_exactly_the_notebooks():
+    assert set(colab_cells.PACKAGES) <= {p.name for p in NOTEBOOKS}
+    assert colab_cells.write(NOTEBOOKS, check=True) == []
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -34,7 +54,10 @@ def test_notebook_executes_in_smoke_mode(path, monkeypatch):
     from nbclient import NotebookClient
 
     monkeypatch.setenv("LOWRANK_JAX_SMOKE", "1")
+    monkeypatch.setenv("LOWRANK_JAX_INSTALLED", "1")  # the install cell does nothing here
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    # 8 devices, as on a Colab TPU runtime, so that the sharded code paths run.
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
     monkeypatch.setenv("MPLBACKEND", "Agg")
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(
@@ -44,4 +67,6 @@ def test_notebook_executes_in_smoke_mode(path, monkeypatch):
     errors = [
         o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"
     ]
-    assert not errors
+    assert not errors, errors[0]["evalue"] if errors else ""
+    devices = "".join(o.get("text", "") for o in nb.cells[2].outputs)
+    assert devices.startswith("backend: cpu | 8 devices:"), devices

@@ -1,7 +1,7 @@
 """Shared training machinery for every experiment family (see ``.notes/runner.md`` for the API).
 
 * :mod:`~experiments.common.loop`: ``fit`` (resumable, data-parallel, functional loop),
-  ``MapBatches``, ``FitResult``.
+  ``MapBatches``, ``FitResult``, ``train_options`` (``config.train`` for every ``fit`` call).
 * :mod:`~experiments.common.sharding`: ``make_mesh``, ``shard_batch``, ``param_sharding``,
   ``initialize_distributed``.
 * :mod:`~experiments.common.checkpoint`: orbax ``make_manager``, ``save``, ``restore_latest``.
@@ -24,6 +24,8 @@ from experiments.common.config_checks import (
     check_fraction,
     check_nonnegative,
     check_positive,
+    check_positive_ints,
+    check_regexes,
     config_differences,
     explain_unknown_key,
     get_path,
@@ -35,6 +37,7 @@ from experiments.common.loop import (
     ResumableIterator,
     fit,
     padded_batches,
+    train_options,
 )
 from experiments.common.metrics import (
     MetricWriter,
@@ -71,6 +74,8 @@ __all__ = [
     "check_fraction",
     "check_nonnegative",
     "check_positive",
+    "check_positive_ints",
+    "check_regexes",
     "config_differences",
     "explain_unknown_key",
     "fit",
@@ -90,6 +95,7 @@ __all__ = [
     "save",
     "shard_batch",
     "to_scalars",
+    "train_options",
     "write_config_json",
     "write_json",
     "write_results_md",

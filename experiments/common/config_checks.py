@@ -17,6 +17,7 @@ from __future__ import annotations
 import difflib
 import math
 import numbers
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -29,6 +30,8 @@ __all__ = [
     "check_fraction",
     "check_nonnegative",
     "check_positive",
+    "check_positive_ints",
+    "check_regexes",
     "config_differences",
     "explain_unknown_key",
     "get_path",
@@ -152,6 +155,49 @@ def check_fraction(config: Any, path: str, *, allow_zero: bool = True) -> float:
     if not _is_number(value, False) or not (0 <= value < 1) or (value == 0 and not allow_zero):
         raise ConfigError(f"config.{path}={value!r} is invalid: must lie in {interval}")
     return value
+
+
+def check_positive_ints(config: Any, path: str) -> tuple[int, ...]:
+    """Checks that ``config.<path>`` is a non-empty tuple (or list) of positive ints; returns it.
+
+    Raises:
+      ConfigError: naming the key, the value and an example of a valid one.
+    """
+    value = get_path(config, path)
+    if (
+        not isinstance(value, tuple | list)
+        or not value
+        or any(not _is_number(v, True) or v < 1 for v in value)
+    ):
+        raise ConfigError(
+            f"config.{path}={value!r} is invalid: must be a non-empty tuple of positive ints, "
+            "e.g. (64, 64)"
+        )
+    return tuple(value)
+
+
+def check_regexes(config: Any, path: str) -> tuple[str, ...]:
+    """Checks that ``config.<path>`` is a non-empty tuple of valid regexes; returns it.
+
+    Raises:
+      ConfigError: naming the key and the value, or the first regex that does not compile.
+    """
+    value = get_path(config, path)
+    if (
+        not isinstance(value, tuple | list)
+        or not value
+        or any(not isinstance(v, str) for v in value)
+    ):
+        raise ConfigError(
+            f"config.{path}={value!r} is invalid: must be a non-empty tuple of regexes, "
+            "e.g. ('.*attention/(query|value)/kernel',)"
+        )
+    for pattern in value:
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise ConfigError(f"config.{path} has an invalid regex {pattern!r}: {e}") from e
+    return tuple(value)
 
 
 def check_divisible(config: Any, path: str, divisor: int, *, why: str) -> int:

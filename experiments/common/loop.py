@@ -32,7 +32,8 @@ What ``fit`` does:
   non-finite step stops the run with :class:`NonFiniteError`, naming the step, the metric and the
   last good checkpoint, which is left intact (nothing non-finite is ever saved); with
   ``skip_nonfinite=True`` such steps keep the previous state instead (as ``optax.apply_if_finite``)
-  and are counted in ``train/skipped_steps``;
+  and are counted in ``train/skipped_steps``. The runner sets the default of every ``fit`` call of
+  a run from ``config.train.skip_nonfinite`` (:func:`train_options`);
 * **outputs**: ``metrics.jsonl`` and TensorBoard (train metrics averaged over ``log_every`` steps,
   ``eval_fn`` results every ``eval_every`` steps and at the end), a tqdm bar with rate and ETA.
 
@@ -44,6 +45,7 @@ What ``fit`` does:
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import math
 import os
@@ -62,9 +64,48 @@ from experiments.common import checkpoint as ckpt_lib
 from experiments.common import metrics as metrics_lib
 from experiments.common import sharding as sharding_lib
 
-__all__ = ["FitResult", "MapBatches", "NonFiniteError", "ResumableIterator", "fit"]
+__all__ = [
+    "FitResult",
+    "MapBatches",
+    "NonFiniteError",
+    "ResumableIterator",
+    "fit",
+    "train_options",
+]
 
 _FINITE = "_finite"  # the step's finiteness flag, carried with its metrics but never logged
+# fit's default for skip_nonfinite inside ``train_options(config)`` (the runner's config.train).
+_SKIP_NONFINITE: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "skip_nonfinite", default=False
+)
+
+
+@contextlib.contextmanager
+def train_options(config: Any) -> Iterator[None]:
+    """Applies ``config.train`` to every :func:`fit` call in the block that does not pass its own.
+
+    ``python -m experiments.train`` wraps the experiment's ``run`` in it, so a config option of the
+    shared loop (``config.train.skip_nonfinite``, see ``configs.common.train_section``) reaches
+    every ``fit`` call of every experiment without each one passing it. Code that calls an
+    experiment's ``run(config, workdir)`` directly (a notebook) does the same::
+
+        with common.train_options(config):
+            metrics = lora_finetune.run(config, workdir)
+
+    A config without a ``train`` section leaves the defaults (stop on a non-finite step).
+
+    Raises:
+      TypeError: if ``config.train.skip_nonfinite`` is not a bool.
+    """
+    train = config.get("train", None) if hasattr(config, "get") else None
+    skip = train.get("skip_nonfinite", False) if train is not None else False
+    if not isinstance(skip, bool):
+        raise TypeError(f"config.train.skip_nonfinite={skip!r} is invalid: must be True or False")
+    token = _SKIP_NONFINITE.set(skip)
+    try:
+        yield
+    finally:
+        _SKIP_NONFINITE.reset(token)
 
 
 class NonFiniteError(FloatingPointError):
@@ -241,7 +282,7 @@ def fit(
     fsdp: bool = False,
     progress: bool = True,
     description: str = "train",
-    skip_nonfinite: bool = False,
+    skip_nonfinite: bool | None = None,
 ) -> FitResult:
     """Trains ``state`` for ``num_steps`` steps, resuming from ``<workdir>/checkpoints``.
 
@@ -272,7 +313,8 @@ def fit(
       progress: show a tqdm progress bar (process 0 only).
       description: the progress bar's label.
       skip_nonfinite: keep the previous state on a step whose metrics or new state are not
-        finite (counted in ``train/skipped_steps``) instead of stopping.
+        finite (counted in ``train/skipped_steps``) instead of stopping; None (the default):
+        ``config.train.skip_nonfinite`` inside :func:`train_options`, else False.
 
     Returns:
       A :class:`FitResult`.
@@ -293,6 +335,8 @@ def fit(
             'state must be a dict with a "step" entry, e.g. {"params", "opt_state", "step"}'
         )
     workdir = os.fspath(workdir)
+    if skip_nonfinite is None:
+        skip_nonfinite = _SKIP_NONFINITE.get()
     mesh = sharding_lib.make_mesh() if mesh is None else mesh
     state = {**state, "step": jnp.asarray(state["step"], jnp.int32)}
     state_sh = sharding_lib.param_sharding(mesh, state, fsdp=fsdp)
@@ -374,7 +418,8 @@ def fit(
         )
         raise NonFiniteError(
             f"{bad[1]} at step {bad[0]}: training stopped; {where}. Lower the learning rate "
-            "(or clip gradients), or pass skip_nonfinite=True to fit to skip such steps."
+            "(or clip gradients), or skip such steps: --config.train.skip_nonfinite=True (in "
+            "code: fit(..., skip_nonfinite=True))."
         )
 
     def evaluate(step):
@@ -419,6 +464,7 @@ def fit(
                     if bar is not None:
                         bar.set_postfix({k.split("/")[-1]: f"{v:.4g}" for k, v in train.items()})
                 if eval_fn is not None and eval_every and step % eval_every == 0:
+                    check_finite(step)  # no evaluation records of a non-finite state
                     jax.block_until_ready(state)
                     t_eval = time.perf_counter()
                     last_eval, last_eval_step = evaluate(step), step

@@ -121,7 +121,9 @@ def load_tfds(
 
     Raises:
       ImportError: if ``tensorflow_datasets`` is not installed (the message gives the command).
-      FileNotFoundError: if the dataset is not prepared in ``array_record`` format in ``data_dir``.
+      FileNotFoundError: if the dataset is not prepared in ``array_record`` format in ``data_dir``
+        (the message gives the ``tfds build`` command).
+      ValueError: if ``split`` is not a split of a prepared dataset (tfds's message lists them).
       KeyError: if ``image_key`` or ``label_key`` is not a feature of the dataset.
       ValueError: if examples differ in shape and ``image_size`` is not given.
 
@@ -136,12 +138,20 @@ def load_tfds(
     tfds = _import_tfds()
     try:
         source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
-    except (NotImplementedError, FileNotFoundError, AssertionError) as err:
+    except (NotImplementedError, FileNotFoundError, AssertionError, KeyError) as err:
+        # An unprepared dataset surfaces as FileNotFoundError/AssertionError, or (at the default
+        # data_dir, where tfds finds the registered builder's metadata) as a KeyError about an
+        # empty split dict; all mean the same thing to the user.
+        if isinstance(err, KeyError) and "empty" not in str(err):
+            raise
+        where = data_dir or tfds.core.constants.get_default_data_dir()
+        default = "" if data_dir else " (the default TFDS data_dir)"
+        pass_dir = "" if data_dir else " (or pass data_dir=DIR for another directory)"
         raise FileNotFoundError(
             f"TFDS dataset {name!r} (split {split!r}) is not prepared for random access in "
-            f"{data_dir or 'the default TFDS data_dir'}: {err}\nPrepare it in array_record format "
-            f"where it can be downloaded, e.g. `tfds build {name} --file_format=array_record "
-            f"--data_dir=DIR`, then pass data_dir=DIR."
+            f"{where}{default}. Prepare it in array_record format where it can be downloaded:\n"
+            f"    tfds build {name} --file_format=array_record --data_dir={where}\n"
+            f"then copy {where} here{pass_dir}."
         ) from err
 
     n = len(source) if max_examples is None else min(len(source), max_examples)

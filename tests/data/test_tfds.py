@@ -99,8 +99,37 @@ def test_mock_errors():
 
 
 def test_unprepared_dataset_says_how_to_prepare(tmp_path):
-    with pytest.raises(FileNotFoundError, match="array_record"):
+    with pytest.raises(FileNotFoundError) as err:
         load_tfds("mnist", split="train", data_dir=str(tmp_path))
+    assert str(err.value) == (
+        f"TFDS dataset 'mnist' (split 'train') is not prepared for random access in {tmp_path}. "
+        "Prepare it in array_record format where it can be downloaded:\n"
+        f"    tfds build mnist --file_format=array_record --data_dir={tmp_path}\n"
+        f"then copy {tmp_path} here."
+    )
+
+
+def test_unprepared_dataset_at_the_default_data_dir_says_how_to_prepare(tmp_path, monkeypatch):
+    """At the default data_dir tfds raises an internal KeyError ("splits is empty"); not here."""
+    monkeypatch.setattr(tfds.core.constants, "get_default_data_dir", lambda: str(tmp_path))
+    monkeypatch.setenv("TFDS_DATA_DIR", str(tmp_path))
+    with pytest.raises(FileNotFoundError) as err:
+        load_tfds("cifar100", split="train")
+    assert str(err.value) == (
+        f"TFDS dataset 'cifar100' (split 'train') is not prepared for random access in {tmp_path} "
+        "(the default TFDS data_dir). Prepare it in array_record format where it can be "
+        "downloaded:\n"
+        f"    tfds build cifar100 --file_format=array_record --data_dir={tmp_path}\n"
+        f"then copy {tmp_path} here (or pass data_dir=DIR for another directory)."
+    )
+    assert not isinstance(err.value.__cause__, FileNotFoundError)  # the KeyError path ran
+
+
+def test_unknown_split_of_a_prepared_dataset(tiny_dir):
+    with pytest.raises(
+        ValueError, match=r"Unknown split 'trian'. Should be one of \['train', 'test'\]"
+    ):
+        load_tfds("lowrank_jax_tiny_images", split="trian", data_dir=tiny_dir)
 
 
 def test_missing_tfds_says_how_to_install(monkeypatch):

@@ -6,6 +6,7 @@ runs of the smallest real config (``configs/digits_mlp.py:smoke``).
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -13,12 +14,14 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 import optax
 import pytest
 
+from configs import digits_mlp
 from experiments import common
-from tests.experiments.test_train_cli import SMOKE, final_metrics, run_cli
+from tests.experiments.test_train_cli import REPO, SMOKE, final_metrics, run_cli
 
 
 class Batches:
@@ -78,6 +81,18 @@ def test_nonfinite_loss_stops_naming_step_metric_and_last_good_checkpoint(tmp_pa
         _fit(tmp_path / "early", Batches(bad_step=2))
 
 
+def test_nonfinite_step_is_not_evaluated(tmp_path):
+    evaluated = []
+
+    def eval_fn(state, frozen):
+        evaluated.append(float(state["w"]))
+        return {"valid/w": state["w"]}
+
+    with pytest.raises(common.NonFiniteError, match="at step 7"):
+        _fit(tmp_path, Batches(bad_step=7), log_every=5, eval_fn=eval_fn, eval_every=1)
+    assert len(evaluated) == 6 and all(np.isfinite(evaluated))
+
+
 def test_skip_nonfinite_keeps_the_previous_state_and_counts_skips(tmp_path):
     result = _fit(tmp_path, Batches(bad_step=7), skip_nonfinite=True)
     clean = _fit(tmp_path / "clean", Batches(), num_steps=9)
@@ -85,6 +100,46 @@ def test_skip_nonfinite_keeps_the_previous_state_and_counts_skips(tmp_path):
     np.testing.assert_allclose(result.state["w"], clean.state["w"], rtol=1e-6)
     skipped = {r["step"]: r.get("train/skipped_steps", 0) for r in result.history}
     assert skipped[7] == 1 and sum(skipped.values()) == 1
+
+
+def test_config_train_skip_nonfinite_reaches_fit_through_train_options(tmp_path):
+    config = digits_mlp.get_config("smoke")
+    assert config.train.skip_nonfinite is False  # opt-in
+    config.train.skip_nonfinite = True
+    with common.train_options(config):
+        result = _fit(tmp_path / "on", Batches(bad_step=7))  # does not raise
+        # An explicit argument wins over the config.
+        with pytest.raises(common.NonFiniteError, match="at step 7"):
+            _fit(tmp_path / "explicit", Batches(bad_step=7), skip_nonfinite=False)
+    assert sum(r.get("train/skipped_steps", 0) for r in result.history) == 1
+    # Outside the block, and for configs without a train section, fit stops.
+    with pytest.raises(common.NonFiniteError, match="--config.train.skip_nonfinite=True"):
+        _fit(tmp_path / "off", Batches(bad_step=7))
+    no_section = ml_collections.ConfigDict({"log": {}})
+    with common.train_options(no_section), pytest.raises(common.NonFiniteError):
+        _fit(tmp_path / "none", Batches(bad_step=7))
+    bad = ml_collections.ConfigDict({"train": {"skip_nonfinite": "yes"}})
+    with (
+        pytest.raises(TypeError, match="config.train.skip_nonfinite='yes' is invalid"),
+        common.train_options(bad),
+    ):
+        pass
+
+
+def _experiment_trains_with_fit(config) -> bool:
+    source = (REPO / "experiments" / f"{config.experiment}.py").read_text()
+    return "common.fit(" in source or "continual_setup" in source
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.py")), ids=lambda p: p.stem)
+def test_every_config_that_trains_through_fit_has_the_train_section(path):
+    if path.stem in ("__init__", "common", "continual_base"):
+        return
+    config = importlib.import_module(f"configs.{path.stem}").get_config()
+    if _experiment_trains_with_fit(config):
+        assert config.train.to_dict() == {"skip_nonfinite": False}, path.name
+    else:
+        assert "train" not in config, f"{path.name}: its experiment does not call fit"
 
 
 def test_step_time_survives_a_finished_rerun_and_json_is_valid(tmp_path):
@@ -95,15 +150,23 @@ def test_step_time_survives_a_finished_rerun_and_json_is_valid(tmp_path):
     assert json.loads(json.dumps(common.json_safe({"t": float("nan")}))) == {"t": None}
 
 
-def test_unreadable_checkpoint_is_set_aside_and_the_previous_one_restored(tmp_path):
+def test_unreadable_checkpoint_is_set_aside_and_the_previous_one_restored(tmp_path, caplog):
     _fit(tmp_path, Batches(), ckpt_every=5, max_to_keep=3)
     ckpts = tmp_path / "checkpoints"
     for f in (ckpts / "10" / "state").rglob("*"):
         if f.is_file() and f.stat().st_size > 0:
             f.write_bytes(b"")  # truncate every data file of step 10
     manager = common.make_manager(ckpts, every=5)
-    state, _ = common.restore_latest(manager, _state())
+    with caplog.at_level("WARNING"):
+        state, _ = common.restore_latest(manager, _state())
     assert int(state["step"]) == 5
+    logged = [r.getMessage() for r in caplog.records]
+    assert any(
+        m.startswith(f"Checkpoint step 10 in {ckpts} cannot be read (")
+        and m.endswith("); trying the previous one.")
+        for m in logged
+    ), logged
+    assert f"Set aside the unreadable checkpoint {ckpts}/10 as {ckpts}/unreadable_10." in logged
     assert (ckpts / "unreadable_10").is_dir() and manager.all_steps() == [5]
     manager.close()
     # A rerun trains steps 6..10 again and saves step 10 anew.
@@ -117,8 +180,14 @@ def test_no_readable_checkpoint_names_the_directories(tmp_path):
         if f.is_file():
             f.write_bytes(b"")
     manager = common.make_manager(tmp_path / "checkpoints", every=5)
-    with pytest.raises(common.CheckpointError, match=r"checkpoints/5 .*Delete these step"):
+    with pytest.raises(common.CheckpointError) as err:
         common.restore_latest(manager, _state())
+    message = str(err.value)
+    assert message.startswith(f"no checkpoint can be read: {tmp_path}/checkpoints/5 (")
+    assert message.endswith(
+        "). Delete these step directories to start over from step 0 (or restore them from a "
+        "backup)."
+    )
 
 
 def test_workdir_lock_refuses_a_second_run_and_takes_over_a_stale_one(tmp_path):
@@ -150,14 +219,56 @@ def _file(path):
 @pytest.mark.parametrize(
     "make, message",
     [
-        (lambda d: "", "the workdir is empty: pass a directory"),
-        (lambda d: _file(d / "f"), "is a file, not a directory"),
-        (lambda d: _file(d / "g") + "/run", "cannot create workdir"),
+        (lambda d: "", "the workdir is empty: pass a directory, e.g. --workdir=runs/<name>"),
+        (lambda d: _file(d / "f"), "workdir {} is a file, not a directory: pass another --workdir"),
+        (lambda d: _file(d / "g") + "/run", "cannot create workdir {}: Not a directory"),
     ],
 )
 def test_unusable_workdirs_get_one_line_errors(tmp_path, make, message):
-    with pytest.raises(common.WorkdirError, match=message), common.lock_workdir(make(tmp_path)):
+    workdir = make(tmp_path)
+    with pytest.raises(common.WorkdirError) as err, common.lock_workdir(workdir):
         pass
+    assert str(err.value) == message.format(workdir)
+
+
+def test_read_only_workdir_is_refused(tmp_path, monkeypatch):
+    workdir = tmp_path / "ro"
+    workdir.mkdir()
+    workdir.chmod(0o555)
+    if os.access(workdir, os.W_OK):  # root ignores permission bits: make access() say no
+        monkeypatch.setattr(
+            "experiments.common.workdir.os.access", lambda path, mode: not mode & os.W_OK
+        )
+    with pytest.raises(common.WorkdirError) as err, common.lock_workdir(workdir):
+        pass
+    assert str(err.value) == f"workdir {workdir} is not writable: pass another --workdir"
+    workdir.chmod(0o755)
+
+
+def test_metrics_rewrite_on_resume_is_atomic(tmp_path, monkeypatch):
+    """A crash while metrics.jsonl is rewritten for a resume leaves the old file whole."""
+    writer = common.MetricWriter(tmp_path, tensorboard=False)
+    for step in range(1, 6):
+        writer.write(step, {"train/loss": 1.0 / step})
+    writer.close()
+    before = (tmp_path / "metrics.jsonl").read_text()
+
+    def crash(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr("experiments.common.metrics.os.replace", crash)
+    with pytest.raises(OSError, match="disk full"):
+        common.MetricWriter(tmp_path, start_step=3, tensorboard=False)
+    assert (tmp_path / "metrics.jsonl").read_text() == before
+
+
+def test_cli_empty_workdir_is_a_one_line_error(tmp_path):
+    proc = run_cli(SMOKE, workdir="", timeout=120)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "FATAL WorkdirError: the workdir is empty: pass a directory, e.g. --workdir=runs/<name> "
+        "(LOWRANK_JAX_TRACEBACK=1 shows the traceback)"
+    )
 
 
 def test_cli_nan_run_fails_in_one_line_and_a_failed_start_does_not_block_the_rerun(tmp_path):
@@ -172,3 +283,20 @@ def test_cli_nan_run_fails_in_one_line_and_a_failed_start_does_not_block_the_rer
     proc = run_cli(SMOKE, "--config.log.progress=False", workdir=workdir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert np.isfinite(final_metrics(proc.stdout)["test/loss"])
+
+
+def test_cli_skip_nonfinite_config_trains_through_nan_steps(tmp_path):
+    proc = run_cli(
+        SMOKE,
+        "--config.optim.learning_rate=1e30",
+        "--config.train.skip_nonfinite=True",
+        "--config.log.progress=False",
+        workdir=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    skipped = sum(r.get("train/skipped_steps", 0) for r in common.read_metrics(tmp_path))
+    assert 0 < skipped <= 40
+    # The state kept is the last finite one; with a learning rate of 1e30 its logits overflow, so
+    # the test loss is NaN, reported as null (valid JSON), while the accuracy is still measured.
+    metrics = final_metrics(proc.stdout)
+    assert metrics["test/loss"] is None and 0.0 <= metrics["test/accuracy"] <= 1.0

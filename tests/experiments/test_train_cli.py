@@ -112,6 +112,13 @@ def test_invalid_value_fails_before_computation(tmp_path):
         ("schedule.warmup_steps", 400, "must be < schedule.num_steps=400"),
         ("data.valid_fraction", 1.5, "config.data.valid_fraction=1.5 is invalid: must lie in"),
         ("adapter.targets", ("(",), "config.adapter.targets has an invalid regex '('"),
+        ("adapter.targets", (), "config.adapter.targets=() is invalid: must be a non-empty tuple"),
+        (
+            "model.features",
+            (64, 0),
+            "config.model.features=(64, 0) is invalid: must be a non-empty",
+        ),
+        ("model.features", (), "config.model.features=() is invalid: must be a non-empty tuple"),
         ("experiment", "nope", "config.experiment='nope' is invalid: allowed values are"),
     ],
 )
@@ -145,6 +152,7 @@ def test_default_workdir_and_mismatched_resume(tmp_path):
     train._check_workdir(str(tmp_path), digits_mlp.get_config("smoke"))  # same config: resumable
     relogged = digits_mlp.get_config("smoke")
     relogged.log.progress, relogged.parallel.fsdp = False, True
+    relogged.train.skip_nonfinite = True  # a run stopped by a NaN may resume skipping such steps
     train._check_workdir(str(tmp_path), relogged)  # logging and device layout may change
     # Without a checkpoint nothing can be resumed: a failed start's config.json is just replaced.
     train._check_workdir(str(tmp_path), digits_mlp.get_config())
