@@ -217,24 +217,23 @@ def _merged(body, delivered):
     return adapters.merge({"params": body}, delivered)["params"]
 
 
+def _rank(delivered) -> int:
+    """The largest LoRA rank in an adapter set (every merge states the rank it delivers)."""
+    return max(int(a.kind.rank) for a in delivered.values())
+
+
 def _candidates(config, source, target, lora, key):
-    """``{method: [(hparams, top-layer weights for the play/genre heads), ...]}``."""
-    r = config.merge.rank
+    """``{method: [(hparams, top-layer weights, delivered adapter rank), ...]}``."""
+    r, m = config.merge.rank, config.merge
     tau = merging.task_vector(
         {"params": target}, {"params": source}, targets=config.adapter.targets
     )
-    m = config.merge
-    out = {
-        "direct": [({}, _merged(target, lora))],
-        "source_revert": [({}, _merged(source, lora))],
+    sets = {
         "task_arithmetic": [
             (
                 {"scale": s},
-                _merged(
-                    target,
-                    merging.merge_task_arithmetic(
-                        [tau, lora], weights=(1.0, s), rank=r, relative_to=tau
-                    ),
+                merging.merge_task_arithmetic(
+                    [tau, lora], weights=(1.0, s), rank=r, relative_to=tau
                 ),
             )  # fmt: skip
             for s in m.scales
@@ -242,11 +241,8 @@ def _candidates(config, source, target, lora, key):
         "ties": [
             (
                 {"density": d, "scale": s},
-                _merged(
-                    target,
-                    merging.merge_ties(
-                        [tau, lora], density=d, weights=(1.0, s), rank=r, relative_to=tau
-                    ),
+                merging.merge_ties(
+                    [tau, lora], density=d, weights=(1.0, s), rank=r, relative_to=tau
                 ),
             )  # fmt: skip
             for d, s in m.ties
@@ -254,11 +250,8 @@ def _candidates(config, source, target, lora, key):
         "dare": [
             (
                 {"density": d, "scale": s},
-                _merged(
-                    target,
-                    merging.merge_dare(
-                        [tau, lora], key, density=d, weights=(1.0, s), rank=r, relative_to=tau
-                    ),
+                merging.merge_dare(
+                    [tau, lora], key, density=d, weights=(1.0, s), rank=r, relative_to=tau
                 ),
             )  # fmt: skip
             for d, s in m.dare
@@ -266,21 +259,24 @@ def _candidates(config, source, target, lora, key):
         "casa": [
             (
                 {"rotation_threshold": t, "scale": s},
-                _merged(
-                    target,
-                    merging.casa(
-                        {"params": source},
-                        {"params": target},
-                        lora,
-                        rank=r,
-                        weight=s,
-                        rotation_threshold=t,
-                    ),
+                merging.casa(
+                    {"params": source},
+                    {"params": target},
+                    lora,
+                    rank=r,
+                    weight=s,
+                    rotation_threshold=t,
                 ),
             )  # fmt: skip
             for t, s in m.casa
         ],
     }
+    out = {
+        "direct": [({}, _merged(target, lora), _rank(lora))],
+        "source_revert": [({}, _merged(source, lora), _rank(lora))],
+    }
+    for method, cands in sets.items():
+        out[method] = [(hp, _merged(target, ads), _rank(ads)) for hp, ads in cands]
     return out
 
 
@@ -348,12 +344,12 @@ def _run_seed(config, seed, workdir, bert_config):
     rows = {}
     for method, cands in _candidates(config, source, target, lora, jax.random.key(seed)).items():
         scores = [
-            evaluate(body, play_head, genre_head, split="valid")["combined"] for _, body in cands
+            evaluate(body, play_head, genre_head, split="valid")["combined"] for _, body, _ in cands
         ]
         best = int(np.argmax(scores))
-        hp, body = cands[best]
-        rows[method] = {**evaluate(body, play_head, genre_head, split="test"), "hparams": hp, "valid_combined": scores[best]}  # fmt: skip
-    rows["oracle"] = {**evaluate(_merged(target, oracle), oracle_head, genre_head, split="test"), "hparams": {}}  # fmt: skip
+        hp, body, rank = cands[best]
+        rows[method] = {**evaluate(body, play_head, genre_head, split="test"), "hparams": hp, "valid_combined": scores[best], "adapter_rank": rank}  # fmt: skip
+    rows["oracle"] = {**evaluate(_merged(target, oracle), oracle_head, genre_head, split="test"), "hparams": {}, "adapter_rank": _rank(oracle)}  # fmt: skip
     rows["target_alone"] = evaluate(target, play_head, genre_head, split="test")
     rows["source_lora"] = evaluate(ref_body, play_head, genre_head, split="test")
     diag = merging.casa_diagnostics({"params": source}, {"params": target}, lora)

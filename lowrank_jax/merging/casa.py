@@ -57,8 +57,8 @@ import numpy as np
 
 from lowrank_jax.adapters import paths as paths_lib
 from lowrank_jax.adapters.core import Adapter
+from lowrank_jax.merging import trees
 from lowrank_jax.merging.task_vectors import (
-    check_same_paths,
     lowrank_factors,
     task_vector_matrices,
     to_lora,
@@ -404,7 +404,9 @@ def _kernels(source_params: Any, target_params: Any, adapters: Mapping[str, Adap
         raise TypeError("adapters must be one adapter set {path: Adapter} (adapters.init's).")
     src = paths_lib.named_leaves(source_params)
     tgt = paths_lib.named_leaves(target_params)
-    check_same_paths([src, tgt], what="parameter trees (source, target)")
+    trees.check_same_tree(
+        src, tgt, what="target params", reference_what="source params", compare="paths"
+    )
     for path in sorted(adapters):
         if path not in src:
             raise ValueError(

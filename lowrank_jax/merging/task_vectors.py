@@ -45,10 +45,10 @@ import jax.numpy as jnp
 from lowrank_jax.adapters import paths as paths_lib
 from lowrank_jax.adapters.core import Adapter
 from lowrank_jax.adapters.kinds import LoRA
+from lowrank_jax.merging import trees
 
 __all__ = [
     "TaskVector",
-    "check_same_paths",
     "dare_delta",
     "dare_masks",
     "lowrank_factors",
@@ -69,28 +69,18 @@ Majority = Literal["total", "frequency"]
 # Validation and matrix views.
 
 
-def check_same_paths(trees: Sequence[Mapping[str, Any]], *, what: str = "task vectors") -> None:
-    """Raises unless every ``{path: value}`` dict in ``trees`` has the same paths.
-
-    Raises:
-      TypeError: an entry is not a mapping.
-      ValueError: the path sets differ; the message names the first differing path (in sorted
-        order) and which of the dicts lack it.
-    """
-    for i, t in enumerate(trees):
-        if not isinstance(t, Mapping):
-            raise TypeError(
-                f"{what}[{i}] is a {type(t).__name__}; pass {{path: Adapter or array}} dicts "
-                "(an adapter set from adapters.init, or task_vector(finetuned, base))."
-            )
-    union = sorted(set().union(*(set(t) for t in trees)))
-    for path in union:
-        lacking = [i for i, t in enumerate(trees) if path not in t]
-        if lacking:
-            raise ValueError(
-                f"the {what} differ at path {path!r}: missing from {what} {lacking}. Merge "
-                "updates of the same kernels (restrict each to the common paths first)."
-            )
+def _check_same_paths(trees_: Sequence[Mapping[str, Any]], what: str) -> None:
+    """:func:`~lowrank_jax.merging.trees.check_same_tree` (``compare="paths"``) over a list."""
+    signature = None
+    for i, t in enumerate(trees_):
+        signature = trees.check_same_tree(
+            trees_[0],
+            t,
+            what=f"{what}[{i}]",
+            reference_what=f"{what}[0]",
+            signature=signature,
+            compare="paths",
+        )
 
 
 def _matrix_view(value: Any, layout: tuple[int, int] | None, path: str) -> jax.Array:
@@ -145,7 +135,7 @@ def task_vector_matrices(
     """
     if isinstance(task_vectors, Mapping) or not len(task_vectors):
         raise TypeError("pass a non-empty sequence of task vectors ({path: update} dicts).")
-    check_same_paths(task_vectors)
+    _check_same_paths(task_vectors, "task vectors")
     out = {}
     for path in task_vectors[0]:
         values = [tv[path] for tv in task_vectors]
@@ -177,7 +167,7 @@ def task_vector(finetuned: Any, base: Any, *, targets: Sequence[str] | None = No
         differing path), or ``targets`` selects nothing.
     """
     fine, start = paths_lib.named_leaves(finetuned), paths_lib.named_leaves(base)
-    check_same_paths([fine, start], what="parameter trees")
+    trees.check_same_tree(start, fine, what="finetuned", reference_what="base", compare="paths")
     compiled = [re.compile(t) for t in targets] if targets is not None else None
     out = {}
     for path, x in start.items():

@@ -1,8 +1,9 @@
-"""Checks that parameter pytrees can be merged: same paths, shapes and dtypes."""
+"""Checks that parameter pytrees or task vectors can be merged: same paths (shapes, dtypes)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import jax
 import numpy as np
@@ -11,8 +12,10 @@ from lowrank_jax.adapters import paths
 
 __all__ = ["check_same_tree", "leaf_signature"]
 
+Signature = list[tuple[str, tuple[int, ...], str]]
 
-def leaf_signature(tree: Any) -> list[tuple[str, tuple[int, ...], str]]:
+
+def leaf_signature(tree: Any) -> Signature:
     """``[(path, shape, dtype name), ...]`` of a pytree's leaves in flattening order."""
     out = []
     for keypath, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
@@ -22,35 +25,62 @@ def leaf_signature(tree: Any) -> list[tuple[str, tuple[int, ...], str]]:
     return out
 
 
+def _path_signature(tree: Any, what: str) -> Signature:
+    """``[(path, (), ""), ...]`` over the sorted keys of a flat ``{path: value}`` mapping."""
+    if not isinstance(tree, Mapping):
+        raise TypeError(
+            f"{what} is a {type(tree).__name__}; pass a flat {{path: value}} dict (an adapter "
+            "set from adapters.init, task_vector(finetuned, base), or "
+            "adapters.paths.named_leaves(params))."
+        )
+    return [(str(p), (), "") for p in sorted(tree)]
+
+
 def check_same_tree(
     reference: Any,
     tree: Any,
     *,
     what: str = "tree",
     reference_what: str = "the reference tree",
-    signature: list[tuple[str, tuple[int, ...], str]] | None = None,
-) -> list[tuple[str, tuple[int, ...], str]]:
-    """Raises if ``tree`` differs from ``reference`` in paths, shapes or dtypes.
+    signature: Signature | None = None,
+    compare: Literal["leaves", "paths"] = "leaves",
+) -> Signature:
+    """Raises if ``tree`` differs from ``reference`` in paths (and leaf shapes and dtypes).
 
-    The message names the first differing '/'-joined parameter path (in the reference's
-    flattening order) and what differs there, so a checkpoint of another model, or one saved with
-    a different dtype, is caught before it is averaged in.
+    The one check behind every merge in :mod:`lowrank_jax.merging`. The message names the first
+    differing '/'-joined parameter path and what differs there, so a checkpoint of another model,
+    one saved with a different dtype, or a task vector over other kernels is caught before it is
+    merged in.
+
+    * ``compare="leaves"`` (parameter pytrees, checkpoints): every leaf's path, shape and dtype,
+      in the reference's flattening order (a different order is an error too).
+    * ``compare="paths"`` (flat ``{path: value}`` dicts such as task vectors and adapter sets,
+      whose values may be an Adapter at one and a dense update at another): only the sets of
+      keys, first differing key in sorted order.
 
     Args:
-      reference: a parameter pytree.
+      reference: a parameter pytree (``"paths"``: a mapping), or None with ``signature``.
       tree: the pytree to compare with it.
       what: how the message names ``tree`` (e.g. ``"checkpoint 3"``).
       reference_what: how the message names ``reference``.
-      signature: ``leaf_signature(reference)`` if already computed (saves re-flattening).
+      signature: the signature returned by an earlier call on ``reference`` (saves re-flattening).
+      compare: ``"leaves"`` or ``"paths"`` (see above).
 
     Returns:
-      ``leaf_signature(reference)``, to pass back in for the next comparison.
+      The reference's signature, to pass back in for the next comparison.
 
     Raises:
+      TypeError: ``compare="paths"`` and an argument is not a mapping.
       ValueError: naming the first path that is missing, extra, or has another shape or dtype.
     """
-    ref = leaf_signature(reference) if signature is None else signature
-    got = leaf_signature(tree)
+    if compare == "leaves":
+        ref = leaf_signature(reference) if signature is None else signature
+        got = leaf_signature(tree)
+    elif compare == "paths":
+        ref = _path_signature(reference, reference_what) if signature is None else signature
+        got = _path_signature(tree, what)
+    else:
+        raise ValueError(f"compare must be 'leaves' or 'paths'; got {compare!r}")
     if ref == got:
         return ref
     got_paths = {p for p, _, _ in got}
@@ -71,9 +101,16 @@ def check_same_tree(
         else:  # same set of paths, another order (e.g. a list where a dict was)
             path = r[0] if r is not None else g[0]
             problem = f"{what} orders its parameters differently, first at {path!r}"
-        raise ValueError(
-            f"{problem}. Merged trees must have the same parameter paths, shapes and dtypes as "
-            f"{reference_what}: load them from the same model (cast with jax.tree.map if only "
-            "the dtype differs)."
-        )
+        if compare == "paths":
+            advice = (
+                f"Merged task vectors and parameter trees must cover the same kernels as "
+                f"{reference_what}: restrict each to the common paths first."
+            )
+        else:
+            advice = (
+                f"Merged trees must have the same parameter paths, shapes and dtypes as "
+                f"{reference_what}: load them from the same model (cast with jax.tree.map if "
+                "only the dtype differs)."
+            )
+        raise ValueError(f"{problem}. {advice}")
     return ref

@@ -268,3 +268,54 @@ def test_missing_leaf_and_one_shot_iterator_errors():
         merging.extra_merge([good] * 4, window=4, key=jax.random.key(0))
     with pytest.raises(TypeError, match="non-floating leaf at 'step'"):
         merging.lawa([{"w": jnp.ones(2), "step": jnp.int32(1)}] * 2)
+
+
+def test_numpy_checkpoints_take_the_host_path_and_match_the_float64_definitions():
+    """Checkpoints loaded as NumPy arrays (e.g. ``.npz``) are accumulated and sketched on the
+    host block by block; results equal the float64 definitions and the device path. One leaf is
+    longer than a host block (2**20 entries) so the blocked fold crosses a block boundary."""
+    rng = np.random.default_rng(3)
+    n, big, k = 6, (1 << 20) + 3333, 1000
+    base = rng.normal(size=big + 7)
+    drift = rng.normal(size=big + 7)
+    thetas = base + 0.01 * np.arange(n)[:, None] * drift + 0.003 * rng.normal(size=(n, big + 7))
+    thetas = thetas.astype(np.float32)
+    host = [{"big": t[:big], "small": {"w": t[big:].reshape(1, 7)}} for t in thetas]
+    device = [jax.tree.map(jnp.asarray, c) for c in host]
+    flat = lambda tree: np.concatenate(  # noqa: E731
+        [np.asarray(tree["big"], np.float64), np.asarray(tree["small"]["w"], np.float64).ravel()]
+    )
+    t64 = thetas.astype(np.float64)
+    for ckpts in (host, device):
+        np.testing.assert_allclose(flat(merging.lawa(ckpts)), t64.mean(0), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(
+            flat(merging.lawa(ckpts, window=3)), t64[-3:].mean(0), rtol=1e-5, atol=1e-5
+        )
+        e = t64[0]
+        for t in t64[1:]:
+            e = 0.7 * e + 0.3 * t
+        np.testing.assert_allclose(flat(merging.ema(ckpts, decay=0.7)), e, rtol=1e-5, atol=1e-5)
+        out = merging.lawa(ckpts)
+        assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(out))
+        assert jax.tree.map(lambda x: x.dtype, out) == jax.tree.map(lambda x: x.dtype, ckpts[0])
+    # the sketch: the same folded rows on both paths, and inner products as expected (P > k)
+    key = jax.random.key(0)
+    s_host = merging.sketch_trajectory(host, key=key, sketch_dim=k, per_tensor=True)
+    s_dev = merging.sketch_trajectory(device, key=key, sketch_dim=k, per_tensor=True)
+    np.testing.assert_allclose(s_host.sketch, s_dev.sketch, rtol=1e-4, atol=1e-3)
+    for p in s_dev.leaf_sketches:
+        np.testing.assert_allclose(
+            s_host.leaf_sketches[p], s_dev.leaf_sketches[p], rtol=1e-4, atol=1e-3
+        )
+    # the fold itself, against a float64 reference: σ ⊙ (θ_i − θ₁), coordinates summed mod k
+    packed = merging.sketch.sketch_signs(key, 0, big)  # leaf 0 in flattening order: "big"
+    signs = merging.sketch.unpack_signs(packed, 0, big).astype(np.float64)
+    np.testing.assert_array_equal(merging.sketch.unpack_signs(packed, 8, 24), signs[8:24])
+    assert set(np.unique(signs)) == {-1, 1} and abs(signs.mean()) < 0.01
+    y = signs * (t64[2, :big] - t64[0, :big])
+    want = np.bincount(np.arange(big) % k, weights=y, minlength=k)
+    np.testing.assert_allclose(s_host.leaf_sketches["big"][2], want, rtol=1e-4, atol=1e-3)
+    a = merging.extra_merge(host, window=2, key=key, sketch_dim=k)
+    b = merging.extra_merge(device, window=2, key=key, sketch_dim=k)
+    assert a.pca.rho1 == pytest.approx(b.pca.rho1, rel=1e-6)
+    np.testing.assert_allclose(flat(a.params), flat(b.params), rtol=1e-5, atol=1e-5)
