@@ -26,6 +26,7 @@ Optimization via Flow Model Fine-Tuning", arXiv 2602.16796 (2026); Rockafellar &
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -125,14 +126,19 @@ def cvar_threshold(
     ``Φ_R'(η) = 1 − β⁻¹·P̃(r > η)`` and ``Φ_L'(η) = 1 − β⁻¹·P̃(r < η)``, with ``P̃`` the
     pre-trained law tilted by ``exp(±(·)₊/(αβ))``; ``Φ_R'`` increases and ``Φ_L'`` decreases in
     ``η``, from ``1 − 1/β < 0`` to ``1`` (right) and back (left), so the root lies in
-    ``[min r, max r]``. ``iterations`` halvings of that bracket (100: float precision).
+    ``[min r, max r]``. ``iterations`` halvings of that bracket (100: float precision); jitted
+    once per ``(tail, iterations)`` and shape, so a search over ``α`` does not recompile.
     """
     _check(beta, tail)
-    if not alpha > 0:
+    if not float(alpha) > 0:
         raise ValueError(f"alpha={alpha} is invalid: the KL weight must be > 0")
     r = jnp.asarray(r)
     logw = _log_weights(r.shape[0], weights, r.dtype)
+    return _threshold(r, logw, beta, alpha, tail=tail, iterations=iterations)
 
+
+@functools.partial(jax.jit, static_argnames=("tail", "iterations"))
+def _threshold(r, logw, beta, alpha, *, tail, iterations):
     def slope(eta):
         if tail == "right":
             logp = logw + jnp.maximum(r - eta, 0.0) / (alpha * beta)
