@@ -207,7 +207,9 @@ def alpha_for_kl(
 
     The KL of a tilt ``exp(f/α)`` decreases in ``α`` (from the KL of the argmax to 0), which is
     how every method's ``α`` is matched to one KL budget before fine-tuning (specs.md §16: "tune α
-    per method to match KL"). Runs on the host (``kl_of_alpha`` returns a float).
+    per method to match KL"). Runs on the host (``kl_of_alpha`` returns a float). On a finite
+    sample a thresholded tilt's KL is only piecewise continuous in ``α``; the result is then the
+    side of the jump closest to ``target_kl``.
 
     Raises:
       ValueError: ``target_kl`` is not reachable inside ``bounds``.
@@ -225,4 +227,6 @@ def alpha_for_kl(
             lo = mid
         else:
             hi = mid
-    return math.exp(0.5 * (lo + hi))
+    # On a finite sample the KL of a thresholded tilt can jump where the threshold crosses a
+    # sample: return the end of the final bracket whose KL is closer to the target.
+    return min((math.exp(lo), math.exp(hi)), key=lambda a: abs(kl_of_alpha(a) - target_kl))
