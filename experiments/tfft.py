@@ -38,7 +38,7 @@ from experiments.common import sweep
 from lowrank_jax import generative as gen
 from lowrank_jax.data import BatchIterator, load_mnist
 
-__all__ = ["METHODS", "check_config", "run"]
+__all__ = ["METHODS", "check_config", "mnist_source", "ring_source", "run"]
 
 METHODS = ("pretrained", "expected", "tfft_left", "tfft_right", "iterative_right")
 SOURCES = ("ring", "mnist")
@@ -82,7 +82,8 @@ def check_config(config: Any) -> None:
 # Sources: pre-training data and a reward.
 
 
-def _ring(config: Any) -> dict[str, Any]:
+def ring_source(config: Any) -> dict[str, Any]:
+    """The 2-D ring: ``{"name", "train" (N, 2) float32, "reward" (jitted x -> r), "features"}``."""
     angles = 2 * np.pi * np.arange(8) / 8
     centres = 4.0 * np.stack([np.cos(angles), np.sin(angles)], -1).astype(np.float32)
     rng = np.random.default_rng(1234)
@@ -97,7 +98,9 @@ def _ring(config: Any) -> dict[str, Any]:
     return {"name": "ring", "train": train, "reward": jax.jit(reward), "features": "ring_features"}
 
 
-def _mnist(config: Any) -> dict[str, Any]:
+def mnist_source(config: Any) -> dict[str, Any]:
+    """One digit of MNIST in the (standardised) ``data.pca_dim``-d PCA space of all digits, and
+    the reward ``log p(digit | x)`` of a logistic regression fitted on all ten digits there."""
     from sklearn.linear_model import LogisticRegression
 
     ds = load_mnist("train")
@@ -346,7 +349,7 @@ def _plots(config, workdir, cells) -> list[str]:
 
 def run(config: Any, workdir: str) -> dict[str, Any]:
     store = sweep.CellStore(workdir)
-    builders = {"ring": _ring, "mnist": _mnist}
+    builders = {"ring": ring_source, "mnist": mnist_source}
     todo = [(src, s, m) for src in config.sources for s in config.seeds for m in config.methods]
     bar = tqdm(total=len(todo), desc="tfft cells", disable=None)
     for name in config.sources:
