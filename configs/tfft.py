@@ -70,9 +70,9 @@ def get_config(arg=None):
     c.tfft.num_stage1 = 2000 if smoke else 20000  # pre-trained samples for η* and resampling
 
     c.schedule = ml_collections.ConfigDict()
-    c.schedule.pretrain_steps = 40 if smoke else 4000
-    c.schedule.finetune_steps = 10 if smoke else 1500
-    c.schedule.batch_size = 64 if smoke else 512
+    c.schedule.pretrain_steps = 40 if smoke else 3000
+    c.schedule.finetune_steps = 10 if smoke else 800
+    c.schedule.batch_size = 64 if smoke else 256
 
     c.optim = ml_collections.ConfigDict()
     c.optim.learning_rate = 1e-3  # pre-training
