@@ -1,9 +1,11 @@
 """Generative models: the kernel-score diffusion sampler on a union of subspaces (P7) and its
-baselines.
+baselines; flow matching and tail-aware (CVaR) fine-tuning (P16, TFFT).
 
 See :mod:`lowrank_jax.generative.kernel_score` (OU process, kernel score, exponential integrator),
 :mod:`lowrank_jax.generative.subspaces` (data on unions of subspaces, local-PCA dimension, W₁) and
-:mod:`lowrank_jax.generative.baselines` (empirical measure, Gaussian KDE, DSM-trained MLP score).
+:mod:`lowrank_jax.generative.baselines` (empirical measure, Gaussian KDE, DSM-trained MLP score),
+:mod:`lowrank_jax.generative.flows` (flow matching, Euler sampler) and
+:mod:`lowrank_jax.generative.tail` (CVaR, the TFFT threshold dual, KL tilts).
 """
 
 from lowrank_jax.generative.baselines import (
@@ -15,6 +17,7 @@ from lowrank_jax.generative.baselines import (
     select_kde_bandwidth,
     silverman_bandwidth,
 )
+from lowrank_jax.generative.flows import VelocityMLP, flow_matching_loss, sample_flow, train_flow
 from lowrank_jax.generative.kernel_score import (
     early_stopping_time,
     geometric_time_grid,
@@ -38,14 +41,32 @@ from lowrank_jax.generative.subspaces import (
     sample_union_of_subspaces,
     wasserstein1,
 )
+from lowrank_jax.generative.tail import (
+    TAILS,
+    alpha_for_kl,
+    cvar,
+    cvar_dual_objective,
+    cvar_threshold,
+    pseudo_reward,
+    quantile_pseudo_reward,
+    tilt_kl,
+    tilt_weights,
+)
 
 __all__ = [
     "LAWS",
     "ScoreMLP",
+    "TAILS",
+    "VelocityMLP",
+    "alpha_for_kl",
     "class_subspaces",
+    "cvar",
+    "cvar_dual_objective",
+    "cvar_threshold",
     "dsm_loss",
     "early_stopping_time",
     "estimate_intrinsic_dim",
+    "flow_matching_loss",
     "geometric_time_grid",
     "isometric_embedding",
     "kernel_denoiser",
@@ -55,9 +76,12 @@ __all__ = [
     "ou_forward",
     "ou_mean_std",
     "project_onto_class_subspaces",
+    "pseudo_reward",
+    "quantile_pseudo_reward",
     "random_subspaces",
     "reverse_diffusion",
     "sample_empirical",
+    "sample_flow",
     "sample_kde",
     "sample_kernel_diffusion",
     "sample_union_of_subspaces",
@@ -65,5 +89,8 @@ __all__ = [
     "select_kde_bandwidth",
     "silverman_bandwidth",
     "terminal_time",
+    "train_flow",
+    "tilt_kl",
+    "tilt_weights",
     "wasserstein1",
 ]

@@ -1,0 +1,413 @@
+r"""P16 TFFT: tail-aware flow fine-tuning for CVaR, against expected-reward fine-tuning and the
+iterative CVaR baseline, at matched KL (configs/tfft.py describes the study).
+
+``run(config, workdir)``, per source (``ring``, ``mnist``) and seed:
+
+1. pre-trains a flow-matching MLP through ``experiments.common.fit`` (checkpointed under
+   ``<workdir>/pretrain-<source>-seed<s>/``, so an interrupted run resumes there);
+2. draws ``tfft.num_stage1`` pre-trained samples and, per method, chooses ``α`` so that the
+   target ``p* ∝ p_pre·exp(r̃/α)`` is ``tfft.kl_target`` nats from the pre-trained law, then
+   fine-tunes by flow matching on the importance-resampled samples (``generative.train_flow``);
+   the iterative baseline repeats sample → quantile → tilt → fine-tune ``tfft.rounds`` times with
+   a per-round target of ``kl_target / K²`` (small tilts add up in the exponent, so K of them
+   reach about ``kl_target``; the measured KL is reported next to it);
+3. evaluates ``eval.num_samples`` samples: mean reward, CVaR_L and CVaR_R at β, the target's KL,
+   a 2-D histogram KL to the pre-trained samples (ring only) and the wall and CPU time of step 2
+   (stage 1 included; the CPU time is the steadier column on a shared machine).
+
+Each (source, seed, method) is a cell (``cells/<key>.json``; a rerun reads finished cells back).
+Writes ``results.md`` / ``summary.json`` (table and the trend checks of specs.md §16),
+``rewards_<source>.png`` (reward histograms, seed 0) and ``ring_samples.png``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from tqdm import tqdm
+
+from experiments import common
+from experiments.common import sweep
+from lowrank_jax import generative as gen
+from lowrank_jax.data import BatchIterator, load_mnist
+
+__all__ = ["METHODS", "check_config", "mnist_source", "ring_source", "run"]
+
+METHODS = ("pretrained", "expected", "tfft_left", "tfft_right", "iterative_right")
+SOURCES = ("ring", "mnist")
+# The ring: 8 modes at radius 4 (angle 45°·i), std 0.35, unequal weights; mode 2 (90°) is the rare
+# high-reward mode (5%), mode 4 (180°) the failure mode (10% of the mass: the lower β = 0.1 tail).
+RING_WEIGHTS = (0.22, 0.18, 0.05, 0.15, 0.10, 0.12, 0.10, 0.08)
+RING_RARE, RING_FAIL = 2, 4
+
+
+def check_config(config: Any) -> None:
+    """Validates the config before anything is computed."""
+    c = common
+    seeds = c.get_path(config, "seeds")
+    if not seeds or any(not isinstance(s, int) or s < 0 for s in seeds):
+        raise c.ConfigError(f"config.seeds={seeds!r} is invalid: a non-empty tuple of ints >= 0")
+    for name, allowed in (("sources", SOURCES), ("methods", METHODS)):
+        values = c.get_path(config, name)
+        if not values or any(v not in allowed for v in values):
+            raise c.ConfigError(
+                f"config.{name}={values!r} is invalid: a non-empty tuple from {allowed}"
+            )
+    c.check_fraction(config, "tfft.beta", allow_zero=False)
+    c.check_positive(config, "tfft.kl_target")
+    for key in ("tfft.rounds", "tfft.num_stage1", "eval.num_samples", "model.sample_steps"):
+        c.check_positive(config, key, integer=True)
+    for key in ("pretrain_steps", "finetune_steps", "batch_size"):
+        c.check_positive(config, f"schedule.{key}", integer=True)
+    c.check_positive_ints(config, "model.ring_features")
+    c.check_positive_ints(config, "model.mnist_features")
+    c.check_positive(config, "optim.learning_rate")
+    c.check_positive(config, "optim.finetune_learning_rate")
+    c.check_positive(config, "log.every", integer=True)
+    c.check_choice(config, "data.digit", tuple(range(10)))
+    if not 1 <= c.check_positive(config, "data.pca_dim", integer=True) <= 784:
+        raise c.ConfigError(f"config.data.pca_dim={config.data.pca_dim} is invalid: 1..784")
+    c.check_nonnegative(config, "data.mnist_limit", integer=True)
+    c.check_positive(config, "data.ring_train", integer=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Sources: pre-training data and a reward.
+
+
+def ring_source(config: Any) -> dict[str, Any]:
+    """The 2-D ring: ``{"name", "train" (N, 2) float32, "reward" (jitted x -> r), "features"}``."""
+    angles = 2 * np.pi * np.arange(8) / 8
+    centres = 4.0 * np.stack([np.cos(angles), np.sin(angles)], -1).astype(np.float32)
+    rng = np.random.default_rng(1234)
+    modes = rng.choice(8, size=config.data.ring_train, p=RING_WEIGHTS)
+    train = centres[modes] + 0.35 * rng.standard_normal((len(modes), 2)).astype(np.float32)
+    rare, fail = jnp.asarray(centres[RING_RARE]), jnp.asarray(centres[RING_FAIL])
+
+    def reward(x):
+        bump = lambda c: jnp.exp(-jnp.sum((x - c) ** 2, -1) / (2 * 0.5**2))  # noqa: E731
+        return x[:, 0] / 4 + 3 * bump(rare) - 3 * bump(fail)
+
+    return {"name": "ring", "train": train, "reward": jax.jit(reward), "features": "ring_features"}
+
+
+def mnist_source(config: Any) -> dict[str, Any]:
+    """One digit of MNIST in the (standardised) ``data.pca_dim``-d PCA space of all digits, and
+    the reward ``log p(digit | x)`` of a logistic regression fitted on all ten digits there."""
+    from sklearn.linear_model import LogisticRegression
+
+    ds = load_mnist("train")
+    x, y = ds.x.reshape(len(ds.x), -1).astype(np.float64), np.asarray(ds.y)
+    if config.data.mnist_limit:
+        x, y = x[: config.data.mnist_limit], y[: config.data.mnist_limit]
+    mean = x.mean(0)
+    _, vecs = np.linalg.eigh(np.cov(x - mean, rowvar=False))
+    comps = vecs[:, ::-1][:, : config.data.pca_dim]
+    z = (x - mean) @ comps
+    z = (z / z.std()).astype(np.float32)
+    clf = LogisticRegression(max_iter=300).fit(z, y)
+    w, b = jnp.asarray(clf.coef_.T, jnp.float32), jnp.asarray(clf.intercept_, jnp.float32)
+    digit = config.data.digit
+
+    def reward(x):
+        return jax.nn.log_softmax(x @ w + b)[:, digit]
+
+    train = z[y == digit]
+    return {
+        "name": "mnist",
+        "train": train,
+        "reward": jax.jit(reward),
+        "features": "mnist_features",
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# Pre-training (resumable) and the fine-tuning methods.
+
+
+def _pretrain(config: Any, src: dict[str, Any], seed: int, workdir: str):
+    net = gen.VelocityMLP(features=tuple(config.model[src["features"]]))
+    dim = src["train"].shape[1]
+    params = net.init(jax.random.key(seed), jnp.zeros((1, dim)), 0.0)
+    tx = optax.adam(config.optim.learning_rate)
+
+    def step(state, frozen, batch, key):
+        del frozen
+        loss, g = jax.value_and_grad(gen.flow_matching_loss)(
+            state["params"], net.apply, key, batch["x"]
+        )
+        updates, opt_state = tx.update(g, state["opt_state"], state["params"])
+        return {
+            **state,
+            "params": optax.apply_updates(state["params"], updates),
+            "opt_state": opt_state,
+        }, {"loss": loss}
+
+    steps = config.schedule.pretrain_steps
+    result = common.fit(
+        {"params": params, "opt_state": tx.init(params), "step": 0},
+        None,
+        step,
+        BatchIterator({"x": src["train"]}, batch_size=config.schedule.batch_size, seed=seed),
+        key=jax.random.key(seed + 1),
+        num_steps=steps,
+        workdir=os.path.join(workdir, f"pretrain-{src['name']}-seed{seed}"),
+        log_every=min(config.log.every, steps),
+        ckpt_every=max(1, steps // 4),
+        description=f"pre-train {src['name']} seed {seed}",
+    )
+    return net, result.state["params"]
+
+
+def _matched_tilt(config: Any, pseudo, kl_target: float) -> tuple[float, jax.Array]:
+    """``(α, r̃(α))`` with the target's KL from the sample's law equal to ``kl_target``."""
+
+    def kl(alpha):
+        return float(gen.tilt_kl(gen.tilt_weights(pseudo(alpha), alpha=alpha)))
+
+    alpha = gen.alpha_for_kl(kl, target_kl=kl_target, bounds=(1e-3, 1e3))
+    return alpha, pseudo(alpha)
+
+
+def _finetune(config: Any, net, params, samples, r_tilde, alpha: float, key):
+    params, _ = gen.train_flow(
+        params,
+        samples,
+        r_tilde / alpha,
+        key,
+        apply_fn=net.apply,
+        tx=_finetune_tx(config.optim.finetune_learning_rate),
+        num_steps=config.schedule.finetune_steps,
+        batch_size=config.schedule.batch_size,
+    )
+    return params
+
+
+@functools.cache
+def _finetune_tx(learning_rate: float) -> optax.GradientTransformation:
+    return optax.adam(learning_rate)  # one object per rate, so train_flow compiles once
+
+
+def _sample(config: Any, net, params, key, num: int) -> jax.Array:
+    dim = params["params"]["head"]["kernel"].shape[-1]
+    return gen.sample_flow(
+        net.apply, params, key, num=num, dim=dim, num_steps=config.model.sample_steps
+    )
+
+
+def _method(config, method, src, net, pre_params, key) -> tuple[Any, dict[str, Any]]:
+    """Fine-tuned parameters of ``method`` and its ``α`` / ``η*`` / target KL."""
+    t = config.tfft
+    beta, reward = t.beta, src["reward"]
+    if method == "pretrained":
+        return pre_params, {}
+    if method == "iterative_right":
+        params, alphas = pre_params, []
+        for k in range(t.rounds):
+            ks, kf = jax.random.split(jax.random.fold_in(key, k))
+            samples = _sample(config, net, params, ks, t.num_stage1)
+            r_tilde = gen.quantile_pseudo_reward(reward(samples), beta=beta, tail="right")
+            alpha, r_tilde = _matched_tilt(
+                config, lambda a, r_tilde=r_tilde: r_tilde, t.kl_target / t.rounds**2
+            )
+            params = _finetune(config, net, params, samples, r_tilde, alpha, kf)
+            alphas.append(alpha)
+        return params, {"alpha": float(np.mean(alphas))}
+    ks, kf = jax.random.split(key)
+    samples = _sample(config, net, pre_params, ks, t.num_stage1)
+    r = reward(samples)
+    info = {}
+    if method == "expected":
+        pseudo = lambda a: r  # noqa: E731
+    else:
+        side = method.removeprefix("tfft_")
+
+        def pseudo(a):
+            eta = gen.cvar_threshold(r, beta=beta, alpha=a, tail=side)
+            info["eta"] = float(eta)
+            return gen.pseudo_reward(r, eta, beta=beta, tail=side)
+
+    alpha, r_tilde = _matched_tilt(config, pseudo, t.kl_target)
+    target_kl = float(gen.tilt_kl(gen.tilt_weights(r_tilde, alpha=alpha)))
+    params = _finetune(config, net, pre_params, samples, r_tilde, alpha, kf)
+    return params, {**info, "alpha": alpha, "target_kl": target_kl}
+
+
+def _histogram_kl(x: np.ndarray, ref: np.ndarray, bins: int = 40, eps: float = 1e-4) -> float:
+    """``KL(p‖q)`` of two 2-D samples on a ``bins²`` grid over [-6, 6]², both smoothed by ``eps``."""
+    edges = np.linspace(-6, 6, bins + 1)
+    p = np.histogram2d(x[:, 0], x[:, 1], bins=[edges, edges])[0].ravel() + eps * len(x)
+    q = np.histogram2d(ref[:, 0], ref[:, 1], bins=[edges, edges])[0].ravel() + eps * len(ref)
+    p, q = p / p.sum(), q / q.sum()
+    return float(np.sum(p * np.log(p / q)))
+
+
+def _cell(config, method, src, seed, net, pre_params, pre_eval) -> dict[str, Any]:
+    key = jax.random.fold_in(jax.random.key(seed), METHODS.index(method) + 10)
+    start, cpu_start = time.perf_counter(), time.process_time()
+    params, info = _method(config, method, src, net, pre_params, key)
+    params = jax.block_until_ready(params)
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+    x = np.asarray(_sample(config, net, params, jax.random.key(10_000 + seed), pre_eval.shape[0]))
+    r = src["reward"](jnp.asarray(x))
+    beta = config.tfft.beta
+    out = {
+        "mean": float(jnp.mean(r)),
+        "cvar_left": float(gen.cvar(r, beta=beta, tail="left")),
+        "cvar_right": float(gen.cvar(r, beta=beta, tail="right")),
+        "seconds": seconds if method != "pretrained" else 0.0,
+        "cpu_seconds": cpu_seconds if method != "pretrained" else 0.0,
+        "rewards": np.asarray(r)[:2000].tolist(),
+        **info,
+    }
+    if src["name"] == "ring":
+        out["hist_kl"] = _histogram_kl(x, pre_eval)
+        out["samples"] = x[:1000].tolist()
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Reporting.
+
+
+def _table(config, cells) -> list[dict[str, Any]]:
+    rows = []
+    for src in config.sources:
+        for m in config.methods:
+            got = [cells[f"{src}/seed={s}/{m}"] for s in config.seeds]
+            row = {"source": src, "method": m}
+            cols = (
+                "mean",
+                "cvar_left",
+                "cvar_right",
+                "target_kl",
+                "hist_kl",
+                "seconds",
+                "cpu_seconds",
+            )
+            for col in cols:
+                vals = [g[col] for g in got if col in g]
+                row[col] = sweep.format_mean_sd(vals) if vals else "–"
+                row[f"_{col}"] = float(np.mean(vals)) if vals else float("nan")
+            rows.append(row)
+    return rows
+
+
+def _checks(config, rows) -> list[dict[str, Any]]:
+    out = []
+    for src in config.sources:
+        tuned = {r["method"]: r for r in rows if r["source"] == src and r["method"] != "pretrained"}
+
+        def best(col, tuned=tuned):
+            return max(tuned, key=lambda m: tuned[m][f"_{col}"])  # noqa: B023
+
+        for col, want in (("cvar_left", "tfft_left"), ("cvar_right", "tfft_right"),
+                          ("mean", "expected")):  # fmt: skip
+            if want in tuned:
+                got = best(col)
+                out.append(sweep.check(
+                    f"{src}: {want} has the best {col} among the fine-tuned methods",
+                    got == want, f"best is {got} ({tuned[got][col]})",
+                ))  # fmt: skip
+        if {"tfft_right", "expected", "iterative_right"} <= set(tuned):
+            t, e, i = (
+                tuned[m]["_cpu_seconds"] for m in ("tfft_right", "expected", "iterative_right")
+            )
+            k = config.tfft.rounds
+            out.append(sweep.check(
+                f"{src}: TFFT costs about expected fine-tuning (0.5-2x CPU time) and about 1/K of "
+                f"the iterative baseline (iterative/TFFT >= K/2 = {k / 2})",
+                0.5 <= t / e <= 2 and i / t >= k / 2, f"TFFT/expected {t / e:.2f}, iterative/TFFT {i / t:.2f}",
+            ))  # fmt: skip
+    return out
+
+
+def _plots(config, workdir, cells) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    seed = config.seeds[0]
+    for src in config.sources:
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for m in config.methods:
+            r = cells[f"{src}/seed={seed}/{m}"]["rewards"]
+            ax.hist(r, bins=60, histtype="step", density=True, label=m)
+        ax.set(xlabel="reward", ylabel="density", title=f"{src}: rewards after fine-tuning")
+        ax.legend()
+        paths.append(os.path.join(workdir, f"rewards_{src}.png"))
+        fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
+        plt.close(fig)
+    if "ring" in config.sources:
+        fig, axes = plt.subplots(1, len(config.methods), figsize=(3 * len(config.methods), 3))
+        for ax, m in zip(np.atleast_1d(axes), config.methods, strict=True):
+            x = np.asarray(cells[f"ring/seed={seed}/{m}"]["samples"])
+            ax.scatter(x[:, 0], x[:, 1], s=2, alpha=0.4)
+            ax.set(title=m, xlim=(-6, 6), ylim=(-6, 6), aspect="equal")
+        paths.append(os.path.join(workdir, "ring_samples.png"))
+        fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
+        plt.close(fig)
+    return paths
+
+
+def run(config: Any, workdir: str) -> dict[str, Any]:
+    store = sweep.CellStore(workdir)
+    builders = {"ring": ring_source, "mnist": mnist_source}
+    todo = [(src, s, m) for src in config.sources for s in config.seeds for m in config.methods]
+    bar = tqdm(total=len(todo), desc="tfft cells", disable=None)
+    warm = set()
+    for name in config.sources:
+        src = None
+        for seed in config.seeds:
+            keys = [f"{name}/seed={seed}/{m}" for m in config.methods]
+            if all(k in store for k in keys):
+                for k in keys:
+                    store.get(k, dict)  # read back
+                bar.update(len(keys))
+                continue
+            src = src or builders[name](config)
+            net, pre = _pretrain(config, src, seed, workdir)
+            pre_eval = np.asarray(
+                _sample(config, net, pre, jax.random.key(10_000 + seed), config.eval.num_samples)
+            )
+            if name not in warm:  # compile sampler, threshold and fine-tune outside the timings
+                _method(config, "tfft_left", src, net, pre, jax.random.key(0))
+                warm.add(name)
+            args = (src, seed, net, pre, pre_eval)
+            for m, k in zip(config.methods, keys, strict=True):
+                store.get(k, lambda m=m, args=args: _cell(config, m, *args))
+                bar.update()
+    bar.close()
+    store.close()
+    rows = _table(config, store.cells)
+    checks = _checks(config, rows)
+    plots = _plots(config, workdir, store.cells)
+    cmd = sweep.command_line("python -m experiments.train --config=configs/tfft.py")
+    public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
+    return sweep.write_sweep_results(
+        workdir,
+        public,
+        checks,
+        title="P16 TFFT: tail-aware flow fine-tuning at matched KL",
+        columns=[
+            "source",
+            "method",
+            "mean",
+            "cvar_left",
+            "cvar_right",
+            "target_kl",
+            "hist_kl",
+            "seconds",
+        ],  # fmt: skip
+        command=cmd,
+        extra={"plots": ", ".join(os.path.basename(p) for p in plots)},
+    )
