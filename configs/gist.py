@@ -40,7 +40,7 @@ d = 8192 × 4 checkpoints (ratio 0.00027).
 
 import ml_collections
 
-from configs.common import parse_arg
+from configs.common import parse_arg, train_section
 
 
 def get_config(arg=None):
@@ -121,4 +121,5 @@ def get_config(arg=None):
     c.log = ml_collections.ConfigDict()
     c.log.every = 10 if arg.smoke else 100
     c.log.progress = not arg.smoke
+    c.train = train_section()  # options of the shared loop (pre-training): skip_nonfinite
     return c

@@ -33,7 +33,7 @@ is in ``results.md`` and the README.
 
 import ml_collections
 
-from configs.common import ConfigError, parse_arg
+from configs.common import ConfigError, parse_arg, train_section
 
 SOURCES = ("ring", "mnist")
 
@@ -83,4 +83,5 @@ def get_config(arg=None):
 
     c.log = ml_collections.ConfigDict()
     c.log.every = 10 if smoke else 200
+    c.train = train_section()  # options of the shared loop (pre-training): skip_nonfinite
     return c
