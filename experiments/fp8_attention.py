@@ -37,6 +37,7 @@ from lowrank_jax import fp8, models
 
 POLICY_KINDS = ("delayed", "current", "rank_aware", "rank_agnostic", "none")
 METRICS = ("loss", "overflow", "utilisation", "softmax_error", "amax", "bound_ratio", "scale")
+METRICS += ("online_kappa",)  # +online policies: max over heads of the calibration factor κ
 TRACKING = "sigma_track_err"  # geometry policies: the power tracker's σ vs the exact thin-QR σ
 
 
@@ -47,12 +48,23 @@ class Policy(NamedTuple):
     kind: str
     history_len: int = 0
     gamma: float | None = None
+    online: bool = False
 
 
 def parse_policy(name: str) -> Policy:
-    """``"delayed:<h>" | "current" | "rank_aware:<γ|auto>" | "rank_agnostic" | "none"``."""
-    kind, _, arg = name.partition(":")
+    """``"delayed:<h>" | "current" | "rank_aware:<γ|auto>" | "rank_agnostic" | "none"``; a
+    geometry policy with the suffix ``+online`` learns its calibration online
+    (``fp8.geometry_scaling_policy(online_calibration=True)``)."""
+    base, online = name.removesuffix("+online"), name.endswith("+online")
+    if online and not base.startswith("rank_"):
+        base = "invalid"
+    kind, _, arg = base.partition(":")
     try:
+        if online and kind == "rank_aware" and (arg in ("", "auto") or float(arg) > 0):
+            gamma = None if arg in ("", "auto") else float(arg)
+            return Policy(name, kind, gamma=gamma, online=True)
+        if online and kind == "rank_agnostic" and not arg:
+            return Policy(name, kind, online=True)
         if kind == "delayed" and int(arg) >= 1:
             return Policy(name, kind, history_len=int(arg))
         if kind == "rank_aware" and (arg in ("", "auto") or float(arg) > 0):
@@ -63,7 +75,7 @@ def parse_policy(name: str) -> Policy:
         pass
     raise common.ConfigError(
         f"policy {name!r} is invalid: write delayed:<history length> (e.g. delayed:16), current, "
-        "rank_aware:<gamma> or rank_aware:auto, rank_agnostic, or none"
+        "rank_aware:<gamma> or rank_aware:auto, rank_agnostic (either with +online), or none"
     )
 
 
@@ -85,6 +97,9 @@ def make_policy(p: Policy, config) -> fp8.ScalingPolicy:
             fmt=config.model.fmt,
             calibration=config.policy.calibration,
             burn_in_iters=config.policy.burn_in_iters,
+            online_calibration=p.online,
+            online_history=config.policy.get("online_history", 16),
+            online_margin=config.policy.get("online_margin", 1.25),
         )
     return fp8.current_scaling_policy()
 
@@ -192,8 +207,15 @@ def make_train_step(p: Policy, config, *, transients: bool = True):
             "amax": jnp.max(stats["amax"]),
             "scale": jnp.mean(stats["scale"]),
         }
-        if isinstance(pstate, fp8.GeometryScalingState):  # max|S| over the rank-aware bound
-            bound = fp8.logit_bound(pstate.sigma, norm_gain=gains[:, None], gamma=p.gamma, **kw)
+        geo = pstate.geometry if isinstance(pstate, fp8.OnlineCalibrationState) else pstate
+        if isinstance(pstate, fp8.OnlineCalibrationState):  # κ: the online calibration factor
+            base = fp8.logit_bound(
+                geo.sigma, norm_gain=gains[:, None], gamma=p.gamma, rank_aware=p.kind == "rank_aware", **kw
+            )  # fmt: skip
+            cr = fp8.fp8_max(config.model.fmt) * config.policy.calibration
+            metrics["online_kappa"] = jnp.max(cr / (scales * base))
+        if isinstance(geo, fp8.GeometryScalingState):  # max|S| over the rank-aware bound
+            bound = fp8.logit_bound(geo.sigma, norm_gain=gains[:, None], gamma=p.gamma, **kw)
             metrics["bound_ratio"] = jnp.max(stats["amax"] / bound)
         return {"params": params, "opt_state": opt_state, "policy": pstate}, metrics
 
@@ -225,13 +247,14 @@ def train_run(p: Policy, config, workdir: str, donor=None) -> common.FitResult:
         frozen["donor"] = donor
     name = "donor" if is_donor else os.path.join("policies", p.name.replace(":", "_"))
     track = None
-    if isinstance(pstate, fp8.GeometryScalingState):  # σ the next step will use vs exact σ
+    if isinstance(pstate, (fp8.GeometryScalingState, fp8.OnlineCalibrationState)):
 
         @jax.jit
-        def track(state, frozen):
+        def track(state, frozen):  # σ the next step will use vs the exact σ
             w = models.fp8_attention_geometry(state["params"], num_layers=config.model.num_layers)
             exact = fp8.attention_sigma_max(w[0], w[1])
-            est = policy.scales(state["policy"], *w)[1].sigma
+            est = policy.scales(state["policy"], *w)[1]
+            est = (est.geometry if isinstance(est, fp8.OnlineCalibrationState) else est).sigma
             return {f"tracking/{TRACKING}": jnp.max(jnp.abs(est - exact) / exact)}
 
     return common.fit(
@@ -270,6 +293,11 @@ def summarise(policy: str, series: Mapping[str, np.ndarray], config) -> dict[str
         "final loss": float(np.mean(series["loss"][-config.eval.final_loss_steps :])),
         "max abs(S) / bound": float(np.nanmax(ratio)) if np.isfinite(ratio).any() else "",
         "σ tracking err (max)": float(np.nanmax(track)) if np.isfinite(track).any() else "",
+        "steady κ (online)": (
+            float(np.mean(series["online_kappa"][steady]))
+            if np.isfinite(series["online_kappa"][steady]).all()
+            else ""
+        ),
     }
 
 
