@@ -98,8 +98,9 @@ def make_policy(p: Policy, config) -> fp8.ScalingPolicy:
             calibration=config.policy.calibration,
             burn_in_iters=config.policy.burn_in_iters,
             online_calibration=p.online,
-            online_history=config.policy.get("online_history", 16),
-            online_margin=config.policy.get("online_margin", 1.25),
+            online_history=config.policy.online_history,
+            online_margin=config.policy.online_margin,
+            online_floor=config.policy.online_floor,
         )
     return fp8.current_scaling_policy()
 
@@ -366,6 +367,12 @@ def check_config(config) -> None:
     c.check_choice(config, "model.fmt", ("e4m3", "e5m2"))
     c.check_fraction(config, "policy.delta", allow_zero=False)
     c.check_positive(config, "policy.calibration")
+    c.check_positive(config, "policy.online_history", integer=True)
+    if not config.policy.online_margin >= 1 or not 0 < config.policy.online_floor <= 1:
+        raise c.ConfigError(
+            f"policy.online_margin={config.policy.online_margin} must be >= 1 and "
+            f"policy.online_floor={config.policy.online_floor} in (0, 1]"
+        )
     if not config.policies:
         raise c.ConfigError(
             "config.policies is empty: name at least one policy, e.g. ('delayed:16',)"

@@ -342,7 +342,7 @@ def geometry_scaling_policy(
     online_calibration: bool = False,
     online_history: int = 16,
     online_margin: float = 1.25,
-    online_floor: float = 1 / 16,
+    online_floor: float = 1.0,
 ) -> ScalingPolicy:
     """P14's geometry-aware scales, tracked by a warm-started power iteration.
 
@@ -369,7 +369,10 @@ def geometry_scaling_policy(
         online_calibration: learn ``κ`` from the observed ``amax`` (see above).
         online_history: ``h``, steps of ratios kept.
         online_margin: ``m ≥ 1``, head-room over the largest recent ratio.
-        online_floor: smallest ``κ`` (``0 < floor ≤ 1``).
+        online_floor: smallest ``κ`` (``0 < floor ≤ 1``); the default 1 never goes below the
+            P14 bound (only raises it where trained attention is observed to exceed it); a
+            smaller floor also *lowers* it where the logits stay far below it (more
+            utilisation, but then a fast change of the tokens' alignment can overflow).
 
     Returns:
         A :class:`ScalingPolicy` whose state is a :class:`GeometryScalingState` (an

@@ -149,7 +149,7 @@ def test_online_calibration_follows_its_definition_against_float64():
     m, h, n, delta = 1.25, 3, 64, 1e-3
     policy = fp8.geometry_scaling_policy(
         seq_len=n, delta=delta, burn_in_iters=400, online_calibration=True,
-        online_history=h, online_margin=m,
+        online_history=h, online_margin=m, online_floor=1 / 16,
     )  # fmt: skip
     alpha = fp8.rank_aware_alpha(d=D, rank=DH, seq_len=n, delta=delta)
     b_wc = _sigma64(wq, wk) * D * np.asarray(gains, np.float64)[:, None] ** 2 / np.sqrt(DH)
