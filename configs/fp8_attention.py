@@ -20,7 +20,10 @@ max|S| reaches 1.4-1.7x the rank-aware bound (whose isotropic-token assumption i
 the rank-aware policies also overflow in steady state (rank_aware:auto 5,264 logits in total,
 rank_agnostic 165, rank_aware:1 461,933); steady softmax errors are within 1.1x of delayed
 scaling; rank-aware scales are ``sqrt(d/(γ r))`` times the rank-agnostic ones (2/sqrt(γ) here).
-``:smoke`` (short training) shows zero geometry-aware overflows.
+``:smoke`` (short training) shows zero geometry-aware overflows. Why the bound is exceeded (the
+tokens' directions align with ``W^Q W^{K⊤}``, not their norms or a bias): ``.notes/fp8.md`` and
+``python -m experiments.tools.fp8_isotropy_probe``. The online correction (no hand-set
+calibration): ``"--config.policies=('rank_aware:auto+online',)"`` (knobs ``policy.online_*``).
 
 ``arg``: ``"smoke"`` (tiny model, 120 steps).
 """

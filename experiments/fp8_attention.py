@@ -4,7 +4,10 @@ A small pre-LN causal transformer (``models.Fp8Transformer``) is trained from sc
 task with its attention logits cast to FP8 E4M3 at per-(layer, head) scales from an
 ``fp8.ScalingPolicy``: ``delayed:<h>`` (Transformer Engine, ``amax`` history ``h``), ``current``
 (the just-in-time oracle), ``rank_aware:<γ|auto>`` (P14's scale from ``σ_max(W^Q_h W^{K⊤}_h)``,
-one warm-started power step per step), ``rank_agnostic``, ``none`` (float32). Three transients
+one warm-started power step per step), ``rank_agnostic``, ``none`` (float32); a geometry policy
+with the suffix ``+online`` multiplies its bound by an online calibration factor ``κ`` learned
+from the observed ``max|S|/bound`` (``fp8.geometry_scaling_policy(online_calibration=True)``; the
+metric ``online_kappa``). Three transients
 are injected inside the jitted step as functions of the step: ``W^Q ← 4 W^Q``, a learning-rate
 spike, and loading a donor run's parameters (then ``policy.reset``). Per policy and step:
 overflows (saturated logits), utilisation ``max|S|·s/R``, softmax error vs float32, loss, and
