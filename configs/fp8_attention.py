@@ -20,7 +20,10 @@ max|S| reaches 1.4-1.7x the rank-aware bound (whose isotropic-token assumption i
 the rank-aware policies also overflow in steady state (rank_aware:auto 5,264 logits in total,
 rank_agnostic 165, rank_aware:1 461,933); steady softmax errors are within 1.1x of delayed
 scaling; rank-aware scales are ``sqrt(d/(γ r))`` times the rank-agnostic ones (2/sqrt(γ) here).
-``:smoke`` (short training) shows zero geometry-aware overflows.
+``:smoke`` (short training) shows zero geometry-aware overflows. Why the bound is exceeded (the
+tokens' directions align with ``W^Q W^{K⊤}``, not their norms or a bias): ``.notes/fp8.md`` and
+``python -m experiments.tools.fp8_isotropy_probe``. The online correction (no hand-set
+calibration): ``"--config.policies=('rank_aware:auto+online',)"`` (knobs ``policy.online_*``).
 
 ``arg``: ``"smoke"`` (tiny model, 120 steps).
 """
@@ -69,6 +72,11 @@ def get_config(arg=None):
     c.policy.calibration = 1.0  # calibration factor c of the geometry-aware scale
     c.policy.margin = 0.0  # delayed scaling margin (scale / 2^margin)
     c.policy.burn_in_iters = 30  # power steps at init and after a checkpoint load (then 1/step)
+    # "+online" policies: κ = clip(margin · max of the last `online_history` ratios max|S|/bound,
+    # online_floor, 1/α) multiplies the bound (fp8.geometry_scaling_policy(online_calibration=True))
+    c.policy.online_history = 16
+    c.policy.online_margin = 1.25
+    c.policy.online_floor = 1.0
 
     c.optim = ml_collections.ConfigDict()
     c.optim.name = "adamw"

@@ -4,7 +4,10 @@ A small pre-LN causal transformer (``models.Fp8Transformer``) is trained from sc
 task with its attention logits cast to FP8 E4M3 at per-(layer, head) scales from an
 ``fp8.ScalingPolicy``: ``delayed:<h>`` (Transformer Engine, ``amax`` history ``h``), ``current``
 (the just-in-time oracle), ``rank_aware:<γ|auto>`` (P14's scale from ``σ_max(W^Q_h W^{K⊤}_h)``,
-one warm-started power step per step), ``rank_agnostic``, ``none`` (float32). Three transients
+one warm-started power step per step), ``rank_agnostic``, ``none`` (float32); a geometry policy
+with the suffix ``+online`` multiplies its bound by an online calibration factor ``κ`` learned
+from the observed ``max|S|/bound`` (``fp8.geometry_scaling_policy(online_calibration=True)``; the
+metric ``online_kappa``). Three transients
 are injected inside the jitted step as functions of the step: ``W^Q ← 4 W^Q``, a learning-rate
 spike, and loading a donor run's parameters (then ``policy.reset``). Per policy and step:
 overflows (saturated logits), utilisation ``max|S|·s/R``, softmax error vs float32, loss, and
@@ -37,6 +40,7 @@ from lowrank_jax import fp8, models
 
 POLICY_KINDS = ("delayed", "current", "rank_aware", "rank_agnostic", "none")
 METRICS = ("loss", "overflow", "utilisation", "softmax_error", "amax", "bound_ratio", "scale")
+METRICS += ("online_kappa",)  # +online policies: max over heads of the calibration factor κ
 TRACKING = "sigma_track_err"  # geometry policies: the power tracker's σ vs the exact thin-QR σ
 
 
@@ -47,12 +51,23 @@ class Policy(NamedTuple):
     kind: str
     history_len: int = 0
     gamma: float | None = None
+    online: bool = False
 
 
 def parse_policy(name: str) -> Policy:
-    """``"delayed:<h>" | "current" | "rank_aware:<γ|auto>" | "rank_agnostic" | "none"``."""
-    kind, _, arg = name.partition(":")
+    """``"delayed:<h>" | "current" | "rank_aware:<γ|auto>" | "rank_agnostic" | "none"``; a
+    geometry policy with the suffix ``+online`` learns its calibration online
+    (``fp8.geometry_scaling_policy(online_calibration=True)``)."""
+    base, online = name.removesuffix("+online"), name.endswith("+online")
+    if online and not base.startswith("rank_"):
+        base = "invalid"
+    kind, _, arg = base.partition(":")
     try:
+        if online and kind == "rank_aware" and (arg in ("", "auto") or float(arg) > 0):
+            gamma = None if arg in ("", "auto") else float(arg)
+            return Policy(name, kind, gamma=gamma, online=True)
+        if online and kind == "rank_agnostic" and not arg:
+            return Policy(name, kind, online=True)
         if kind == "delayed" and int(arg) >= 1:
             return Policy(name, kind, history_len=int(arg))
         if kind == "rank_aware" and (arg in ("", "auto") or float(arg) > 0):
@@ -63,7 +78,7 @@ def parse_policy(name: str) -> Policy:
         pass
     raise common.ConfigError(
         f"policy {name!r} is invalid: write delayed:<history length> (e.g. delayed:16), current, "
-        "rank_aware:<gamma> or rank_aware:auto, rank_agnostic, or none"
+        "rank_aware:<gamma> or rank_aware:auto, rank_agnostic (either with +online), or none"
     )
 
 
@@ -85,6 +100,10 @@ def make_policy(p: Policy, config) -> fp8.ScalingPolicy:
             fmt=config.model.fmt,
             calibration=config.policy.calibration,
             burn_in_iters=config.policy.burn_in_iters,
+            online_calibration=p.online,
+            online_history=config.policy.online_history,
+            online_margin=config.policy.online_margin,
+            online_floor=config.policy.online_floor,
         )
     return fp8.current_scaling_policy()
 
@@ -192,8 +211,15 @@ def make_train_step(p: Policy, config, *, transients: bool = True):
             "amax": jnp.max(stats["amax"]),
             "scale": jnp.mean(stats["scale"]),
         }
-        if isinstance(pstate, fp8.GeometryScalingState):  # max|S| over the rank-aware bound
-            bound = fp8.logit_bound(pstate.sigma, norm_gain=gains[:, None], gamma=p.gamma, **kw)
+        geo = pstate.geometry if isinstance(pstate, fp8.OnlineCalibrationState) else pstate
+        if isinstance(pstate, fp8.OnlineCalibrationState):  # κ: the online calibration factor
+            base = fp8.logit_bound(
+                geo.sigma, norm_gain=gains[:, None], gamma=p.gamma, rank_aware=p.kind == "rank_aware", **kw
+            )  # fmt: skip
+            cr = fp8.fp8_max(config.model.fmt) * config.policy.calibration
+            metrics["online_kappa"] = jnp.max(cr / (scales * base))
+        if isinstance(geo, fp8.GeometryScalingState):  # max|S| over the rank-aware bound
+            bound = fp8.logit_bound(geo.sigma, norm_gain=gains[:, None], gamma=p.gamma, **kw)
             metrics["bound_ratio"] = jnp.max(stats["amax"] / bound)
         return {"params": params, "opt_state": opt_state, "policy": pstate}, metrics
 
@@ -225,13 +251,14 @@ def train_run(p: Policy, config, workdir: str, donor=None) -> common.FitResult:
         frozen["donor"] = donor
     name = "donor" if is_donor else os.path.join("policies", p.name.replace(":", "_"))
     track = None
-    if isinstance(pstate, fp8.GeometryScalingState):  # σ the next step will use vs exact σ
+    if isinstance(pstate, (fp8.GeometryScalingState, fp8.OnlineCalibrationState)):
 
         @jax.jit
-        def track(state, frozen):
+        def track(state, frozen):  # σ the next step will use vs the exact σ
             w = models.fp8_attention_geometry(state["params"], num_layers=config.model.num_layers)
             exact = fp8.attention_sigma_max(w[0], w[1])
-            est = policy.scales(state["policy"], *w)[1].sigma
+            est = policy.scales(state["policy"], *w)[1]
+            est = (est.geometry if isinstance(est, fp8.OnlineCalibrationState) else est).sigma
             return {f"tracking/{TRACKING}": jnp.max(jnp.abs(est - exact) / exact)}
 
     return common.fit(
@@ -270,6 +297,11 @@ def summarise(policy: str, series: Mapping[str, np.ndarray], config) -> dict[str
         "final loss": float(np.mean(series["loss"][-config.eval.final_loss_steps :])),
         "max abs(S) / bound": float(np.nanmax(ratio)) if np.isfinite(ratio).any() else "",
         "σ tracking err (max)": float(np.nanmax(track)) if np.isfinite(track).any() else "",
+        "steady κ (online)": (
+            float(np.mean(series["online_kappa"][steady]))
+            if np.isfinite(series["online_kappa"][steady]).all()
+            else ""
+        ),
     }
 
 
@@ -338,6 +370,12 @@ def check_config(config) -> None:
     c.check_choice(config, "model.fmt", ("e4m3", "e5m2"))
     c.check_fraction(config, "policy.delta", allow_zero=False)
     c.check_positive(config, "policy.calibration")
+    c.check_positive(config, "policy.online_history", integer=True)
+    if not config.policy.online_margin >= 1 or not 0 < config.policy.online_floor <= 1:
+        raise c.ConfigError(
+            f"policy.online_margin={config.policy.online_margin} must be >= 1 and "
+            f"policy.online_floor={config.policy.online_floor} in (0, 1]"
+        )
     if not config.policies:
         raise c.ConfigError(
             "config.policies is empty: name at least one policy, e.g. ('delayed:16',)"

@@ -56,12 +56,14 @@ from lowrank_jax.fp8.emulation import (
 )
 from lowrank_jax.fp8.policies import (
     GeometryScalingState,
+    OnlineCalibrationState,
     ScalingPolicy,
     attention_fp8_scales,
     current_scaling_policy,
     delayed_scaling_policy,
     geometry_scaling_policy,
     init_geometry_scaling,
+    online_calibration_factor,
     update_geometry_scaling,
 )
 from lowrank_jax.fp8.sigma import attention_scales, attention_sigma_max, attention_top_singular
@@ -100,11 +102,13 @@ __all__ = [
     "attention_top_singular",
     # policies
     "GeometryScalingState",
+    "OnlineCalibrationState",
     "ScalingPolicy",
     "attention_fp8_scales",
     "current_scaling_policy",
     "delayed_scaling_policy",
     "geometry_scaling_policy",
     "init_geometry_scaling",
+    "online_calibration_factor",
     "update_geometry_scaling",
 ]

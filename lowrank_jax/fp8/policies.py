@@ -19,6 +19,9 @@ axes: a stack of layers), ``norm_gain`` the effective gain of the norm feeding e
 * :func:`geometry_scaling_policy`: the geometry-aware scale of P14 from ``σ_max(W^Q_h W^{K⊤}_h)``,
   tracked by one warm-started power step per training step (``burn_in_iters`` steps at ``init``
   and ``reset``); never looks at activations, so it follows a jump of the weights at once;
+  with ``online_calibration=True`` the bound is multiplied by an online factor ``κ`` learned from
+  the observed ratio ``max|S| / bound`` (:func:`online_calibration_factor`), which keeps trained,
+  non-isotropic attention from overflowing without a hand-set calibration;
 * :func:`delayed_scaling_policy`: Transformer Engine's delayed scaling (``amax`` history);
 * :func:`current_scaling_policy`: just-in-time ``s = R/amax`` of the present logits (``scales``
   returns None: the kernel computes it, see :func:`~lowrank_jax.fp8.delayed.current_scale`).
@@ -40,7 +43,12 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from lowrank_jax.fp8.bounds import geometry_aware_scale, rank_agnostic_scale
+from lowrank_jax.fp8.bounds import (
+    geometry_aware_scale,
+    rank_agnostic_alpha,
+    rank_agnostic_scale,
+    rank_aware_alpha,
+)
 from lowrank_jax.fp8.delayed import init_delayed_scaling, update_delayed_scaling
 from lowrank_jax.fp8.emulation import fp8_max
 from lowrank_jax.spectral.power_iteration import (
@@ -50,6 +58,7 @@ from lowrank_jax.spectral.power_iteration import (
 )
 
 __all__ = [
+    "OnlineCalibrationState",
     "GeometryScalingState",
     "ScalingPolicy",
     "attention_fp8_scales",
@@ -57,6 +66,7 @@ __all__ = [
     "delayed_scaling_policy",
     "geometry_scaling_policy",
     "init_geometry_scaling",
+    "online_calibration_factor",
     "update_geometry_scaling",
 ]
 
@@ -248,6 +258,59 @@ def update_geometry_scaling(
     return scales, GeometryScalingState(count=count, v=v, sigma=sigma)
 
 
+class OnlineCalibrationState(NamedTuple):
+    """State of :func:`geometry_scaling_policy` with ``online_calibration=True``.
+
+    Attributes:
+        geometry: the power tracker's :class:`GeometryScalingState`.
+        bound: ``(..., H)`` the uncalibrated logit bound ``B_t = α(δ) B_wc`` of the last
+            ``scales`` call (what ``observe`` divides the step's ``amax`` by).
+        ratios: ``(..., H, h)`` the last ``h`` observed ratios ``ρ = amax / B`` (newest first; 0
+            where not yet observed).
+        seen: scalar int32, observations since ``init`` / ``reset``.
+    """
+
+    geometry: GeometryScalingState
+    bound: jax.Array
+    ratios: jax.Array
+    seen: jax.Array
+
+
+def online_calibration_factor(
+    ratios: jax.typing.ArrayLike,
+    seen: jax.typing.ArrayLike,
+    *,
+    margin: float,
+    worst_case: float,
+    floor: float,
+) -> jax.Array:
+    """``κ = clip(m · max_t ρ_t, floor, 1/α)``, or ``1/α`` before any observation.
+
+    The bound ``B = α(δ) B_wc`` assumes tokens isotropic with respect to ``M = W^Q W^{K⊤}``;
+    trained attention aligns queries and keys with ``M``'s top singular directions, so
+    ``ρ = max|S| / B`` exceeds 1 (1.4–1.7 on the fp8_attention model, see ``.notes/fp8.md``).
+    ``ρ`` is invariant to a rescaling of ``W^Q``/``W^K`` and of the norm gains (both sides scale
+    alike), so a running max of it survives the weight transients that delayed scaling fails on;
+    only the tokens' *alignment* has to change by less than the factor ``margin`` within the
+    history for the calibrated bound ``κ B`` to hold. ``κ ≤ 1/α`` caps it at the deterministic
+    ``B_wc`` (never exceeded when ``‖x‖ ≤ g√d``), which is also the value before any observation
+    (after ``init`` and ``reset``): the first step is safe without activation statistics.
+
+    Args:
+        ratios: ``(..., h)`` recent ratios (0: empty slot).
+        seen: number of observations (0: use the worst case).
+        margin: ``m ≥ 1``, head-room over the largest recent ratio.
+        worst_case: ``1/α`` (``≥ 1``), the cap.
+        floor: lower clip of ``κ`` (``> 0``; keeps the scale finite for a head with zero logits).
+
+    Returns:
+        ``κ`` with shape ``ratios.shape[:-1]``.
+    """
+    ratios = jnp.asarray(ratios, jnp.float32)
+    kappa = jnp.clip(margin * jnp.max(ratios, axis=-1), floor, worst_case)
+    return jnp.where(jnp.asarray(seen) > 0, kappa, jnp.float32(worst_case))
+
+
 class ScalingPolicy(NamedTuple):
     """An FP8 scaling policy: pure functions over an explicit state (see the module docstring).
 
@@ -276,12 +339,23 @@ def geometry_scaling_policy(
     calibration: float = 1.0,
     num_iters: int = 1,
     burn_in_iters: int = 30,
+    online_calibration: bool = False,
+    online_history: int = 16,
+    online_margin: float = 1.25,
+    online_floor: float = 1.0,
 ) -> ScalingPolicy:
     """P14's geometry-aware scales, tracked by a warm-started power iteration.
 
     ``init`` starts from random vectors and runs ``burn_in_iters`` power steps; ``scales`` runs
     ``num_iters`` more on the present weights and returns :func:`update_geometry_scaling`'s
     scales; ``observe`` ignores activations; ``reset`` runs ``burn_in_iters`` warm-started steps.
+
+    With ``online_calibration`` (ours; the summaries of P14 mention a burn-in "auto-α") the
+    scale becomes ``s = c R / (κ_t B_t)`` with ``B_t`` the bound above and
+    ``κ_t = clip(m · max_{last h steps} amax/B, floor, 1/α)``
+    (:func:`online_calibration_factor`); ``observe`` records ``amax / B_t``, ``reset`` forgets
+    the ratios, so the step after ``init``/``reset`` uses the deterministic worst case
+    ``B_wc = B/α``. The state is then an :class:`OnlineCalibrationState`.
 
     Args:
         seq_len: sequence length ``n``.
@@ -292,9 +366,17 @@ def geometry_scaling_policy(
         calibration: calibration factor ``c``.
         num_iters: power steps per training step.
         burn_in_iters: power steps at ``init`` and ``reset`` (0: none).
+        online_calibration: learn ``κ`` from the observed ``amax`` (see above).
+        online_history: ``h``, steps of ratios kept.
+        online_margin: ``m ≥ 1``, head-room over the largest recent ratio.
+        online_floor: smallest ``κ`` (``0 < floor ≤ 1``); the default 1 never goes below the
+            P14 bound (only raises it where trained attention is observed to exceed it); a
+            smaller floor also *lowers* it where the logits stay far below it (more
+            utilisation, but then a fast change of the tokens' alignment can overflow).
 
     Returns:
-        A :class:`ScalingPolicy` whose state is a :class:`GeometryScalingState`.
+        A :class:`ScalingPolicy` whose state is a :class:`GeometryScalingState` (an
+        :class:`OnlineCalibrationState` with ``online_calibration``).
 
     Raises:
         ValueError: on invalid knobs.
@@ -332,7 +414,64 @@ def geometry_scaling_policy(
     def init(key, w_q, w_k, norm_gain):
         return reset(init_geometry_scaling(key, w_q), w_q, w_k, norm_gain)
 
-    return ScalingPolicy(init=init, scales=scales, observe=lambda state, amax: state, reset=reset)
+    if not online_calibration:
+        return ScalingPolicy(
+            init=init, scales=scales, observe=lambda state, amax: state, reset=reset
+        )
+    if int(online_history) < 1 or not online_margin >= 1 or not 0 < online_floor <= 1:
+        raise ValueError(
+            "need online_history >= 1, online_margin >= 1 and 0 < online_floor <= 1; got "
+            f"{online_history}, {online_margin}, {online_floor}."
+        )
+    r_max = fp8_max(fmt)
+
+    def worst_case(w_q):
+        d, _, dh = jnp.shape(w_q)[-3:]
+        if rank_aware:
+            a = rank_aware_alpha(d=d, rank=dh, seq_len=seq_len, delta=delta, gamma=gamma)
+        else:
+            a = rank_agnostic_alpha(d=d, seq_len=seq_len, delta=delta)
+        return 1.0 / min(a, 1.0)
+
+    def online_scales(state, w_q, w_k, norm_gain):
+        kw1 = dict(kw, calibration=1.0)
+        base, geo = update_geometry_scaling(
+            state.geometry, w_q, w_k, norm_gain, num_iters=num_iters, **kw1
+        )
+        kappa = online_calibration_factor(
+            state.ratios,
+            state.seen,
+            margin=online_margin,
+            worst_case=worst_case(w_q),
+            floor=online_floor,
+        )
+        state = state._replace(geometry=geo, bound=r_max / base)
+        return calibration * base / kappa, state
+
+    def online_observe(state, amax):
+        ratio = jnp.asarray(amax, jnp.float32) / state.bound
+        ratios = jnp.concatenate([ratio[..., None], state.ratios[..., :-1]], axis=-1)
+        return state._replace(ratios=ratios, seen=state.seen + 1)
+
+    def online_reset(state, w_q, w_k, norm_gain):
+        geo = reset(state.geometry, w_q, w_k, norm_gain)
+        return state._replace(
+            geometry=geo, ratios=jnp.zeros_like(state.ratios), seen=jnp.zeros_like(state.seen)
+        )
+
+    def online_init(key, w_q, w_k, norm_gain):
+        geo = init(key, w_q, w_k, norm_gain)
+        shape = jnp.shape(geo.sigma)
+        return OnlineCalibrationState(
+            geometry=geo,
+            bound=jnp.ones(shape, jnp.float32),
+            ratios=jnp.zeros((*shape, int(online_history)), jnp.float32),
+            seen=jnp.zeros((), jnp.int32),
+        )
+
+    return ScalingPolicy(
+        init=online_init, scales=online_scales, observe=online_observe, reset=online_reset
+    )
 
 
 def delayed_scaling_policy(

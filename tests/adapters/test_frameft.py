@@ -195,3 +195,72 @@ def test_frameft_errors():
         A.init(jax.random.key(0), variables, [(r".*kernel", A.frameft(61))])
     with pytest.raises(ValueError, match="must be even and divide"):
         A.init(jax.random.key(0), variables, [(r".*kernel", A.frameft(8, l=4))])
+
+
+# --- the shapes FrameFT actually uses (digits MLP 64/256 wide with L = 2, 8; MiniLM 384/1536, L = 2)
+
+
+@pytest.mark.parametrize(("dim", "l"), [(256, 8), (384, 2), (1536, 2)])
+def test_frame_basis_is_the_parseval_tight_fusion_frame_at_frameft_widths(dim, l):  # noqa: E741
+    # FrameFT's "frame" basis is the realified tight fusion frame (K, l, n) = (N/L, L/2, N/2).
+    k, sub, n = dim // l, l // 2, dim // 2
+    f = spectral.tight_fusion_frame(k=k, l=sub, n=n)  # (K, l, n) complex128
+    # Σ_k P_{row(F_k)} = (K l / n) I = I, with each projector F_kᴴ (F_k F_kᴴ)⁻¹ F_k in float64.
+    # With W_k = (F_k F_kᴴ)^{-1/2} F_k, P_{row(F_k)} = W_kᴴ W_k, so Σ_k P = Wᴴ W of the stack.
+    evals, evecs = np.linalg.eigh(np.einsum("kln,kmn->klm", f, f.conj()))
+    inv_sqrt = np.einsum("klj,kj,kmj->klm", evecs, 1 / np.sqrt(evals), evecs.conj())
+    w = np.einsum("klm,kmn->kln", inv_sqrt, f).reshape(k * sub, n)
+    np.testing.assert_allclose(w.conj().T @ w, np.eye(n), atol=1e-10)
+    # Parseval: each row space has dimension l and the stack is unitary.
+    stack = f.reshape(k * sub, n)
+    np.testing.assert_allclose(stack.conj().T @ stack, np.eye(n), atol=1e-10)
+    # ... and it is exactly the basis the adapter uses (a bug in the row order (k, r, re/im)
+    # or in the realification would keep Φ orthogonal but break this).
+    real = spectral.real_tight_fusion_frame(k=k, l=sub, n=n).reshape(dim, dim)
+    np.testing.assert_array_equal(spectral.frame_basis(dim, l=l), real)
+
+
+@pytest.mark.parametrize(("dim", "l"), [(256, 8), (384, 2), (1536, 2)])
+def test_fft_frame_transforms_match_float64_at_frameft_widths(dim, l):  # noqa: E741
+    x = np.random.default_rng(dim).standard_normal((4, dim))
+    phi = spectral.frame_basis(dim, l=l)
+    ana = jax.jit(lambda v: spectral.frame_analysis(v, l=l))(x.astype(np.float32))
+    syn = jax.jit(lambda v: spectral.frame_synthesis(v, l=l))(x.astype(np.float32))
+    # float32 FFTs of length <= 768: relative error ~1e-6 · log N on O(1) outputs
+    np.testing.assert_allclose(ana, x @ phi.T, atol=5e-5)
+    np.testing.assert_allclose(syn, x @ phi, atol=5e-5)
+
+
+def _hlo_shapes(fn, *args) -> set[tuple[int, ...]]:
+    """Every array shape in the optimised HLO of ``jax.jit(fn)(*args)``."""
+    import re
+
+    text = jax.jit(fn).lower(*args).compile().as_text()
+    dims = re.findall(r"(?:f32|f64|c64|c128|s32|bf16|f16)\[([0-9,]*)\]", text)
+    return {tuple(int(v) for v in d.split(",")) if d else () for d in dims}
+
+
+def test_fft_path_never_materialises_an_n_by_m_array():
+    # MiniLM's FFN kernel shape (384 -> 1536) with the FrameFT config's 921 coefficients, L = 2.
+    n, m = 384, 1536
+    x = jax.random.normal(jax.random.key(0), (8, n))
+    y = jax.random.normal(jax.random.key(1), (8, m))
+
+    def has_nm(shapes):  # an array with both an n- and an m-sized axis (ΔW or a slice of it)
+        return any(n in s and m in s for s in shapes)
+
+    def shapes(strategy, grad):
+        kind = A.frameft(921, l=2, strategy=strategy)
+        c = kind.init_factors(jax.random.key(2), jnp.zeros((n, m)))["coeffs"]
+        fwd = lambda c, x: kind.apply_delta({"coeffs": c}, x, shape=(n, m))
+        if not grad:
+            return _hlo_shapes(fwd, c, x)
+        # value and gradient of a loss of the forward and the transposed product (x, y are
+        # arguments, not constants: XLA would constant-fold the dense path for minutes)
+        bwd = lambda c, y: kind.apply_delta_transposed({"coeffs": c}, y, shape=(n, m))
+        loss = lambda c, x, y: jnp.vdot(fwd(c, x), y) + jnp.sum(bwd(c, y) ** 2)
+        return _hlo_shapes(jax.value_and_grad(loss), c, x, y)
+
+    assert not has_nm(shapes("fft", grad=False))
+    assert not has_nm(shapes("fft", grad=True))  # forward, backward and the transposed product
+    assert has_nm(shapes("dense", grad=False))  # the check can fail: the dense path forms ΔW

@@ -149,8 +149,14 @@ def test_eva_components_and_rank_redistribution():
     np.testing.assert_allclose(_projector(ad.factors["a"]), top @ top.T, atol=1e-4)
     np.testing.assert_array_equal(ad.factors["b"], 0.0)
     np.testing.assert_allclose(A.delta(ad, (N_IN, N_OUT)), 0.0)
-    # Redistribution keeps the total rank; two layers with different activation spectra.
-    two = {"w": params["w"], "v": {"kernel": params["w"]["kernel"].T}}
+    # Redistribution: two layers with different activation spectra: flat inputs of w (ratios
+    # 0.19, 0.17, 0.16, ...), a spiky and 100x larger hidden layer (0.93, 0.04, 0.02, ...). The
+    # ratio rule moves the budget to w (3, 1); ranking raw eigenvalues λ_i instead of λ_i/Σλ
+    # (a plausible bug) would move it to v.
+    w_spiky = params["w"]["kernel"] * np.geomspace(30.0, 1.0, N_OUT).astype(np.float32)
+    two = {"w": {"kernel": w_spiky}, "v": {"kernel": params["w"]["kernel"].T}}
+    flat = np.random.default_rng(5).standard_normal((N_EX, N_IN)).astype(np.float32)
+    batch = {"x": flat}
 
     def apply2(p, x):
         return (x @ p["w"]["kernel"]) @ p["v"]["kernel"]
@@ -159,8 +165,35 @@ def test_eva_components_and_rank_redistribution():
     loss2 = lambda fwd, b: jnp.mean(fwd(b["x"]) ** 2)
     ad2 = A.eva(jax.random.key(0), two, rules, batch, apply_fn=apply2, loss_fn=loss2, rho=2.0)
     ranks = {p: a.kind.rank for p, a in ad2.items()}
-    assert sum(ranks.values()) == 4 and all(1 <= r <= 4 for r in ranks.values())
-    assert all(a.factors["a"].shape[1] == a.kind.rank for a in ad2.values())
+    want = _eva_ranks_reference(two, batch, {"w/kernel": 2, "v/kernel": 2}, rho=2.0)
+    assert want == {"w/kernel": 3, "v/kernel": 1}
+    assert ranks == want
+    for p, a in ad2.items():  # each kernel's A₀ spans its top-r eigenvectors of Z
+        top = _eva_z(two, batch)[p]
+        top = np.linalg.eigh(top)[1][:, ::-1][:, : want[p]]
+        np.testing.assert_allclose(_projector(a.factors["a"]), top @ top.T, atol=1e-4)
+
+
+def _eva_z(params, batch):
+    """float64 ``Z = E[a aᵀ]`` of the inputs of ``w`` and ``v`` in ``apply2``."""
+    x = np.asarray(batch["x"], np.float64)
+    h = x @ np.asarray(params["w"]["kernel"], np.float64)
+    return {"w/kernel": x.T @ x / len(x), "v/kernel": h.T @ h / len(h)}
+
+
+def _eva_ranks_reference(params, batch, ranks, *, rho):
+    """EVA's rule in NumPy: keep the components with the largest explained-variance ratios
+    ``λ_i/Σλ`` over all kernels, total = Σ r_l, at most ⌊ρ r_l⌋ and at least one per kernel."""
+    cands = []
+    for p, z in _eva_z(params, batch).items():
+        lam = np.linalg.eigvalsh(z)[::-1]
+        cap = min(int(rho * ranks[p]), len(lam))
+        cands += [(lam[i] / lam.sum(), p) for i in range(1, cap)]  # component 0 is always kept
+    extra = sum(ranks.values()) - len(ranks)
+    out = dict.fromkeys(ranks, 1)
+    for _, p in sorted(cands, reverse=True)[:extra]:
+        out[p] += 1
+    return out
 
 
 def test_initialiser_errors():

@@ -140,3 +140,43 @@ def test_single_layer_kernels_and_bad_input():
         fp8.delayed_scaling_policy(algo="mean")
     with pytest.raises(ValueError, match="FP8 format"):
         fp8.geometry_scaling_policy(seq_len=16, fmt="e3m4")
+
+
+def test_online_calibration_follows_its_definition_against_float64():
+    # κ = clip(m · max(last h ratios amax/B), floor, 1/α); 1/α (the worst case B_wc) before any
+    # observation and after reset; the scale is c R / (κ B), B the rank-aware bound (float64 here).
+    wq, wk, gains = _weights()
+    m, h, n, delta = 1.25, 3, 64, 1e-3
+    policy = fp8.geometry_scaling_policy(
+        seq_len=n, delta=delta, burn_in_iters=400, online_calibration=True,
+        online_history=h, online_margin=m, online_floor=1 / 16,
+    )  # fmt: skip
+    alpha = fp8.rank_aware_alpha(d=D, rank=DH, seq_len=n, delta=delta)
+    b_wc = _sigma64(wq, wk) * D * np.asarray(gains, np.float64)[:, None] ** 2 / np.sqrt(DH)
+    bound = alpha * b_wc
+    r = fp8.fp8_max("e4m3")
+    st = policy.init(jax.random.key(0), wq, wk, gains)
+    assert isinstance(st, fp8.OnlineCalibrationState)
+    scales = jax.jit(policy.scales)
+    s, st = scales(st, wq, wk, gains)
+    # first step: the deterministic worst case (a bug that starts from κ = 1 or 0 fails here)
+    np.testing.assert_allclose(np.asarray(s), r / b_wc, rtol=1e-4)
+    ratios = [0.5, 2.0, 0.7, 0.6, 0.4]  # amax / B observed at steps 0..4
+    for t, rho in enumerate(ratios):
+        st = policy.observe(st, jnp.asarray(rho * bound, jnp.float32))
+        s, st = scales(st, wq, wk, gains)
+        kappa = np.clip(m * max(ratios[max(0, t + 1 - h) : t + 1]), 1 / 16, 1 / alpha)
+        # the window drops the 2.0 after h = 3 more steps (a history that never forgets, or
+        # one that keeps only the last ratio, fails at t = 2 or t = 4)
+        np.testing.assert_allclose(np.asarray(s), r / (kappa * bound), rtol=1e-4, err_msg=f"{t}")
+    # W^Q x4: amax and B both scale by 4, κ does not move, so the scale is divided by exactly 4
+    s4, _ = scales(st, 4 * wq, wk, gains)
+    np.testing.assert_allclose(np.asarray(s4), np.asarray(s) / 4, rtol=1e-4)
+    # a ratio above the worst case is capped at B_wc; reset forgets the ratios
+    st = policy.observe(st, jnp.asarray(10 / alpha * bound, jnp.float32))
+    np.testing.assert_allclose(np.asarray(scales(st, wq, wk, gains)[0]), r / b_wc, rtol=1e-4)
+    st = policy.reset(st, wq, wk, gains)
+    assert int(st.seen) == 0
+    np.testing.assert_allclose(np.asarray(scales(st, wq, wk, gains)[0]), r / b_wc, rtol=1e-4)
+    with pytest.raises(ValueError, match="online_margin >= 1"):
+        fp8.geometry_scaling_policy(seq_len=n, online_calibration=True, online_margin=0.5)
