@@ -89,7 +89,7 @@ def build(arg, *, comparison, benchmark):
     c.data.num_tasks = b.get("smoke_tasks", 3) if arg.smoke else b["num_tasks"]
     c.data.batch_size = b.get("batch_size", 64)
     # validation rows per class carved from each task's training rows (used by the search only;
-    # experiments/continual_setup.validation_stream lists the sizes per benchmark)
+    # experiments/continual_search.validation_stream lists the sizes per benchmark)
     c.data.valid_fraction = 0.15
     # long_stream only (specs §2 (4)): classes per task, input dim, shared subspace, sizes
     c.data.classes_per_task = 5

@@ -3,7 +3,7 @@ r"""Hyper-parameter selection of the continual-learning experiment: one random s
 Every method gets the same budget: ``config.search.trials`` configurations, each a full run over
 the task stream of the first seed, scored by the **validation** final average accuracy (mean of
 the last row of the accuracy matrix measured on each task's validation rows). The validation rows
-are carved from each task's training rows (:func:`experiments.continual_setup.validation_stream`,
+are carved from each task's training rows (:func:`validation_stream`,
 ``config.data.valid_fraction`` per class); a search run trains on the remaining training rows and
 never sees a test row (the search stream has no test split at all). The chosen values are then
 used for every seed of the reported run, which trains on the full training rows (validation
@@ -35,6 +35,7 @@ Ties go to the lower trial index. Finished trials are stored by
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -44,9 +45,17 @@ import numpy as np
 
 from experiments.common import metrics as metrics_lib
 from experiments.common import sweep
-from experiments.continual_setup import Stream, validation_stream
+from experiments.continual_setup import Stream
 
-__all__ = ["SPACES", "apply_values", "sample_trials", "search", "search_markdown"]
+__all__ = [
+    "SPACES",
+    "apply_values",
+    "sample_trials",
+    "search",
+    "search_markdown",
+    "valid_indices",
+    "validation_stream",
+]
 
 _THRESHOLD = ("method.memory_threshold", "uniform", 0.90, 0.995)
 # per method: (config path, distribution, low, high) beside the learning rate
@@ -69,6 +78,46 @@ SPACES: dict[str, tuple[tuple[str, str, float, float], ...]] = {
     "joint": (),
 }
 LR_FACTOR = 5.0  # the learning rate is drawn log-uniformly in [lr0 / 5, 5 lr0]
+
+
+def valid_indices(
+    y: np.ndarray, fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(fit, valid)`` row indices of a training set with labels ``y``, stratified by class.
+
+    Each class with ``n_c`` rows gives ``round(fraction * n_c)`` of them (at least one, at most
+    ``n_c - 1``; none if ``n_c = 1``) to ``valid``, drawn by ``rng``; the rest stay in ``fit``.
+    Both are sorted and partition ``range(len(y))``.
+    """
+    valid = []
+    for c in np.unique(y):
+        rows = np.flatnonzero(y == c)
+        k = min(max(int(round(fraction * len(rows))), 1), len(rows) - 1)
+        valid.append(rng.choice(rows, k, replace=False))
+    valid = np.sort(np.concatenate(valid)) if valid else np.zeros(0, int)
+    return np.setdiff1d(np.arange(len(y)), valid), valid
+
+
+def validation_stream(stream: Stream, *, fraction: float, seed: int) -> Stream:
+    """The stream of the hyper-parameter search: ``train`` the fit rows, ``test`` the valid rows.
+
+    Each task's training rows are split by :func:`valid_indices` (``rng = default_rng([seed,
+    t, 23])``, so deterministic in the seed); the test rows are not used. Sizes with the default
+    ``config.data.valid_fraction = 0.15``: split_digits 203 of 1,348 rows per task, digits_cil
+    about 40 of 270, long_stream 75 of 500, shakespeare_plays 60 of 400, split_mnist 150 per
+    increment class (task 0: 15% of its 200/1,000 images per class), mnist_cil 300 of 2,000.
+    """
+    tasks = []
+    for t, task in enumerate(stream.tasks):
+        train = task["train"]
+        fit, valid = valid_indices(train["y"], fraction, np.random.default_rng([seed, t, 23]))
+        tasks.append(
+            {
+                "train": {k: v[fit] for k, v in train.items()},
+                "test": {k: v[valid] for k, v in train.items()},
+            }
+        )
+    return dataclasses.replace(stream, tasks=tasks)
 
 
 def sample_trials(config: Any, method: str) -> list[dict[str, float]]:

@@ -144,11 +144,7 @@ def check_setup(config: Any) -> None:
             f"config.model.name={name!r} does not fit benchmark {benchmark!r}: use {wanted!r}"
         )
     if name == "mlp":
-        feats = c.get_path(config, "model.features")
-        if isinstance(feats, int) or any(not isinstance(f, int) or f < 1 for f in feats):
-            raise c.ConfigError(
-                f"config.model.features={feats!r} is invalid: a tuple of positive ints"
-            )
+        c.check_positive_ints(config, "model.features")
     if name == "vit":
         for key in ("patch", "dim", "depth", "heads", "mlp_dim"):
             c.check_positive(config, f"model.vit.{key}", integer=True)
@@ -283,46 +279,6 @@ def _mnist_stream(config: Any, rng: np.random.Generator) -> Stream:
     base_rows = train.y < base_classes
     base = {"x": train.x[base_rows], "y": train.y[base_rows].astype(np.int32)}
     return Stream(tasks, groups, 10, "cil", base, base_classes, keep_base_head=True)
-
-
-def valid_indices(
-    y: np.ndarray, fraction: float, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
-    """``(fit, valid)`` row indices of a training set with labels ``y``, stratified by class.
-
-    Each class with ``n_c`` rows gives ``round(fraction * n_c)`` of them (at least one, at most
-    ``n_c - 1``; none if ``n_c = 1``) to ``valid``, drawn by ``rng``; the rest stay in ``fit``.
-    Both are sorted and partition ``range(len(y))``.
-    """
-    valid = []
-    for c in np.unique(y):
-        rows = np.flatnonzero(y == c)
-        k = min(max(int(round(fraction * len(rows))), 1), len(rows) - 1)
-        valid.append(rng.choice(rows, k, replace=False))
-    valid = np.sort(np.concatenate(valid)) if valid else np.zeros(0, int)
-    return np.setdiff1d(np.arange(len(y)), valid), valid
-
-
-def validation_stream(stream: Stream, *, fraction: float, seed: int) -> Stream:
-    """The stream of the hyper-parameter search: ``train`` the fit rows, ``test`` the valid rows.
-
-    Each task's training rows are split by :func:`valid_indices` (``rng = default_rng([seed,
-    t, 23])``, so deterministic in the seed); the test rows are not used. Sizes with the default
-    ``config.data.valid_fraction = 0.15``: split_digits 203 of 1,348 rows per task, digits_cil
-    about 40 of 270, long_stream 75 of 500, shakespeare_plays 60 of 400, split_mnist 150 per
-    increment class (task 0: 15% of its 200/1,000 images per class), mnist_cil 300 of 2,000.
-    """
-    tasks = []
-    for t, task in enumerate(stream.tasks):
-        train = task["train"]
-        fit, valid = valid_indices(train["y"], fraction, np.random.default_rng([seed, t, 23]))
-        tasks.append(
-            {
-                "train": {k: v[fit] for k, v in train.items()},
-                "test": {k: v[valid] for k, v in train.items()},
-            }
-        )
-    return dataclasses.replace(stream, tasks=tasks)
 
 
 @functools.lru_cache(maxsize=1)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from configs import saber as saber_config
-from experiments import common, continual, continual_search, continual_setup
+from experiments import common, continual, continual_search
 from experiments.common import plots
 from lowrank_jax import data
 
@@ -25,12 +25,12 @@ def _tiny(arg: str):
 
 def test_valid_indices_partition_each_class_in_the_stated_share():
     y = np.repeat(np.arange(4), [20, 7, 1, 40])
-    fit, valid = continual_setup.valid_indices(y, 0.15, np.random.default_rng(0))
+    fit, valid = continual_search.valid_indices(y, 0.15, np.random.default_rng(0))
     assert np.intersect1d(fit, valid).size == 0
     np.testing.assert_array_equal(np.sort(np.concatenate([fit, valid])), np.arange(len(y)))
     # round(0.15 n_c), at least 1, at most n_c - 1 (a single-row class stays in fit)
     np.testing.assert_array_equal(np.bincount(y[valid], minlength=4), [3, 1, 0, 6])
-    again = continual_setup.valid_indices(y, 0.15, np.random.default_rng(0))
+    again = continual_search.valid_indices(y, 0.15, np.random.default_rng(0))
     np.testing.assert_array_equal(again[1], valid)
 
 
@@ -45,12 +45,12 @@ def test_validation_stream_is_disjoint_from_fit_rows_and_from_test():
             for t in stream.tasks
         ],
     )
-    search = continual_setup.validation_stream(poisoned, fraction=0.15, seed=0)
+    search = continual_search.validation_stream(poisoned, fraction=0.15, seed=0)
     for t, (orig, part) in enumerate(zip(stream.tasks, search.tasks, strict=True)):
         for split in ("train", "test"):
             assert not np.any(part[split]["x"] == -7.0), (t, split)
         train = orig["train"]
-        fit, valid = continual_setup.valid_indices(
+        fit, valid = continual_search.valid_indices(
             train["y"], 0.15, np.random.default_rng([0, t, 23])
         )
         assert np.intersect1d(fit, valid).size == 0 and len(fit) + len(valid) == len(train["y"])
