@@ -20,7 +20,7 @@ mkdir -p "$out"
 $PYTHON -c "import jax; print('backend', jax.default_backend(), 'devices', jax.devices())" | tee "$out/devices.txt"
 
 if [ $smoke = 1 ]; then
-  adapter=(--steps 1 --warmup 1 --batch 2 --seq 8 --d 64 --rank 4 --no-peft)
+  adapter=(--steps 1 --warmup 1 --batch 2 --seq 8 --d 64 --rank 4 --no-peft --depths 1)
   fp8=(--layers 1 --d 256 --heads 4 --kv-heads 2 --head-dim 64 --iters 4 --explicit-heads 1)
   kge=(--quick)
 else
