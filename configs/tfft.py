@@ -21,9 +21,10 @@ Command::
 
     nice -n 10 python -m experiments.train --config=configs/tfft.py --workdir=runs/tfft
 
-Runtime: about 25 minutes on a loaded 2-core CPU (3 seeds, both sources); ``:smoke`` under a
-minute; ``:source=ring`` only the 2-D study. Rerunning resumes (pre-training checkpoints and
-finished cells are read back).
+Runtime: one seed of ``:source=ring`` took about 50 minutes wall (about 15 CPU-minutes) on a
+2-core CPU shared with other jobs; the default (3 seeds, both sources) has not been run yet.
+``:smoke`` takes about a minute of CPU. Rerunning resumes (pre-training checkpoints and finished
+cells are read back).
 
 Expected result (specs.md §16): at matched KL, left-TFFT has the best lower-tail CVaR,
 right-TFFT the best upper-tail CVaR, expected-reward fine-tuning the best mean, and TFFT costs
