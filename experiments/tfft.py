@@ -306,7 +306,7 @@ def _checks(config, rows) -> list[dict[str, Any]]:
         tuned = {r["method"]: r for r in rows if r["source"] == src and r["method"] != "pretrained"}
 
         def best(col, tuned=tuned):
-            return max(tuned, key=lambda m: tuned[m][f"_{col}"])  # noqa: B023
+            return max(tuned, key=lambda name: tuned[name][f"_{col}"])
 
         for col, want in (("cvar_left", "tfft_left"), ("cvar_right", "tfft_right"),
                           ("mean", "expected")):  # fmt: skip
