@@ -436,7 +436,8 @@ def perturbed_drift(
     num_steps: int,
     record_every: int = 1,
     sphere: bool = True,
-) -> jax.Array:
+    return_final: bool = False,
+) -> jax.Array | tuple[jax.Array, jax.Array, jax.Array]:
     r"""Drift curves :math:`D(t)` of the flow with ``which + Δ_p`` against the unperturbed flow.
 
     The unperturbed trajectory is integrated once; the ``p`` perturbed ones under ``vmap``.
@@ -449,9 +450,12 @@ def perturbed_drift(
       deltas: ``(p, ...)`` perturbations of the matrix named by ``which`` (same trailing shape).
       which: ``"v"`` (LoRA on the value projection, the paper's case), ``"q"`` or ``"k"``.
       beta, dt, num_steps, record_every, sphere: as in :func:`simulate_tokens`.
+      return_final: also return the final tokens of both flows (e.g. for :func:`wasserstein2`).
 
     Returns:
-      ``(p, num_steps // record_every + 1)`` drift curves.
+      ``(p, num_steps // record_every + 1)`` drift curves; with ``return_final``, the tuple
+      ``(drift, x_ref (n, d), x (p, n, d))`` of the curves and the unperturbed and perturbed
+      tokens at the final time.
 
     Raises:
       ValueError: unknown ``which`` or a ``deltas`` shape that does not match that matrix.
@@ -470,9 +474,11 @@ def perturbed_drift(
     def one(delta):
         m = dict(mats)
         m[which] = m[which] + delta
-        return token_drift(simulate_tokens(x0, m["q"], m["k"], m["v"], **kw), ref)
+        traj = simulate_tokens(x0, m["q"], m["k"], m["v"], **kw)
+        return token_drift(traj, ref), traj[-1]
 
-    return jax.vmap(one)(deltas)
+    drift, final = jax.vmap(one)(deltas)
+    return (drift, ref[-1], final) if return_final else drift
 
 
 def attention_lipschitz(

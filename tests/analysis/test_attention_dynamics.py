@@ -92,7 +92,11 @@ def test_drift_and_time_to_deviation_follow_their_definitions():
     u = an.value_spectrum(v).second
     eps = jnp.asarray([0.01, 0.5])
     dvs = jax.vmap(lambda e: an.rank_one_perturbation(u, eps=e))(eps)
-    drift = an.perturbed_drift(x0, q, k, v, dvs, dt=0.05, num_steps=200, record_every=4)
+    drift, ref_t, x_t = an.perturbed_drift(
+        x0, q, k, v, dvs, dt=0.05, num_steps=200, record_every=4, return_final=True
+    )
+    # W2 of the final measures is at most the RMS (hence the max) token displacement.
+    assert an.wasserstein2(x_t[1], ref_t) <= float(drift[1, -1]) + 1e-6
     a = an.simulate_tokens(x0, q, k, v, dt=0.05, num_steps=200, record_every=4)
     b = an.simulate_tokens(x0, q, k, v + dvs[1], dt=0.05, num_steps=200, record_every=4)
     want = np.max(np.linalg.norm(np.asarray(a) - np.asarray(b), axis=-1), axis=-1)

@@ -1,0 +1,488 @@
+"""P3: LoRA forgetting as drift of mean-field attention token dynamics (specs §3 (4)).
+
+Synthetic grid: per cell ``(model, d, gap, seed)`` one jitted
+:func:`lowrank_jax.analysis.perturbed_drift` call integrates the unperturbed flow and, under
+``vmap``, every perturbation (directions × ε); the cell keeps ``D(T)``, ``max_t D``, ``T_dev``
+and ``W₂`` at ``T`` per perturbation, and (seed 0) the drift curves for heat maps. Real
+weights: the same on each MiniLM head's ``Q_h, K_h, V_h`` from the layer's real inputs.
+
+The method (flow, RK4, drift, ``T_dev``, ``W₂``, fits) lives in
+``lowrank_jax.analysis.attention_dynamics``; this module wires cells and writes ``results.md``,
+``summary.json`` and plots. Finished cells live in ``<workdir>/cells`` (resumable).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tqdm
+
+from experiments import common
+from experiments.common import sweep
+from lowrank_jax import analysis as an
+from lowrank_jax import data, models
+
+V_DIRECTIONS = ("aligned", "crossing", "random_lowrank", "random_fullrank")
+DIRECTIONS = (*V_DIRECTIONS, "k_lowrank")  # the last perturbs K instead of V
+
+
+def check_config(config: Any) -> None:
+    """Validates ``config`` (raises ``common.ConfigError``)."""
+    c = common
+    c.check_nonnegative(config, "seed", integer=True)
+    for key in ("data.num_tokens", "data.num_eps", "data.num_seeds", "model.record_every"):
+        c.check_positive(config, key, integer=True)
+    for key in ("model.dt", "model.t_max", "model.t_max_unnormalised", "eval.delta"):
+        c.check_positive(config, key)
+    c.check_nonnegative(config, "model.beta")
+    lo, hi = config.data.eps_range
+    if not 0 < lo < hi:
+        raise c.ConfigError(f"config.data.eps_range={config.data.eps_range}: need 0 < lo < hi")
+    for m in config.data.models:
+        if m not in ("sphere", "unnormalised"):
+            raise c.ConfigError(f"config.data.models holds {m!r}: use 'sphere' or 'unnormalised'")
+    for g in config.data.gaps:
+        if not 0 <= g < 1:
+            raise c.ConfigError(f"config.data.gaps holds {g}: need 0 <= gap < 1")
+    if min(config.data.dims) < 2 or config.data.random_rank < 1:
+        raise c.ConfigError("config.data.dims must be >= 2 and data.random_rank >= 1")
+    if any(r <= 0 for r in config.minilm.ratios):
+        raise c.ConfigError("config.minilm.ratios must be > 0 (multiples of each head's gap)")
+
+
+def _steps(config: Any, t_max: float) -> int:
+    every = config.model.record_every
+    return max(every, int(round(t_max / config.model.dt / every)) * every)
+
+
+@functools.partial(jax.jit, static_argnames=("which", "kw"))
+def _drift(x0, q, k, v, deltas, beta, which, kw):
+    """Drift curves and final tokens (one compilation per shape, ``which`` and settings)."""
+    return an.perturbed_drift(
+        x0, q, k, v, deltas, which=which, beta=beta, return_final=True, **dict(kw)
+    )
+
+
+def _summaries(config, eps, drift, ref_t, x_t, dt_rec):
+    """Per-perturbation D(T), max D, T_dev, W2(T) (host floats)."""
+    drift = np.asarray(drift, np.float64)
+    t_dev = np.asarray(an.time_to_deviation(drift, dt_record=dt_rec, delta=config.eval.delta))
+    w2 = [an.wasserstein2(x, ref_t) for x in np.asarray(x_t)]
+    return {
+        "d_final": drift[:, -1].tolist(),
+        "d_max": drift.max(1).tolist(),
+        "t_dev": t_dev.tolist(),
+        "w2_final": w2,
+        "t_half": [float(np.argmax(c >= 0.5 * c.max()) * dt_rec) for c in drift],
+    }
+
+
+def synthetic_cell(config: Any, model: str, d: int, gap: float, seed: int) -> dict:
+    dd, m = config.data, config.model
+    key = jax.random.fold_in(jax.random.key(config.seed), seed)
+    kx, kr, kf, kk = jax.random.split(key, 4)
+    eps = jnp.logspace(*np.log10(dd.eps_range), dd.num_eps)
+    x0 = an.sample_sphere(kx, dd.num_tokens, d)
+    v, eye = an.gap_value_matrix(d, gap=gap), jnp.eye(d)
+    sp = an.value_spectrum(v)
+    rank = min(dd.random_rank, d)
+
+    def rank_one(u):
+        return jax.vmap(lambda e: an.rank_one_perturbation(u, eps=e))(eps)
+
+    def random(k, r):  # one random direction per cell, scaled over the ε grid
+        unit = an.random_lowrank_perturbation(k, d, rank=r, eps=1.0)
+        return eps[:, None, None] * unit
+
+    dv = jnp.concatenate([rank_one(sp.top), rank_one(sp.second), random(kr, rank), random(kf, d)])
+    dk = random(kk, rank)
+    t_max = m.t_max if model == "sphere" else m.t_max_unnormalised
+    kw = (
+        ("dt", m.dt),
+        ("num_steps", _steps(config, t_max)),
+        ("record_every", m.record_every),
+        ("sphere", model == "sphere"),
+    )
+    drift_v, ref_t, xv = _drift(x0, eye, eye, v, dv, m.beta, "v", kw)
+    drift_k, _, xk = _drift(x0, eye, eye, v, dk, m.beta, "k", kw)
+    drift = jnp.concatenate([drift_v, drift_k])
+    dt_rec = m.dt * m.record_every
+    out = _summaries(config, eps, drift, ref_t, jnp.concatenate([xv, xk]), dt_rec)
+    out.update(eps=np.asarray(eps).tolist(), directions=list(DIRECTIONS), dt_record=dt_rec)
+    if seed == 0:  # curves for heat maps and depth plots (every 5th record)
+        out["curves"] = np.round(np.asarray(drift[:, ::5], np.float64), 5).tolist()
+    return out
+
+
+def minilm_inputs(config: Any) -> tuple[list, np.ndarray]:
+    """Per layer ``(x (P, n, d) normalised tokens, β, attention params)`` of real passages."""
+    mc = config.minilm
+    cfg, variables, tokenizer = models.load_minilm()
+    ds = data.load_shakespeare(
+        passage_chars=mc.passage_chars, plays=mc.plays, max_passages_per_play=1, seed=config.seed
+    )
+    batch = models.tokenize(tokenizer, list(ds.x), max_len=mc.num_tokens)
+    if not np.all(batch["attention_mask"]):
+        raise common.ConfigError(
+            f"a passage has fewer than minilm.num_tokens={mc.num_tokens} word pieces: raise "
+            "minilm.passage_chars or lower num_tokens"
+        )
+    layers = models.bert_attention_inputs(cfg, variables, **batch)
+    heads = cfg.num_attention_heads
+    width = cfg.hidden_size // heads
+    out = []
+    for layer in mc.layers:
+        x, _, att = layers[layer]
+        x = np.asarray(x, np.float64)
+        r = np.linalg.norm(x, axis=-1, keepdims=True)
+        beta = float(np.mean(r**2) / np.sqrt(width))
+        out.append(((x / r).astype(np.float32), beta, att, width))
+    return out, ds.x
+
+
+def minilm_cell(config: Any, x0, beta, att, width, head) -> dict:
+    mc, m = config.minilm, config.model
+    s = slice(width * head, width * (head + 1))
+    kern = {n: np.asarray(att[n]["kernel"], np.float64) for n in ("query", "key", "value", "out")}
+    q, k = kern["query"][:, s].T, kern["key"][:, s].T
+    v = (kern["value"][:, s] @ kern["out"][s, :]).T  # OV circuit, column convention
+    sp = an.value_spectrum(jnp.asarray(v, jnp.float32))
+    ratios = jnp.asarray(mc.ratios, jnp.float32)
+    eps = sp.gap * ratios
+    dv = jnp.concatenate(
+        [
+            jax.vmap(lambda e, u=u: an.rank_one_perturbation(u, eps=e))(eps)
+            for u in (sp.top, sp.second)
+        ]
+    )
+    kw = (
+        ("dt", m.dt),
+        ("num_steps", _steps(config, mc.t_max)),
+        ("record_every", m.record_every),
+        ("sphere", True),
+    )
+    qk = (jnp.asarray(q, jnp.float32), jnp.asarray(k, jnp.float32), jnp.asarray(v, jnp.float32))
+    dt_rec = m.dt * m.record_every
+    per, curves = [], []
+    for p in range(x0.shape[0]):
+        drift, ref_t, xt = _drift(jnp.asarray(x0[p]), *qk, dv, beta, "v", kw)
+        per.append(_summaries(config, eps, drift, ref_t, xt, dt_rec))
+        curves.append(np.asarray(drift[:, ::5], np.float64))
+    mean = {key: np.mean([r[key] for r in per], axis=0).tolist() for key in per[0]}
+    return {
+        **mean,
+        "curves": np.round(np.mean(curves, axis=0), 5).tolist(),
+        "dt_record": dt_rec,
+        "gap": float(sp.gap),
+        "lambda": np.asarray(sp.eigenvalues[:3], np.float64).tolist(),
+        "v_norm": float(np.linalg.norm(v, 2)),
+        "beta": beta,
+        "eps": np.asarray(eps, np.float64).tolist(),
+        "ratios": list(mc.ratios),
+    }
+
+
+def _contrast(d_final, eps, lo, hi, floor=1e-3):
+    """``D(T, ε_hi) / D(T, ε_lo)``: ε_lo the largest grid ε <= lo, ε_hi the smallest >= hi."""
+    eps = np.asarray(eps)
+    i_lo, i_hi = np.flatnonzero(eps <= lo * 1.0001), np.flatnonzero(eps >= hi * 0.9999)
+    if not len(i_lo) or not len(i_hi):
+        return float("nan")
+    return float(d_final[i_hi[0]] / max(d_final[i_lo[-1]], floor))
+
+
+def _power_r2(eps, t):
+    ok = np.isfinite(t)
+    if ok.sum() < 3 or np.ptp(np.log(t[ok])) == 0:
+        return float("nan")
+    return float(np.corrcoef(np.log(eps[ok]), np.log(t[ok]))[0, 1] ** 2)
+
+
+# ----------------------------------------------------------------------------------------------
+# Tables, checks and plots.
+
+
+def _synthetic_rows(config, cells):
+    rows, fits = [], {}
+    dd = config.data
+    for model in dd.models:
+        for d in dd.dims:
+            for g in dd.gaps:
+                cs = [cells[(model, d, g, s)] for s in range(dd.num_seeds)]
+                eps = np.asarray(cs[0]["eps"])
+                for i, name in enumerate(DIRECTIONS):
+                    sl = slice(i * len(eps), (i + 1) * len(eps))
+                    r2s, pr2s, slopes = [], [], []
+                    for c in cs:
+                        t = np.asarray(c["t_dev"][sl])
+                        fit = an.drift_time_fit(eps, t)
+                        r2s.append(fit["r2"])
+                        slopes.append(fit["slope"])
+                        pr2s.append(_power_r2(eps, t))
+                    d_final = np.mean([c["d_final"][sl] for c in cs], axis=0)
+                    fits[(model, d, g, name)] = (
+                        float(np.nanmean(r2s)) if any(np.isfinite(r2s)) else float("nan")
+                    )
+                    rows.append(
+                        {
+                            "model": model,
+                            "d": d,
+                            "gap": g,
+                            "direction": name,
+                            "R2 log-affine": fits[(model, d, g, name)],
+                            "slope": float(np.nanmean(slopes)) if any(np.isfinite(slopes)) else "",
+                            "R2 power law": float(np.nanmean(pr2s))
+                            if any(np.isfinite(pr2s))
+                            else "",
+                            "finite T_dev": int(np.isfinite(cs[0]["t_dev"][sl]).sum()),
+                            "D(T) eps<=g/2": d_final[np.flatnonzero(eps <= g / 2 * 1.0001)[-1]]
+                            if np.any(eps <= g / 2 * 1.0001)
+                            else "",
+                            "D(T) eps>=2g": d_final[np.flatnonzero(eps >= 2 * g * 0.9999)[0]],
+                            "jump D(2g)/D(g/2)": _contrast(d_final, eps, g / 2, 2 * g),
+                            "W2(T) eps=max": float(np.mean([c["w2_final"][sl][-1] for c in cs])),
+                        }
+                    )
+    return rows, fits
+
+
+def _synthetic_checks(config, rows, fits, cells):
+    dd = config.data
+    checks = []
+    for model in dd.models:
+        vals = {k: v for k, v in fits.items() if k[0] == model}
+        good = [k for k, v in vals.items() if np.isfinite(v) and v > 0.9]
+        checks.append(
+            sweep.check(
+                f"(a) {model}: T_dev affine in log(1/eps), R2 > 0.9 (mean over seeds)",
+                len(good) == len(vals),
+                f"{len(good)}/{len(vals)} (d, gap, direction) cells; median R2 "
+                f"{np.nanmedian(list(vals.values())):.3f}",
+            )
+        )
+    by = {(r["model"], r["d"], r["gap"], r["direction"]): r for r in rows}
+    jumps = []
+    for d in dd.dims:
+        for g in dd.gaps:
+            cr = by[("sphere", d, g, "crossing")]["jump D(2g)/D(g/2)"]
+            al = by[("sphere", d, g, "aligned")]["jump D(2g)/D(g/2)"]
+            jumps.append(
+                (
+                    d,
+                    g,
+                    cr,
+                    al,
+                    cr >= 5 * al and by[("sphere", d, g, "crossing")]["D(T) eps>=2g"] >= 0.5,
+                )
+            )
+    checks.append(
+        sweep.check(
+            "(b) sphere: D(T) jumps at eps ~ gap for gap-crossing (>= 5x aligned's ratio, D >= 0.5)",
+            all(j[-1] for j in jumps),
+            "; ".join(
+                f"d={d},g={g}: crossing {c:.1f}x vs aligned {a:.1f}x" for d, g, c, a, _ in jumps
+            ),
+        )
+    )
+    plateaus = []
+    for d in dd.dims:
+        for g in dd.gaps:
+            c = cells[("sphere", d, g, 0)]
+            eps = np.asarray(c["eps"])
+            j = np.flatnonzero(eps <= g / 2 * 1.0001)
+            if not len(j):
+                continue
+            i = DIRECTIONS.index("crossing") * len(eps) + j[-1]
+            plateaus.append((d, g, c["d_final"][i] / max(c["d_max"][i], 1e-12), c["t_half"][i]))
+    checks.append(
+        sweep.check(
+            "(c) sphere, gap-crossing eps <= g/2: D grows then plateaus with depth (D(T) >= 0.5 max D)",
+            bool(plateaus) and all(p[2] >= 0.5 for p in plateaus),
+            "; ".join(
+                f"d={d},g={g}: D(T)/maxD {r:.2f}, half-rise at t={t:.1f}" for d, g, r, t in plateaus
+            ),
+        )
+    )
+    return checks
+
+
+def _minilm_rows_checks(config, mcells):
+    rows, contrasts = [], []
+    n = len(config.minilm.ratios)
+    for (layer, head), c in mcells.items():
+        eps, ratios = np.asarray(c["eps"]), np.asarray(c["ratios"])
+        row = {"layer": layer, "head": head, "gap": c["gap"], "beta": c["beta"], "|V|": c["v_norm"]}
+        for i, name in enumerate(("aligned", "crossing")):
+            sl = slice(i * n, (i + 1) * n)
+            d_final = np.asarray(c["d_final"][sl])
+            row[f"{name} jump D(2g)/D(g/2)"] = _contrast(d_final, ratios, 0.5, 2.0)
+            row[f"{name} R2"] = an.drift_time_fit(eps, np.asarray(c["t_dev"][sl]))["r2"]
+        contrasts.append((row["crossing jump D(2g)/D(g/2)"], row["aligned jump D(2g)/D(g/2)"]))
+        rows.append(row)
+    sharp = sum(cr >= 5 * al for cr, al in contrasts)
+    r2s = [r[f"{k} R2"] for r in rows for k in ("aligned", "crossing")]
+    checks = [
+        sweep.check(
+            "(b) MiniLM heads: D(T) jumps at eps ~ gap for crossing (>= 5x aligned's ratio)",
+            sharp > len(rows) / 2,
+            f"{sharp}/{len(rows)} heads; median ratio crossing "
+            f"{np.median([c[0] for c in contrasts]):.2f} vs aligned {np.median([c[1] for c in contrasts]):.2f}",
+        ),
+        sweep.check(
+            "(a) MiniLM heads: T_dev affine in log(1/eps), R2 > 0.9",
+            bool(np.all(np.asarray(r2s) > 0.9)),
+            f"median R2 {np.nanmedian(r2s):.3f} ({np.sum(np.isfinite(r2s))} fits with >= 3 finite T_dev)",
+        ),
+    ]
+    return rows, checks
+
+
+def _plots(workdir, config, cells, mcells):
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    dd = config.data
+    for model in dd.models:
+        for d in dd.dims:
+            for g in dd.gaps:
+                c = cells[(model, d, g, 0)]
+                eps = np.asarray(c["eps"])
+                curves = np.asarray(c["curves"])
+                t = np.arange(curves.shape[1]) * 5 * c["dt_record"]
+                fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=100)
+                for ax, name in zip(axes, ("aligned", "crossing"), strict=True):
+                    i = DIRECTIONS.index(name)
+                    im = ax.pcolormesh(
+                        t, eps, curves[i * len(eps) : (i + 1) * len(eps)], shading="nearest"
+                    )
+                    ax.set_yscale("log")
+                    ax.axhline(g, color="w", ls=":")
+                    ax.set(title=f"D(t, eps), {name}", xlabel="depth t", ylabel="eps")
+                    fig.colorbar(im, ax=ax)
+                fig.suptitle(f"{model}, d={d}, gap={g}")
+                fig.tight_layout()
+                fig.savefig(os.path.join(workdir, f"heatmap_{model}_d{d}_g{g}.png"))
+                plt.close(fig)
+                common.plot_curves(
+                    os.path.join(workdir, f"tdev_{model}_d{d}_g{g}.png"),
+                    {
+                        name: (
+                            np.log(1 / eps)[np.isfinite(tt)].tolist(),
+                            tt[np.isfinite(tt)].tolist(),
+                        )
+                        for i, name in enumerate(DIRECTIONS)
+                        for tt in [np.asarray(c["t_dev"][i * len(eps) : (i + 1) * len(eps)])]
+                    },
+                    title=f"T_dev(eps, delta={config.eval.delta}), {model}, d={d}, gap={g}",
+                    xlabel="log(1/eps)",
+                    ylabel="T_dev",
+                )
+                common.plot_curves(
+                    os.path.join(workdir, f"dfinal_{model}_d{d}_g{g}.png"),
+                    {
+                        name: (
+                            np.log10(eps).tolist(),
+                            c["d_final"][i * len(eps) : (i + 1) * len(eps)],
+                        )
+                        for i, name in enumerate(DIRECTIONS)
+                    },
+                    title=f"D(T, eps), {model}, d={d}, gap={g}",
+                    xlabel="log10 eps",
+                    ylabel="D(T)",
+                    marks={"gap": float(np.log10(g))} if g > 0 else None,
+                )
+    if mcells:
+        n = len(config.minilm.ratios)
+        ratios = list(config.minilm.ratios)
+        med = {
+            name: (
+                np.log10(ratios).tolist(),
+                np.median(
+                    [c["d_final"][i * n : (i + 1) * n] for c in mcells.values()], axis=0
+                ).tolist(),
+            )
+            for i, name in enumerate(("aligned", "crossing"))
+        }
+        common.plot_curves(
+            os.path.join(workdir, "minilm_dfinal.png"),
+            med,
+            title="MiniLM heads: median D(T) vs eps / gap",
+            xlabel="log10(eps / gap)",
+            ylabel="D(T)",
+            marks={"gap": 0.0},
+        )
+
+
+def run(config: Any, workdir: str) -> dict:
+    """Runs the synthetic grid and the MiniLM heads; writes results.md, summary.json, plots."""
+    check_config(config)
+    common.write_config_json(workdir, config)
+    store = sweep.CellStore(workdir, resume=config.ckpt.resume)
+    dd = config.data
+    grid = [
+        (model, d, g, s)
+        for model in dd.models
+        for d in dd.dims
+        for g in dd.gaps
+        for s in range(dd.num_seeds)
+    ]
+    cells = {}
+    for cell in tqdm.tqdm(grid, disable=not config.log.progress, desc="synthetic"):
+        name = "synthetic/{}/d={}/gap={}/seed={}".format(*cell)
+        cells[cell] = store.get(name, lambda cell=cell: synthetic_cell(config, *cell))
+    rows, fits = _synthetic_rows(config, cells)
+    checks = _synthetic_checks(config, rows, fits, cells)
+    mcells, mrows = {}, []
+    if config.minilm.enabled:
+        mc = config.minilm
+        names = {(la, h): f"minilm/layer={la}/head={h}" for la in mc.layers for h in mc.heads}
+        inputs = None
+        for (layer, head), name in tqdm.tqdm(
+            names.items(), disable=not config.log.progress, desc="minilm"
+        ):
+            if name not in store and inputs is None:
+                inputs, _ = minilm_inputs(config)
+            args = None if inputs is None else inputs[mc.layers.index(layer)]
+            mcells[(layer, head)] = store.get(
+                name, lambda a=args, h=head: minilm_cell(config, *a[:3], a[3], h)
+            )
+        mrows, mchecks = _minilm_rows_checks(config, mcells)
+        checks += mchecks
+    store.close()
+    _plots(workdir, config, cells, mcells)
+    for r in mrows:
+        r["model"] = f"MiniLM L{r.pop('layer')}H{r.pop('head')}"
+    columns = [
+        "model",
+        "d",
+        "gap",
+        "direction",
+        "R2 log-affine",
+        "slope",
+        "R2 power law",
+        "finite T_dev",
+        "D(T) eps<=g/2",
+        "D(T) eps>=2g",
+        "jump D(2g)/D(g/2)",
+        "W2(T) eps=max",
+    ]
+    mcols = ["beta", "|V|"] + [
+        f"{n} {k}" for n in ("aligned", "crossing") for k in ("jump D(2g)/D(g/2)", "R2")
+    ]
+    return sweep.write_sweep_results(
+        workdir,
+        rows + mrows,
+        checks,
+        title="P3 mean-field attention: drift under rank-1 / low-rank perturbations",
+        columns=columns + (mcols if mrows else []),
+        command=sweep.command_line(
+            "python -m experiments.train --config=configs/attention_dynamics.py"
+        ),
+    )
