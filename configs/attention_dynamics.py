@@ -44,7 +44,7 @@ def get_config(arg=None):
     c.data.num_tokens = 16 if arg.smoke else 64
     c.data.dims = (3,) if arg.smoke else (3, 8)
     c.data.gaps = (0.2,) if arg.smoke else (0.05, 0.2)
-    c.data.num_eps = 7 if arg.smoke else 13
+    c.data.num_eps = 5 if arg.smoke else 13
     c.data.eps_range = (1e-3, 1.0)
     c.data.random_rank = 2
     c.data.num_seeds = 1 if arg.smoke else 3
@@ -53,7 +53,7 @@ def get_config(arg=None):
     c.model = ml_collections.ConfigDict()  # the flow and its integration
     c.model.beta = 1.0
     c.model.dt = 0.05
-    c.model.t_max = 10.0 if arg.smoke else 60.0  # sphere
+    c.model.t_max = 6.0 if arg.smoke else 60.0  # sphere
     c.model.t_max_unnormalised = 5.0 if arg.smoke else 20.0
     c.model.record_every = 4  # records every 0.2 time units
 
@@ -63,7 +63,7 @@ def get_config(arg=None):
     c.minilm.heads = (0,) if arg.smoke else tuple(range(12))
     c.minilm.plays = ("hamlet", "tempest")  # one passage of each
     c.minilm.passage_chars = 256
-    c.minilm.num_tokens = 16 if arg.smoke else 32
+    c.minilm.num_tokens = 8 if arg.smoke else 32
     c.minilm.ratios = (0.5, 2.0) if arg.smoke else (0.1, 0.25, 0.5, 0.8, 1.25, 2.0, 4.0, 10.0)
     c.minilm.t_max = 2.0 if arg.smoke else 20.0
 

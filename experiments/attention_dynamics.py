@@ -187,124 +187,89 @@ def minilm_cell(config: Any, x0, beta, att, width, head) -> dict:
     }
 
 
-def _contrast(d_final, eps, lo, hi, floor=1e-3):
-    """``D(T, ε_hi) / D(T, ε_lo)``: ε_lo the largest grid ε <= lo, ε_hi the smallest >= hi."""
-    eps = np.asarray(eps)
-    i_lo, i_hi = np.flatnonzero(eps <= lo * 1.0001), np.flatnonzero(eps >= hi * 0.9999)
-    if not len(i_lo) or not len(i_hi):
-        return float("nan")
-    return float(d_final[i_hi[0]] / max(d_final[i_lo[-1]], floor))
-
-
-def _power_r2(eps, t):
-    ok = np.isfinite(t)
-    if ok.sum() < 3 or np.ptp(np.log(t[ok])) == 0:
-        return float("nan")
-    return float(np.corrcoef(np.log(eps[ok]), np.log(t[ok]))[0, 1] ** 2)
-
-
 # ----------------------------------------------------------------------------------------------
 # Tables, checks and plots.
 
 
+def _nanmean(values):
+    v = np.asarray(values, np.float64)
+    return float(np.nanmean(v)) if np.any(np.isfinite(v)) else float("nan")
+
+
+def _nanmedian(values):
+    v = np.asarray(values, np.float64)
+    return float(np.nanmedian(v)) if np.any(np.isfinite(v)) else float("nan")
+
+
 def _synthetic_rows(config, cells):
-    rows, fits = [], {}
-    dd = config.data
-    for model in dd.models:
-        for d in dd.dims:
-            for g in dd.gaps:
-                cs = [cells[(model, d, g, s)] for s in range(dd.num_seeds)]
-                eps = np.asarray(cs[0]["eps"])
-                for i, name in enumerate(DIRECTIONS):
-                    sl = slice(i * len(eps), (i + 1) * len(eps))
-                    r2s, pr2s, slopes = [], [], []
-                    for c in cs:
-                        t = np.asarray(c["t_dev"][sl])
-                        fit = an.drift_time_fit(eps, t)
-                        r2s.append(fit["r2"])
-                        slopes.append(fit["slope"])
-                        pr2s.append(_power_r2(eps, t))
-                    d_final = np.mean([c["d_final"][sl] for c in cs], axis=0)
-                    fits[(model, d, g, name)] = (
-                        float(np.nanmean(r2s)) if any(np.isfinite(r2s)) else float("nan")
-                    )
-                    rows.append(
-                        {
-                            "model": model,
-                            "d": d,
-                            "gap": g,
-                            "direction": name,
-                            "R2 log-affine": fits[(model, d, g, name)],
-                            "slope": float(np.nanmean(slopes)) if any(np.isfinite(slopes)) else "",
-                            "R2 power law": float(np.nanmean(pr2s))
-                            if any(np.isfinite(pr2s))
-                            else "",
-                            "finite T_dev": int(np.isfinite(cs[0]["t_dev"][sl]).sum()),
-                            "D(T) eps<=g/2": d_final[np.flatnonzero(eps <= g / 2 * 1.0001)[-1]]
-                            if np.any(eps <= g / 2 * 1.0001)
-                            else "",
-                            "D(T) eps>=2g": d_final[np.flatnonzero(eps >= 2 * g * 0.9999)[0]],
-                            "jump D(2g)/D(g/2)": _contrast(d_final, eps, g / 2, 2 * g),
-                            "W2(T) eps=max": float(np.mean([c["w2_final"][sl][-1] for c in cs])),
-                        }
-                    )
-    return rows, fits
+    """One row per (model, d, gap, direction); fits per seed, averaged over seeds."""
+    rows, dd = [], config.data
+    for model, d, g in ((m, d, g) for m in dd.models for d in dd.dims for g in dd.gaps):
+        cs = [cells[(model, d, g, s)] for s in range(dd.num_seeds)]
+        eps = np.asarray(cs[0]["eps"])
+        for i, name in enumerate(DIRECTIONS):
+            sl = slice(i * len(eps), (i + 1) * len(eps))
+            fits = [an.drift_time_fit(eps, np.asarray(c["t_dev"][sl])) for c in cs]
+            d_final = np.mean([c["d_final"][sl] for c in cs], axis=0)
+            below = np.flatnonzero(eps <= g / 2 * (1 + 1e-6))
+            rows.append(
+                {
+                    "model": model,
+                    "d": d,
+                    "gap": g,
+                    "direction": name,
+                    **{k: _nanmean([f[k] for f in fits]) for k in ("r2", "slope", "power_r2")},
+                    "finite T_dev": int(np.isfinite(cs[0]["t_dev"][sl]).sum()),
+                    "D(T) eps<=g/2": d_final[below[-1]] if len(below) else "",
+                    "D(T) eps>=2g": d_final[np.flatnonzero(eps >= 2 * g * (1 - 1e-6))[0]],
+                    "jump": an.drift_jump_ratio(d_final, eps, below=g / 2, above=2 * g),
+                    "W2(T) eps=max": _nanmean([c["w2_final"][sl][-1] for c in cs]),
+                }
+            )
+    return rows
 
 
-def _synthetic_checks(config, rows, fits, cells):
-    dd = config.data
-    checks = []
+def _synthetic_checks(config, rows, cells):
+    dd, checks = config.data, []
+    by = {(r["model"], r["d"], r["gap"], r["direction"]): r for r in rows}
     for model in dd.models:
-        vals = {k: v for k, v in fits.items() if k[0] == model}
-        good = [k for k, v in vals.items() if np.isfinite(v) and v > 0.9]
+        r2 = [r["r2"] for r in rows if r["model"] == model]
+        good = int(sum(bool(np.isfinite(v) and v > 0.9) for v in r2))
+        pw = _nanmedian([r["power_r2"] for r in rows if r["model"] == model])
         checks.append(
             sweep.check(
                 f"(a) {model}: T_dev affine in log(1/eps), R2 > 0.9 (mean over seeds)",
-                len(good) == len(vals),
-                f"{len(good)}/{len(vals)} (d, gap, direction) cells; median R2 "
-                f"{np.nanmedian(list(vals.values())):.3f}",
+                good == len(r2),
+                f"{good}/{len(r2)} (d, gap, direction); median R2 {_nanmedian(r2):.3f} "
+                f"(power law in eps: {pw:.3f})",
             )
         )
-    by = {(r["model"], r["d"], r["gap"], r["direction"]): r for r in rows}
-    jumps = []
-    for d in dd.dims:
-        for g in dd.gaps:
-            cr = by[("sphere", d, g, "crossing")]["jump D(2g)/D(g/2)"]
-            al = by[("sphere", d, g, "aligned")]["jump D(2g)/D(g/2)"]
-            jumps.append(
-                (
-                    d,
-                    g,
-                    cr,
-                    al,
-                    cr >= 5 * al and by[("sphere", d, g, "crossing")]["D(T) eps>=2g"] >= 0.5,
-                )
-            )
+    jumps, plateaus = [], []
+    for d, g in ((d, g) for d in dd.dims for g in dd.gaps):
+        cr, al = by[("sphere", d, g, "crossing")], by[("sphere", d, g, "aligned")]
+        jumps.append((d, g, cr["jump"], al["jump"], cr["D(T) eps>=2g"]))
+        c, eps = cells[("sphere", d, g, 0)], np.asarray(cells[("sphere", d, g, 0)]["eps"])
+        j = np.flatnonzero(eps <= g / 2 * (1 + 1e-6))
+        if len(j):
+            i = DIRECTIONS.index("crossing") * len(eps) + j[-1]
+            plateaus.append((d, g, c["d_final"][i] / max(c["d_max"][i], 1e-12), c["t_half"][i]))
+    ok = [bool(c >= 5 * a and top >= 0.5) for _, _, c, a, top in jumps]
     checks.append(
         sweep.check(
             "(b) sphere: D(T) jumps at eps ~ gap for gap-crossing (>= 5x aligned's ratio, D >= 0.5)",
-            all(j[-1] for j in jumps),
-            "; ".join(
+            sum(ok) == len(ok),
+            f"{sum(ok)}/{len(ok)}: "
+            + "; ".join(
                 f"d={d},g={g}: crossing {c:.1f}x vs aligned {a:.1f}x" for d, g, c, a, _ in jumps
             ),
         )
     )
-    plateaus = []
-    for d in dd.dims:
-        for g in dd.gaps:
-            c = cells[("sphere", d, g, 0)]
-            eps = np.asarray(c["eps"])
-            j = np.flatnonzero(eps <= g / 2 * 1.0001)
-            if not len(j):
-                continue
-            i = DIRECTIONS.index("crossing") * len(eps) + j[-1]
-            plateaus.append((d, g, c["d_final"][i] / max(c["d_max"][i], 1e-12), c["t_half"][i]))
     checks.append(
         sweep.check(
-            "(c) sphere, gap-crossing eps <= g/2: D grows then plateaus with depth (D(T) >= 0.5 max D)",
-            bool(plateaus) and all(p[2] >= 0.5 for p in plateaus),
+            "(c) sphere, gap-crossing eps <= g/2: D grows then plateaus (D(T) >= 0.5 max_t D)",
+            bool(plateaus) and all(bool(r >= 0.5) for _, _, r, _ in plateaus),
             "; ".join(
-                f"d={d},g={g}: D(T)/maxD {r:.2f}, half-rise at t={t:.1f}" for d, g, r, t in plateaus
+                f"d={d},g={g}: D(T)/max D {r:.2f}, half-rise t={t:.1f}" for d, g, r, t in plateaus
             ),
         )
     )
@@ -312,112 +277,108 @@ def _synthetic_checks(config, rows, fits, cells):
 
 
 def _minilm_rows_checks(config, mcells):
-    rows, contrasts = [], []
-    n = len(config.minilm.ratios)
+    rows, n = [], len(config.minilm.ratios)
     for (layer, head), c in mcells.items():
         eps, ratios = np.asarray(c["eps"]), np.asarray(c["ratios"])
-        row = {"layer": layer, "head": head, "gap": c["gap"], "beta": c["beta"], "|V|": c["v_norm"]}
+        row = {
+            "model": f"MiniLM L{layer}H{head}",
+            "gap": c["gap"],
+            "beta": c["beta"],
+            "|V|": c["v_norm"],
+        }
         for i, name in enumerate(("aligned", "crossing")):
             sl = slice(i * n, (i + 1) * n)
-            d_final = np.asarray(c["d_final"][sl])
-            row[f"{name} jump D(2g)/D(g/2)"] = _contrast(d_final, ratios, 0.5, 2.0)
+            row[f"{name} jump"] = an.drift_jump_ratio(
+                c["d_final"][sl], ratios, below=0.5, above=2.0
+            )
             row[f"{name} R2"] = an.drift_time_fit(eps, np.asarray(c["t_dev"][sl]))["r2"]
-        contrasts.append((row["crossing jump D(2g)/D(g/2)"], row["aligned jump D(2g)/D(g/2)"]))
         rows.append(row)
-    sharp = sum(cr >= 5 * al for cr, al in contrasts)
+    sharp = sum(r["crossing jump"] >= 5 * r["aligned jump"] for r in rows)
     r2s = [r[f"{k} R2"] for r in rows for k in ("aligned", "crossing")]
+    med = {k: np.median([r[f"{k} jump"] for r in rows]) for k in ("aligned", "crossing")}
     checks = [
         sweep.check(
             "(b) MiniLM heads: D(T) jumps at eps ~ gap for crossing (>= 5x aligned's ratio)",
-            sharp > len(rows) / 2,
-            f"{sharp}/{len(rows)} heads; median ratio crossing "
-            f"{np.median([c[0] for c in contrasts]):.2f} vs aligned {np.median([c[1] for c in contrasts]):.2f}",
+            bool(sharp > len(rows) / 2),
+            f"{sharp}/{len(rows)} heads; median D(2g)/D(g/2) crossing {med['crossing']:.2f} vs "
+            f"aligned {med['aligned']:.2f}",
         ),
         sweep.check(
             "(a) MiniLM heads: T_dev affine in log(1/eps), R2 > 0.9",
             bool(np.all(np.asarray(r2s) > 0.9)),
-            f"median R2 {np.nanmedian(r2s):.3f} ({np.sum(np.isfinite(r2s))} fits with >= 3 finite T_dev)",
+            f"median R2 {_nanmedian(r2s):.3f} ({np.sum(np.isfinite(r2s))}/{len(r2s)} fits with "
+            ">= 3 finite T_dev)",
         ),
     ]
     return rows, checks
 
 
-def _plots(workdir, config, cells, mcells):
+def _heatmap(path, c, eps, g, title):
     import matplotlib
 
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
+    curves = np.asarray(c["curves"])
+    t = np.arange(curves.shape[1]) * 5 * c["dt_record"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=100)
+    for i, (ax, name) in enumerate(zip(axes, ("aligned", "crossing"), strict=True)):
+        im = ax.pcolormesh(t, eps, curves[i * len(eps) : (i + 1) * len(eps)], shading="nearest")
+        ax.set_yscale("log")
+        ax.axhline(g, color="w", ls=":")
+        ax.set(title=f"D(t, eps), {name}", xlabel="depth t", ylabel="eps")
+        fig.colorbar(im, ax=ax)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _plots(workdir, config, cells, mcells):
     dd = config.data
-    for model in dd.models:
-        for d in dd.dims:
-            for g in dd.gaps:
-                c = cells[(model, d, g, 0)]
-                eps = np.asarray(c["eps"])
-                curves = np.asarray(c["curves"])
-                t = np.arange(curves.shape[1]) * 5 * c["dt_record"]
-                fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=100)
-                for ax, name in zip(axes, ("aligned", "crossing"), strict=True):
-                    i = DIRECTIONS.index(name)
-                    im = ax.pcolormesh(
-                        t, eps, curves[i * len(eps) : (i + 1) * len(eps)], shading="nearest"
-                    )
-                    ax.set_yscale("log")
-                    ax.axhline(g, color="w", ls=":")
-                    ax.set(title=f"D(t, eps), {name}", xlabel="depth t", ylabel="eps")
-                    fig.colorbar(im, ax=ax)
-                fig.suptitle(f"{model}, d={d}, gap={g}")
-                fig.tight_layout()
-                fig.savefig(os.path.join(workdir, f"heatmap_{model}_d{d}_g{g}.png"))
-                plt.close(fig)
-                common.plot_curves(
-                    os.path.join(workdir, f"tdev_{model}_d{d}_g{g}.png"),
-                    {
-                        name: (
-                            np.log(1 / eps)[np.isfinite(tt)].tolist(),
-                            tt[np.isfinite(tt)].tolist(),
-                        )
-                        for i, name in enumerate(DIRECTIONS)
-                        for tt in [np.asarray(c["t_dev"][i * len(eps) : (i + 1) * len(eps)])]
-                    },
-                    title=f"T_dev(eps, delta={config.eval.delta}), {model}, d={d}, gap={g}",
-                    xlabel="log(1/eps)",
-                    ylabel="T_dev",
-                )
-                common.plot_curves(
-                    os.path.join(workdir, f"dfinal_{model}_d{d}_g{g}.png"),
-                    {
-                        name: (
-                            np.log10(eps).tolist(),
-                            c["d_final"][i * len(eps) : (i + 1) * len(eps)],
-                        )
-                        for i, name in enumerate(DIRECTIONS)
-                    },
-                    title=f"D(T, eps), {model}, d={d}, gap={g}",
-                    xlabel="log10 eps",
-                    ylabel="D(T)",
-                    marks={"gap": float(np.log10(g))} if g > 0 else None,
-                )
+    for model, d, g in ((m, d, g) for m in dd.models for d in dd.dims for g in dd.gaps):
+        c, tag = cells[(model, d, g, 0)], f"{model}_d{d}_g{g}"
+        eps = np.asarray(c["eps"])
+        _heatmap(os.path.join(workdir, f"heatmap_{tag}.png"), c, eps, g, f"{model}, d={d}, gap={g}")
+        per = {n: slice(i * len(eps), (i + 1) * len(eps)) for i, n in enumerate(DIRECTIONS)}
+        tdev = {n: np.asarray(c["t_dev"][sl]) for n, sl in per.items()}
+        common.plot_curves(
+            os.path.join(workdir, f"tdev_{tag}.png"),
+            {n: (np.log(1 / eps)[np.isfinite(t)], t[np.isfinite(t)]) for n, t in tdev.items()},
+            title=f"T_dev(eps, delta={config.eval.delta}), {model}, d={d}, gap={g}",
+            xlabel="log(1/eps)",
+            ylabel="T_dev",
+        )
+        common.plot_curves(
+            os.path.join(workdir, f"dfinal_{tag}.png"),
+            {n: (np.log10(eps), c["d_final"][sl]) for n, sl in per.items()},
+            title=f"D(T, eps), {model}, d={d}, gap={g}",
+            xlabel="log10 eps",
+            ylabel="D(T)",
+            marks={"gap": float(np.log10(g))} if g > 0 else None,
+        )
     if mcells:
-        n = len(config.minilm.ratios)
-        ratios = list(config.minilm.ratios)
-        med = {
-            name: (
-                np.log10(ratios).tolist(),
-                np.median(
-                    [c["d_final"][i * n : (i + 1) * n] for c in mcells.values()], axis=0
-                ).tolist(),
-            )
-            for i, name in enumerate(("aligned", "crossing"))
-        }
+        n, x = len(config.minilm.ratios), np.log10(config.minilm.ratios)
+        dfin = np.asarray([c["d_final"] for c in mcells.values()])
         common.plot_curves(
             os.path.join(workdir, "minilm_dfinal.png"),
-            med,
+            {
+                k: (x, np.median(dfin[:, i * n : (i + 1) * n], 0))
+                for i, k in enumerate(("aligned", "crossing"))
+            },
             title="MiniLM heads: median D(T) vs eps / gap",
             xlabel="log10(eps / gap)",
             ylabel="D(T)",
             marks={"gap": 0.0},
         )
+        for (layer, head), c in list(mcells.items())[:2]:
+            _heatmap(
+                os.path.join(workdir, f"heatmap_minilm_L{layer}H{head}.png"),
+                c,
+                np.asarray(c["ratios"]),
+                1.0,
+                f"MiniLM layer {layer} head {head} (eps in units of the gap)",
+            )
 
 
 def run(config: Any, workdir: str) -> dict:
@@ -437,8 +398,8 @@ def run(config: Any, workdir: str) -> dict:
     for cell in tqdm.tqdm(grid, disable=not config.log.progress, desc="synthetic"):
         name = "synthetic/{}/d={}/gap={}/seed={}".format(*cell)
         cells[cell] = store.get(name, lambda cell=cell: synthetic_cell(config, *cell))
-    rows, fits = _synthetic_rows(config, cells)
-    checks = _synthetic_checks(config, rows, fits, cells)
+    rows = _synthetic_rows(config, cells)
+    checks = _synthetic_checks(config, rows, cells)
     mcells, mrows = {}, []
     if config.minilm.enabled:
         mc = config.minilm
@@ -457,25 +418,9 @@ def run(config: Any, workdir: str) -> dict:
         checks += mchecks
     store.close()
     _plots(workdir, config, cells, mcells)
-    for r in mrows:
-        r["model"] = f"MiniLM L{r.pop('layer')}H{r.pop('head')}"
-    columns = [
-        "model",
-        "d",
-        "gap",
-        "direction",
-        "R2 log-affine",
-        "slope",
-        "R2 power law",
-        "finite T_dev",
-        "D(T) eps<=g/2",
-        "D(T) eps>=2g",
-        "jump D(2g)/D(g/2)",
-        "W2(T) eps=max",
-    ]
-    mcols = ["beta", "|V|"] + [
-        f"{n} {k}" for n in ("aligned", "crossing") for k in ("jump D(2g)/D(g/2)", "R2")
-    ]
+    columns = ["model", "d", "gap", "direction", "r2", "slope", "power_r2", "finite T_dev"]
+    columns += ["D(T) eps<=g/2", "D(T) eps>=2g", "jump", "W2(T) eps=max"]
+    mcols = ["beta", "|V|", "aligned jump", "aligned R2", "crossing jump", "crossing R2"]
     return sweep.write_sweep_results(
         workdir,
         rows + mrows,

@@ -67,6 +67,7 @@ __all__ = [
     "ValueSpectrum",
     "attention_lipschitz",
     "attention_velocity",
+    "drift_jump_ratio",
     "drift_time_fit",
     "gap_value_matrix",
     "gronwall_time_to_deviation",
@@ -507,9 +508,13 @@ def drift_time_fit(eps: ArrayLike, t_dev: ArrayLike) -> dict[str, float]:
       eps: ``(p,)`` perturbation sizes ``> 0``.
       t_dev: ``(p,)`` times to deviation (``inf`` = never deviated; left out of the fit).
 
+    For comparison it also fits the power law :math:`\log T_{dev} \approx c + p\log(1/\varepsilon)`
+    (what a drift growing polynomially, rather than exponentially, in ``t`` gives).
+
     Returns:
-      ``{"slope": a, "intercept": b, "r2": R², "num_points": k}`` (float64); ``r2`` and the
-      coefficients are NaN with fewer than 3 finite points or constant ``T_dev``.
+      ``{"slope": a, "intercept": b, "r2": R², "power_exponent": p, "power_r2": R²_power,
+      "num_points": k}`` (float64); the fitted values are NaN with fewer than 3 finite points or
+      constant ``T_dev`` (``power_*`` also when some ``T_dev <= 0``).
 
     Raises:
       ValueError: shapes differ or some ``ε <= 0``.
@@ -521,13 +526,54 @@ def drift_time_fit(eps: ArrayLike, t_dev: ArrayLike) -> dict[str, float]:
     if np.any(eps <= 0):
         raise ValueError("eps must be > 0 (the fit is in log(1/eps)).")
     ok = np.isfinite(t)
-    nan = {"slope": math.nan, "intercept": math.nan, "r2": math.nan, "num_points": int(ok.sum())}
-    if ok.sum() < 3:
-        return nan
-    xs, ys = np.log(1.0 / eps[ok]), t[ok]
-    ss_tot = float(np.sum((ys - ys.mean()) ** 2))
-    if ss_tot == 0.0:
-        return nan
+    xs = np.log(1.0 / eps[ok])
+    slope, intercept, r2 = _linear_fit(xs, t[ok])
+    if np.all(t[ok] > 0):
+        power, _, power_r2 = _linear_fit(xs, np.log(t[ok]))
+    else:
+        power = power_r2 = math.nan
+    return {
+        "slope": slope,
+        "intercept": intercept,
+        "r2": r2,
+        "power_exponent": power,
+        "power_r2": power_r2,
+        "num_points": int(ok.sum()),
+    }
+
+
+def _linear_fit(xs: np.ndarray, ys: np.ndarray) -> tuple[float, float, float]:
+    """``(slope, intercept, R²)`` of least squares ``y ≈ a x + b``; NaNs if ill-posed."""
+    if len(xs) < 3 or float(np.ptp(ys)) == 0.0:
+        return math.nan, math.nan, math.nan
     a, b = np.polyfit(xs, ys, 1)
-    r2 = 1.0 - float(np.sum((ys - (a * xs + b)) ** 2)) / ss_tot
-    return {"slope": float(a), "intercept": float(b), "r2": r2, "num_points": int(ok.sum())}
+    ss_tot = float(np.sum((ys - ys.mean()) ** 2))
+    return float(a), float(b), 1.0 - float(np.sum((ys - (a * xs + b)) ** 2)) / ss_tot
+
+
+def drift_jump_ratio(
+    d_final: ArrayLike, eps: ArrayLike, *, below: float, above: float, floor: float = 1e-3
+) -> float:
+    r"""Sharpness of a drift transition: :math:`D(T, arepsilon_{hi}) / D(T, arepsilon_{lo})`.
+
+    ``ε_lo`` is the largest grid value ``<= below`` and ``ε_hi`` the smallest ``>= above``
+    (e.g. ``below = gap/2``, ``above = 2 gap``); a drift linear in ``ε`` gives
+    ``ε_hi/ε_lo``, a phase transition between them much more.
+
+    Args:
+      d_final: ``(p,)`` drift at the final time for each ``ε``.
+      eps: ``(p,)`` increasing grid of ``ε``.
+      below, above: the window around the expected transition.
+      floor: lower bound on the denominator (a drift of exactly 0 below the transition).
+
+    Returns:
+      The ratio, or NaN when the grid has no point on one side of the window.
+    """
+    d_final, eps = np.asarray(d_final, np.float64), np.asarray(eps, np.float64)
+    if d_final.shape != eps.shape or eps.ndim != 1:
+        raise ValueError(f"d_final and eps must be (p,) arrays; got {d_final.shape}, {eps.shape}.")
+    lo = np.flatnonzero(eps <= below * (1 + 1e-6))
+    hi = np.flatnonzero(eps >= above * (1 - 1e-6))
+    if not len(lo) or not len(hi):
+        return math.nan
+    return float(d_final[hi[0]] / max(d_final[lo[-1]], floor))

@@ -92,13 +92,14 @@ def test_drift_and_time_to_deviation_follow_their_definitions():
     u = an.value_spectrum(v).second
     eps = jnp.asarray([0.01, 0.5])
     dvs = jax.vmap(lambda e: an.rank_one_perturbation(u, eps=e))(eps)
-    drift, ref_t, x_t = an.perturbed_drift(
-        x0, q, k, v, dvs, dt=0.05, num_steps=200, record_every=4, return_final=True
-    )
+    kw = dict(dt=0.05, num_steps=200, record_every=4)
+    drift, ref_t, x_t = jax.jit(
+        lambda dvs: an.perturbed_drift(x0, q, k, v, dvs, return_final=True, **kw)
+    )(dvs)
     # W2 of the final measures is at most the RMS (hence the max) token displacement.
     assert an.wasserstein2(x_t[1], ref_t) <= float(drift[1, -1]) + 1e-6
-    a = an.simulate_tokens(x0, q, k, v, dt=0.05, num_steps=200, record_every=4)
-    b = an.simulate_tokens(x0, q, k, v + dvs[1], dt=0.05, num_steps=200, record_every=4)
+    sim = jax.jit(lambda vv: an.simulate_tokens(x0, q, k, vv, **kw))  # one compilation
+    a, b = sim(v), sim(v + dvs[1])
     want = np.max(np.linalg.norm(np.asarray(a) - np.asarray(b), axis=-1), axis=-1)
     np.testing.assert_allclose(drift[1], want, atol=1e-5)
     t_dev = np.asarray(an.time_to_deviation(drift, dt_record=0.2, delta=0.1))
@@ -142,8 +143,13 @@ def test_drift_time_fit_recovers_an_affine_law():
     fit = an.drift_time_fit(eps, 3.0 * np.log(1 / eps) + 2.0)
     assert fit["slope"] == pytest.approx(3.0) and fit["intercept"] == pytest.approx(2.0)
     assert fit["r2"] == pytest.approx(1.0)
-    t = np.where(eps < 0.01, np.inf, 1.0 / eps)  # never-deviating points are left out
-    assert an.drift_time_fit(eps, t)["num_points"] == 5
+    t = np.where(eps < 0.01, np.inf, 2.0 / eps**0.5)  # never-deviating points are left out
+    fit = an.drift_time_fit(eps, t)
+    assert fit["num_points"] == 5 and fit["r2"] < 0.99
+    assert fit["power_exponent"] == pytest.approx(0.5) and fit["power_r2"] == pytest.approx(1.0)
+    d_final = np.where(eps < 0.2, 0.01 * eps, 1.0)  # a jump between eps = 0.1 and 1
+    assert an.drift_jump_ratio(d_final, eps, below=0.1, above=1.0) == pytest.approx(1.0 / 1e-3)
+    assert np.isnan(an.drift_jump_ratio(d_final, eps, below=1e-4, above=1.0))
 
 
 def test_bad_inputs_raise_clear_errors():
