@@ -15,8 +15,8 @@ from experiments.common import ConfigError
 def test_attention_dynamics_smoke_runs_and_resumes(tmp_path):
     c = p3_config.get_config("smoke")
     m = p3_exp.run(c, str(tmp_path))
-    assert m["rows"] == len(p3_exp.DIRECTIONS) + 1  # one row per direction + one head
-    for name in ("results.md", "heatmap_sphere_d3_g0.2.png", "minilm_dfinal.png"):
+    assert m["rows"] == len(p3_exp.DIRECTIONS) and m["minilm_heads"] == 1
+    for name in ("results.md", "heatmap_sphere_d3_g0.2.png", "minilm_dfinal.png", "minilm.json"):
         assert (tmp_path / name).exists(), name
     cells = sorted((tmp_path / "cells").glob("**/*.json"))
     assert len(cells) == 2
