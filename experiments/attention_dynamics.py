@@ -68,7 +68,7 @@ def _drift(x0, q, k, v, deltas, beta, which, kw):
     )
 
 
-def _summaries(config, eps, drift, ref_t, x_t, dt_rec):
+def _summaries(config, drift, ref_t, x_t, dt_rec):
     """Per-perturbation D(T), max D, T_dev, W2(T) (host floats)."""
     drift = np.asarray(drift, np.float64)
     t_dev = np.asarray(an.time_to_deviation(drift, dt_record=dt_rec, delta=config.eval.delta))
@@ -112,7 +112,7 @@ def synthetic_cell(config: Any, model: str, d: int, gap: float, seed: int) -> di
     drift_k, _, xk = _drift(x0, eye, eye, v, dk, m.beta, "k", kw)
     drift = jnp.concatenate([drift_v, drift_k])
     dt_rec = m.dt * m.record_every
-    out = _summaries(config, eps, drift, ref_t, jnp.concatenate([xv, xk]), dt_rec)
+    out = _summaries(config, drift, ref_t, jnp.concatenate([xv, xk]), dt_rec)
     out.update(eps=np.asarray(eps).tolist(), directions=list(DIRECTIONS), dt_record=dt_rec)
     if seed == 0:  # curves for heat maps and depth plots (every 5th record)
         out["curves"] = np.round(np.asarray(drift[:, ::5], np.float64), 5).tolist()
@@ -147,11 +147,9 @@ def minilm_inputs(config: Any) -> tuple[list, np.ndarray]:
 
 def minilm_cell(config: Any, x0, beta, att, width, head) -> dict:
     mc, m = config.minilm, config.model
-    s = slice(width * head, width * (head + 1))
-    kern = {n: np.asarray(att[n]["kernel"], np.float64) for n in ("query", "key", "value", "out")}
-    q, k = kern["query"][:, s].T, kern["key"][:, s].T
-    v = (kern["value"][:, s] @ kern["out"][s, :]).T  # OV circuit, column convention
-    sp = an.value_spectrum(jnp.asarray(v, jnp.float32))
+    kernels = [att[n]["kernel"] for n in ("query", "key", "value", "out")]
+    q, k, v = an.head_matrices(*kernels, num_heads=x0.shape[-1] // width, head=head)
+    sp = an.value_spectrum(v)
     ratios = jnp.asarray(mc.ratios, jnp.float32)
     eps = sp.gap * ratios
     dv = jnp.concatenate(
@@ -166,12 +164,12 @@ def minilm_cell(config: Any, x0, beta, att, width, head) -> dict:
         ("record_every", m.record_every),
         ("sphere", True),
     )
-    qk = (jnp.asarray(q, jnp.float32), jnp.asarray(k, jnp.float32), jnp.asarray(v, jnp.float32))
+    qk = (q, k, v)
     dt_rec = m.dt * m.record_every
     per, curves = [], []
     for p in range(x0.shape[0]):
         drift, ref_t, xt = _drift(jnp.asarray(x0[p]), *qk, dv, beta, "v", kw)
-        per.append(_summaries(config, eps, drift, ref_t, xt, dt_rec))
+        per.append(_summaries(config, drift, ref_t, xt, dt_rec))
         curves.append(np.asarray(drift[:, ::5], np.float64))
     mean = {key: np.mean([r[key] for r in per], axis=0).tolist() for key in per[0]}
     return {
@@ -180,7 +178,7 @@ def minilm_cell(config: Any, x0, beta, att, width, head) -> dict:
         "dt_record": dt_rec,
         "gap": float(sp.gap),
         "lambda": np.asarray(sp.eigenvalues[:3], np.float64).tolist(),
-        "v_norm": float(np.linalg.norm(v, 2)),
+        "v_norm": float(np.linalg.norm(np.asarray(v, np.float64), 2)),
         "beta": beta,
         "eps": np.asarray(eps, np.float64).tolist(),
         "ratios": list(mc.ratios),

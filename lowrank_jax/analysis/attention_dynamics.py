@@ -71,6 +71,7 @@ __all__ = [
     "drift_time_fit",
     "gap_value_matrix",
     "gronwall_time_to_deviation",
+    "head_matrices",
     "perturbed_drift",
     "random_lowrank_perturbation",
     "rank_one_perturbation",
@@ -418,6 +419,44 @@ def value_spectrum(v: ArrayLike) -> ValueSpectrum:
     w, u = jnp.linalg.eigh(0.5 * (v + v.T))
     w, u = w[::-1], u[:, ::-1]
     return ValueSpectrum(w, w[0] - w[1], u[:, 0], u[:, 1])
+
+
+def head_matrices(
+    query_kernel: ArrayLike,
+    key_kernel: ArrayLike,
+    value_kernel: ArrayLike,
+    out_kernel: ArrayLike,
+    *,
+    num_heads: int,
+    head: int,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    r"""One head of a multi-head attention layer as the particle model's ``(Q, K, V)``.
+
+    With row-convention kernels ``W_q, W_k, W_v, W_o`` (``(d, d)``, ``y = x W``; e.g.
+    ``lowrank_jax.models.SelfAttention``) and head ``h`` owning columns ``s`` of width
+    ``k = d / num_heads``: :math:`Q = W_q[:, s]^\top`, :math:`K = W_k[:, s]^\top` (``(k, d)``) and
+    the OV circuit :math:`V = (W_v[:, s] W_o[s, :])^\top` (``(d, d)``, rank ``<= k``). Then the
+    head's output on tokens ``x`` (biases left out) is
+    ``attention_velocity(x, Q, K, V, beta=1/sqrt(k), sphere=False)`` (a test checks it).
+
+    Returns:
+      ``(q (k, d), k (k, d), v (d, d))``.
+
+    Raises:
+      ValueError: kernels not ``(d, d)``, ``num_heads`` not dividing ``d``, or ``head`` out of range.
+    """
+    ws = [jnp.asarray(w) for w in (query_kernel, key_kernel, value_kernel, out_kernel)]
+    d = ws[0].shape[0]
+    if any(w.shape != (d, d) for w in ws):
+        raise ValueError(f"kernels must all be (d, d); got {[w.shape for w in ws]}.")
+    if num_heads < 1 or d % num_heads:
+        raise ValueError(f"num_heads={num_heads} must be >= 1 and divide d={d}.")
+    if not 0 <= head < num_heads:
+        raise ValueError(f"head must lie in [0, {num_heads}); got {head}.")
+    width = d // num_heads
+    s = slice(width * head, width * (head + 1))
+    wq, wk, wv, wo = ws
+    return wq[:, s].T, wk[:, s].T, (wv[:, s] @ wo[s, :]).T
 
 
 # ----------------------------------------------------------------------------------------------

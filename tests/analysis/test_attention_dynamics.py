@@ -178,3 +178,30 @@ def test_bad_inputs_raise_clear_errors():
         an.random_lowrank_perturbation(jax.random.key(0), 3, rank=4, eps=1.0)
     with pytest.raises(ValueError, match="delta must be > 0"):
         an.time_to_deviation(jnp.zeros(3), dt_record=0.1, delta=0.0)
+
+
+def test_head_matrices_reproduce_a_real_attention_head():
+    from lowrank_jax.models import SelfAttention
+
+    d, heads = 8, 2
+    x = jax.random.normal(jax.random.key(4), (1, 5, d))
+    layer = SelfAttention(heads)
+    variables = layer.init(jax.random.key(5), x)
+    params = jax.tree.map(jnp.zeros_like, variables["params"])  # zero biases, kernels below
+    kernels = {}
+    for i, name in enumerate(("query", "key", "value", "out")):
+        kernels[name] = jax.random.normal(jax.random.key(10 + i), (d, d)) / np.sqrt(d)
+        params[name]["kernel"] = kernels[name]
+    want = layer.apply({"params": params}, x)[0]
+    got = sum(
+        an.attention_velocity(
+            x[0],
+            *an.head_matrices(*kernels.values(), num_heads=heads, head=h),
+            beta=1 / np.sqrt(d // heads),
+            sphere=False,
+        )
+        for h in range(heads)
+    )
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="head must lie"):
+        an.head_matrices(*kernels.values(), num_heads=heads, head=2)
