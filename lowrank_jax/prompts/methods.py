@@ -92,13 +92,18 @@ def _gather(table: jax.Array, missing: jax.Array) -> jax.Array:
     return jnp.tensordot(onehot, table, axes=1)
 
 
+def _jit_init(module: nn.Module) -> Callable[[jax.Array], Any]:
+    """``key -> module.init(key)["params"]``, jitted (one compilation instead of one small
+    compilation per initialiser shape when run eagerly)."""
+    return jax.jit(lambda key: module.init(key)["params"])
+
+
 def _from_module(
     name: str, module: nn.Module, num_modalities: int, mask_fn: Callable | None = None
 ) -> PromptMethod:
     """A PromptMethod whose (K, L, T, d) table is ``module.apply(params)``."""
 
-    def init(key: jax.Array) -> Any:
-        return module.init(key)["params"]
+    init = _jit_init(module)
 
     def prompts(params: Any, missing: jax.Array) -> Prompts:
         missing = _check_missing(missing, num_modalities)
@@ -165,8 +170,7 @@ def modality_prompts(
     _check_dims(num_modalities, num_layers, num_tokens, dim)
     module = _TypePrompts((num_modalities, num_layers, num_tokens, dim))
 
-    def init(key: jax.Array) -> Any:
-        return module.init(key)["params"]
+    init = _jit_init(module)
 
     def prompts(params: Any, missing: jax.Array) -> Prompts:
         missing = _check_missing(missing, num_modalities)

@@ -21,21 +21,23 @@ def setup():
     )
     k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
     feats = {"img": jax.random.normal(k1, (B, 7)), "txt": jax.random.normal(k2, (B, 5))}
-    params = model.init(k3, feats)["params"]
+    params = jax.jit(model.init)(k3, feats)["params"]
     return model, feats, params
 
 
-def _methods(layers=2, tokens=4):
-    kw = dict(num_modalities=2, num_layers=layers, num_tokens=tokens, dim=DIM)
-    return [
-        P.map_prompts(**kw),
-        P.modality_prompts(**kw),
-        P.dcp_prompts(**kw, bottleneck=4),
-        P.spr_prompts(**kw, hidden=8),
-        P.spr_prompts(**kw, hidden=8, gif=False),
-        P.spr_prompts(**kw, hidden=8, lfr=False),
-        P.spr_prompts(**kw, hidden=8, cfs=False),
+KW = dict(num_modalities=2, num_layers=2, num_tokens=4, dim=DIM)
+
+
+@pytest.fixture(scope="module")
+def methods():
+    """The four prompt methods with their initial parameters (initialised once)."""
+    ms = [
+        P.map_prompts(**KW),
+        P.modality_prompts(**KW),
+        P.dcp_prompts(**KW, bottleneck=4),
+        P.spr_prompts(**KW, hidden=8),
     ]
+    return {m.name: (m, m.init(jax.random.key(i))) for i, m in enumerate(ms)}
 
 
 PATTERNS = {
@@ -46,28 +48,25 @@ PATTERNS = {
 }
 
 
-def test_disabled_prompts_and_probe_equal_the_frozen_model(setup):
+def test_disabled_prompts_and_probe_equal_the_frozen_model(setup, methods):
     model, feats, params = setup
-    frozen_logits = model.apply({"params": params}, feats)
+    apply = jax.jit(model.apply)
+    frozen_logits = apply({"params": params}, feats)
     complete = jnp.zeros((B, 2), bool)
     frozen, head = P.split_head(params)
     probe = P.no_prompts(num_modalities=2)
-    got = P.prompted_logits(
-        model, frozen, P.init_trainable(None, probe, head), probe, feats, complete
-    )
+    got = P.prompted_logits(model, frozen, {"prompts": {}, "head": head}, probe, feats, complete)
     np.testing.assert_allclose(got, frozen_logits, rtol=0, atol=1e-6)
-    for method in _methods():
-        trainable = P.init_trainable(jax.random.key(1), method, head)
-        p, _ = method.prompts(trainable["prompts"], complete)
-        off = jnp.zeros(p.shape[:1] + p.shape[2:3], bool)
-        out = model.apply({"params": params}, feats, complete, prompts=3 * p + 1, prompt_mask=off)
-        np.testing.assert_allclose(out, frozen_logits, rtol=0, atol=1e-5, err_msg=method.name)
-        on = model.apply({"params": params}, feats, complete, prompts=3 * p + 1)
-        assert np.abs(on - frozen_logits).max() > 1e-3, method.name  # active prompts matter
+    # Any prompts, with every slot switched off, leave the frozen model's output unchanged.
+    p = jax.random.normal(jax.random.key(1), (B, 2, 4, DIM))
+    off = jnp.zeros((B, 4), bool)
+    out = apply({"params": params}, feats, complete, prompts=p, prompt_mask=off)
+    np.testing.assert_allclose(out, frozen_logits, rtol=0, atol=1e-5)
+    on = apply({"params": params}, feats, complete, prompts=p, prompt_mask=off.at[:, 1].set(True))
+    assert np.abs(on - frozen_logits).max() > 1e-3  # one active slot matters
     # MSP's groups stand in for missing modalities: a complete example sees none of them.
-    msp = _methods()[1]
-    trainable = P.init_trainable(jax.random.key(2), msp, head)
-    got = P.prompted_logits(model, frozen, trainable, msp, feats, complete)
+    msp, pp = methods["msp"]
+    got = P.prompted_logits(model, frozen, {"prompts": pp, "head": head}, msp, feats, complete)
     np.testing.assert_allclose(got, frozen_logits, rtol=0, atol=1e-5)
 
 
@@ -109,41 +108,40 @@ def _np_frozen(params, feats, keep):
     return dense(ln(x, p["ln_final"])[:, 0], p["head"])
 
 
-@pytest.mark.parametrize("name", ["complete", "img-missing", "txt-missing"])
-def test_masked_missing_modality_equals_removing_its_tokens_float64(setup, name):
+def test_masked_missing_modality_equals_removing_its_tokens_float64(setup):
     model, feats, params = setup
-    missing = jnp.array(PATTERNS[name])
-    got = jax.jit(model.apply)({"params": params}, feats, missing)
-    keep = ~np.asarray(missing[0])
-    np.testing.assert_allclose(got, _np_frozen(params, feats, keep), rtol=1e-4, atol=1e-4)
-    # The values of a missing modality's features are never read.
-    noisy = {k: v + 100.0 * missing[:, i : i + 1] for i, (k, v) in enumerate(feats.items())}
-    np.testing.assert_allclose(model.apply({"params": params}, noisy, missing), got, atol=1e-6)
+    apply = jax.jit(model.apply)
+    for name in ("complete", "img-missing", "txt-missing"):
+        missing = jnp.array(PATTERNS[name])
+        got = apply({"params": params}, feats, missing)
+        keep = ~np.asarray(missing[0])
+        want = _np_frozen(params, feats, keep)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=name)
+        # The values of a missing modality's features are never read.
+        noisy = {k: v + 100.0 * missing[:, i : i + 1] for i, (k, v) in enumerate(feats.items())}
+        np.testing.assert_allclose(apply({"params": params}, noisy, missing), got, atol=1e-6)
 
 
-def test_shapes_masks_and_type_gather_for_every_pattern(setup):
-    _, _, params = setup
-    for method in _methods(layers=2, tokens=4):
-        pp = method.init(jax.random.key(3))
-        for name, pattern in PATTERNS.items():
-            missing = jnp.array(pattern)
-            p, mask = method.prompts(pp, missing)
-            tokens = 8 if method.name == "msp" else 4
-            assert p.shape == (B, 2, tokens, DIM) and mask.shape == (B, tokens), (method.name, name)
-            if method.name == "msp":
-                np.testing.assert_array_equal(mask, np.repeat(np.asarray(missing), 4, 1))
-            else:
-                assert bool(mask.all())
-            # Examples of the same missing type get the same prompts; different types differ.
-            types = np.asarray(P.missing_type(missing))
-            for i in range(B):
-                j = int(np.argmax(types == types[i]))
-                np.testing.assert_array_equal(p[i], p[j])
-    mp = P.map_prompts(num_modalities=2, num_layers=2, num_tokens=4, dim=DIM)
-    pp = mp.init(jax.random.key(4))
+def test_shapes_masks_and_type_gather_for_every_pattern(methods):
     missing = jnp.array(PATTERNS["mixed"])
+    types = np.asarray(P.missing_type(missing))
+    np.testing.assert_array_equal(types, [0, 1, 2] * (B // 3))
+    for name, (method, pp) in methods.items():
+        p, mask = jax.jit(method.prompts)(pp, missing)
+        tokens = 8 if name == "msp" else 4
+        assert p.shape == (B, 2, tokens, DIM) and mask.shape == (B, tokens), name
+        if name == "msp":  # group i (4 slots) on where modality i is missing
+            np.testing.assert_array_equal(mask, np.repeat(np.asarray(missing), 4, 1))
+            np.testing.assert_array_equal(p[0, :, :4], pp["prompts"][0])
+            np.testing.assert_array_equal(p[0, :, 4:], pp["prompts"][1])
+        else:
+            assert bool(mask.all()), name
+        # Examples of one missing type get the same prompts; the three types differ.
+        np.testing.assert_array_equal(p[:3], p[3:])
+        assert (name == "msp") == bool(jnp.all(p[0] == p[1]))
+    mp, pp = methods["map"]
     p, _ = mp.prompts(pp, missing)
-    np.testing.assert_array_equal(p, pp["prompts"][np.array([0, 1, 2] * (B // 3))])
+    np.testing.assert_array_equal(p, pp["prompts"][types])
 
 
 def test_spr_at_init_is_its_map_base_and_each_module_acts_as_specified():
@@ -164,10 +162,11 @@ def test_spr_at_init_is_its_map_base_and_each_module_acts_as_specified():
         return jax.tree_util.tree_map_with_path(bump, params)
 
     def change(method, params, at):  # which prompt entries move when base[:, at] moves
-        base, _ = method.prompts(params, missing)
+        prompts = jax.jit(method.prompts)
+        base, _ = prompts(params, missing)
         moved = jax.tree.map(lambda x: x, params)
         moved["prompts"] = params["prompts"].at[at].add(1.0)
-        out, _ = method.prompts(moved, missing)
+        out, _ = prompts(moved, missing)
         return np.abs(np.asarray(out - base)).max(-1) > 1e-7  # (types, L, T)
 
     # GIF is bidirectional along layers: the last layer's base prompt reaches layer 0.
@@ -205,16 +204,16 @@ def test_dcp_generation_is_residual_and_correlates_the_modality_groups():
     assert diff[1, 1] < 1e-7 and diff[1, 3] < 1e-7  # other positions are not
 
 
-@pytest.mark.parametrize("index", range(5))
-def test_gradients_reach_prompts_and_head_never_the_backbone(setup, index):
+@pytest.mark.parametrize("name", ["probe", "map", "msp", "dcp", "spr"])
+def test_gradients_reach_prompts_and_head_never_the_backbone(setup, methods, name):
     model, feats, params = setup
-    method = [P.map_prompts, P.modality_prompts, P.dcp_prompts, P.spr_prompts, P.no_prompts][index]
-    kw = {} if index == 4 else dict(num_layers=2, num_tokens=4, dim=DIM)
-    method = method(num_modalities=2, **kw)
+    if name == "probe":
+        method, pp = P.no_prompts(num_modalities=2), {}
+    else:  # shifted, so that zero-initialised generator outputs pass gradients on too
+        method, pp = methods[name]
+        pp = jax.tree.map(lambda x: x + 0.05, pp)
     frozen, head = P.split_head(params)
-    trainable = P.init_trainable(jax.random.key(8), method, head)
-    if index:  # non-zero generator outputs, so that every prompt parameter is used
-        trainable["prompts"] = jax.tree.map(lambda x: x + 0.05, trainable["prompts"])
+    trainable = {"prompts": pp, "head": head}
     missing = jnp.array(PATTERNS["mixed"])
     y = jnp.arange(B) % 4
 
@@ -228,11 +227,11 @@ def test_gradients_reach_prompts_and_head_never_the_backbone(setup, index):
         assert float(jnp.abs(g).max()) > 0, jax.tree_util.keystr(path)
 
 
-def test_one_compilation_serves_every_missing_pattern(setup):
+def test_one_compilation_serves_every_missing_pattern(setup, methods):
     model, feats, params = setup
-    method = P.spr_prompts(num_modalities=2, num_layers=2, num_tokens=4, dim=DIM, hidden=8)
+    method, pp = methods["spr"]
     frozen, head = P.split_head(params)
-    trainable = P.init_trainable(jax.random.key(9), method, head)
+    trainable = {"prompts": pp, "head": head}
     traces = []
 
     @jax.jit
