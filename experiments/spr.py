@@ -238,6 +238,7 @@ def _cell(config, ctx, method, fns, seed: int) -> dict[str, Any]:
         trials.append((macro_f1(trainable, valid), lr, trainable))
     best_f1, best_lr, trainable = max(trials, key=lambda t: t[0])
     out = {
+        "pretrain_valid_accuracy": ctx["pretrain_valid_accuracy"],
         "learning_rate": best_lr,
         "valid_f1": {str(lr): f for f, lr, _ in trials},
         "trainable_params": prompts.count_params(trainable),
@@ -263,6 +264,7 @@ def _context(config, model, arrays, pre, seed) -> dict[str, Any]:
     ctx = {
         "frozen": frozen,
         "head": head,
+        "pretrain_valid_accuracy": pre["complete_valid_accuracy"].get("valid/accuracy", np.nan),
         "train": _with_missing(arrays["train"], pattern("train", rate, "both", 0)),
         "valid": _with_missing(arrays["valid"], pattern("valid", rate, "both", 1)),
         "tests": {},
@@ -338,7 +340,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
     store = sweep.CellStore(workdir)
     num = len(config.data.views)
     methods = {m: _method(config, m, num) for m in config.methods}
-    model, fns, pretrain = None, {}, {}
+    model, fns = None, {}
     bar = tqdm(total=len(config.seeds) * len(methods), desc="spr cells", disable=None)
     for seed in config.seeds:
         keys = {m: f"seed={seed}/{m}" for m in methods}
@@ -359,7 +361,6 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
                     jax.jit(lambda t, f, x, mi, fwd=fwd: fwd(f, t, features=x, missing=mi)),
                 )
         pre = _pretrain(config, model, arrays, seed, workdir)
-        pretrain[seed] = pre["complete_valid_accuracy"].get("valid/accuracy", float("nan"))
         ctx = _context(config, model, arrays, pre, seed)
         for m, method in methods.items():
             store.get(keys[m], functools.partial(_cell, config, ctx, method, fns[m], seed))
@@ -382,9 +383,10 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
         ylabel="macro-F1",
     )
     extra = {"plots": os.path.basename(plot), "views": "+".join(config.data.views)}
-    if pretrain:
-        extra["pretrained complete valid accuracy"] = ", ".join(
-            f"seed {s}: {a:.3f}" for s, a in pretrain.items()
+    first = [store.cells[f"seed={s}/{config.methods[0]}"] for s in config.seeds]
+    if all("pretrain_valid_accuracy" in c for c in first):  # the frozen backbone, complete data
+        extra["pretrained backbone, complete valid accuracy"] = ", ".join(
+            f"{c['pretrain_valid_accuracy']:.3f}" for c in first
         )
     cmd = sweep.command_line("python -m experiments.train --config=configs/spr.py")
     cols = list(rows[0])  # method, prompt_params, learning_rates, then the F1 columns
