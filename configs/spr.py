@@ -34,7 +34,8 @@ METHODS = ("probe", "map", "msp", "dcp", "spr", "spr-gif", "spr-lfr", "spr-cfs")
 
 
 def get_config(arg=None):
-    """``arg``: ``smoke``, ``seeds=<count>``, ``methods=<a+b+...>``, ``views=<v0+v1>``."""
+    """``arg``: ``smoke``, ``seeds=<count>`` (at most 2 with smoke), ``methods=<a+b+...>``,
+    ``views=<v0+v1>``."""
     arg = parse_arg(arg, smoke=False, seeds=5, methods="all", views="fou+zer")
     methods = METHODS if arg.methods == "all" else tuple(arg.methods.split("+"))
     if any(m not in METHODS for m in methods):
@@ -42,7 +43,7 @@ def get_config(arg=None):
     smoke = arg.smoke
     c = ml_collections.ConfigDict()
     c.experiment = "spr"
-    c.seeds = tuple(range(2 if smoke else arg.seeds))
+    c.seeds = tuple(range(min(arg.seeds, 2) if smoke else arg.seeds))
     c.methods = ("probe", "map", "spr") if smoke and arg.methods == "all" else methods
 
     c.data = ml_collections.ConfigDict()

@@ -138,10 +138,12 @@ def _features(batch: dict[str, Any], num: int) -> dict[str, Any]:
     return {f"x{i}": batch[f"x{i}"] for i in range(num)}
 
 
-def _pretrain(config: Any, model, arrays, seed: int, workdir: str) -> dict[str, Any]:
+def _pretrainer(config: Any, model):
+    """``pretrain(arrays, seed, workdir)``: the backbone trained on complete pairs through
+    ``common.fit``. Its step and forward are built once, so later seeds reuse the compilations."""
     num = len(config.data.views)
-    params = jax.jit(model.init)(jax.random.key(seed), _features(arrays["train"], num))["params"]
     tx = optax.adamw(config.optim.pretrain_learning_rate, weight_decay=config.optim.weight_decay)
+    init, apply = jax.jit(model.init), jax.jit(model.apply)
 
     def step(state, frozen, batch, key):
         del frozen, key
@@ -155,28 +157,32 @@ def _pretrain(config: Any, model, arrays, seed: int, workdir: str) -> dict[str, 
         new = optax.apply_updates(state["params"], updates)
         return {**state, "params": new, "opt_state": opt_state}, {"loss": value}
 
-    valid = arrays["valid"]
+    def pretrain(arrays, seed: int, workdir: str) -> dict[str, Any]:
+        params = init(jax.random.key(seed), _features(arrays["train"], num))["params"]
+        valid = arrays["valid"]
 
-    def evaluate(state, frozen):
-        del frozen
-        logits = jax.jit(model.apply)({"params": state["params"]}, _features(valid, num))
-        return {"valid/accuracy": float(np.mean(np.argmax(logits, -1) == valid["y"]))}
+        def evaluate(state, frozen):
+            del frozen
+            logits = apply({"params": state["params"]}, _features(valid, num))
+            return {"valid/accuracy": float(np.mean(np.argmax(logits, -1) == valid["y"]))}
 
-    steps = config.schedule.pretrain_steps
-    result = common.fit(
-        {"params": params, "opt_state": tx.init(params), "step": 0},
-        None,
-        step,
-        data.BatchIterator(arrays["train"], batch_size=config.schedule.batch_size, seed=seed),
-        key=jax.random.key(seed + 1),
-        num_steps=steps,
-        workdir=os.path.join(workdir, f"pretrain-seed{seed}"),
-        eval_fn=evaluate,
-        log_every=min(config.log.every, steps),
-        ckpt_every=max(1, steps // 4),
-        description=f"pre-train seed {seed}",
-    )
-    return {"params": result.state["params"], "complete_valid_accuracy": result.last_eval}
+        steps = config.schedule.pretrain_steps
+        result = common.fit(
+            {"params": params, "opt_state": tx.init(params), "step": 0},
+            None,
+            step,
+            data.BatchIterator(arrays["train"], batch_size=config.schedule.batch_size, seed=seed),
+            key=jax.random.key(seed + 1),
+            num_steps=steps,
+            workdir=os.path.join(workdir, f"pretrain-seed{seed}"),
+            eval_fn=evaluate,
+            log_every=min(config.log.every, steps),
+            ckpt_every=max(1, steps // 4),
+            description=f"pre-train seed {seed}",
+        )
+        return {"params": result.state["params"], "complete_valid_accuracy": result.last_eval}
+
+    return pretrain
 
 
 def _method(config: Any, name: str, num_modalities: int) -> prompts.PromptMethod:
@@ -352,6 +358,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
         arrays = _splits(config, seed)
         if model is None:
             model = _model(config, tuple(arrays["train"][f"x{i}"].shape[1] for i in range(num)))
+            pretrain = _pretrainer(config, model)
             for m, method in methods.items():  # one loss and one forward per method: compiled once
                 fwd = functools.partial(prompts.prompted_logits, model, method=method)
                 fns[m] = (
@@ -360,7 +367,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
                     ),
                     jax.jit(lambda t, f, x, mi, fwd=fwd: fwd(f, t, features=x, missing=mi)),
                 )
-        pre = _pretrain(config, model, arrays, seed, workdir)
+        pre = pretrain(arrays, seed, workdir)
         ctx = _context(config, model, arrays, pre, seed)
         for m, method in methods.items():
             store.get(keys[m], functools.partial(_cell, config, ctx, method, fns[m], seed))
