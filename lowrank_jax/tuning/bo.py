@@ -10,8 +10,8 @@ where ``f(c)`` (``(p,)``) are fixed features (hand-made knowledge, ordinal, one-
 language model's sentence embedding of the configuration text) and ``r_θ`` is the *learnable
 residual token*: a query ``e_θ`` (``(k,)``) that attends over the candidate's token states
 ``h_t(c)`` (``(t, k)``; e.g. the frozen MiniLM's last-layer states of the configuration's word
-pieces, or one-hot value tokens), followed by the projection ``W_φ`` (``(k, q)``, initialised at 0,
-so the residual starts switched off). All of ``θ, φ`` and the kernel hyper-parameters are fitted
+pieces, or one-hot value tokens), followed by the projection ``W_φ`` (``(k, q)``, initialised small, so
+the residual starts nearly switched off). All of ``θ, φ`` and the kernel hyper-parameters are fitted
 by maximising the log marginal likelihood of the observations (type-II maximum a posteriori: weak
 Gaussian priors on the log-hyper-parameters and on ``θ, φ``), i.e. deep kernel learning (Wilson et
 al. 2016) with a one-token readout as the deep part. The acquisition is Expected Improvement (for
@@ -105,7 +105,12 @@ def _check_embedding(embedding: CandidateEmbedding) -> int:
 
 
 def init_gp_params(
-    embedding: CandidateEmbedding, *, residual_dim: int = 0, noise: float = 1e-2
+    embedding: CandidateEmbedding,
+    *,
+    residual_dim: int = 0,
+    noise: float = 1e-2,
+    key: jax.Array | None = None,
+    proj_scale: float = 0.1,
 ) -> dict[str, jax.Array]:
     """Initial GP hyper-parameters (unconstrained) for ``embedding``.
 
@@ -114,20 +119,26 @@ def init_gp_params(
       residual_dim: ``q``, the output width of the learnable residual token (0: no residual; > 0
         needs ``embedding.tokens``).
       noise: initial noise variance in standardised units.
+      key: PRNG key for the initial projection (needed with a residual).
+      proj_scale: the initial projection is ``N(0, proj_scale²/k)`` entry-wise: small, so the
+        residual starts nearly switched off, but not 0 (with a stationary kernel, ``proj = 0``
+        is a stationary point of the marginal likelihood: every residual coordinate is equal).
 
     Returns:
       ``{"mean", "log_amp", "log_noise", "log_scale" (p + q,), "query" (k,), "proj" (k, q)}``
-      (``query``/``proj`` only with a residual). Length scales start at the prior's median
-      ``exp(√2 + ½ log d)``; ``proj`` at 0 (the residual starts switched off).
+      (``query``/``proj`` only with a residual; ``query`` starts at 0: uniform attention). Length
+      scales start at the prior's median ``exp(√2 + ½ log d)``.
 
     Raises:
-      ValueError: ``residual_dim > 0`` without tokens, or negative.
+      ValueError: ``residual_dim > 0`` without tokens or without a key, or negative.
     """
     _check_embedding(embedding)
     if not isinstance(residual_dim, int) or residual_dim < 0:
         raise ValueError(f"residual_dim must be an int >= 0; got {residual_dim!r}.")
     if residual_dim and embedding.tokens is None:
         raise ValueError("residual_dim > 0 needs embedding.tokens (the states the token reads).")
+    if residual_dim and key is None:
+        raise ValueError("residual_dim > 0 needs a PRNG key for the initial projection.")
     d = embedding.features.shape[1] + residual_dim
     params = {
         "mean": jnp.zeros(()),
@@ -138,7 +149,8 @@ def init_gp_params(
     if residual_dim:
         k = embedding.tokens.shape[2]
         params["query"] = jnp.zeros((k,), jnp.float32)
-        params["proj"] = jnp.zeros((k, residual_dim), jnp.float32)
+        w = jax.random.normal(key, (k, residual_dim), jnp.float32)
+        params["proj"] = w * (proj_scale / math.sqrt(k))
     return params
 
 
@@ -334,7 +346,7 @@ def bayes_opt(
     Args:
       objective: ``(c,)`` table of scores (a precomputed grid) or ``f(index) -> float``.
       embedding: the candidates' :class:`CandidateEmbedding`.
-      key: PRNG key (initial design).
+      key: PRNG key (initial design and the residual's initial projection).
       n_init: random initial evaluations.
       budget: total evaluations (initial ones included).
       residual_dim: width ``q`` of the learnable residual token (0: none).
@@ -351,9 +363,10 @@ def bayes_opt(
     c = _check_embedding(embedding)
     f = search.score_function(objective, c)
     search.check_budget(n_init, budget, c)
-    params0 = init_gp_params(embedding, residual_dim=residual_dim)
+    k_design, k_proj = jax.random.split(key)
+    params0 = init_gp_params(embedding, residual_dim=residual_dim, key=k_proj)
     params = params0
-    first = np.asarray(jax.random.choice(key, c, (n_init,), replace=False))
+    first = np.asarray(jax.random.choice(k_design, c, (n_init,), replace=False))
     idx = np.zeros(budget, np.int32)
     y = np.zeros(budget, np.float32)
     mask = np.zeros(budget, bool)
