@@ -87,7 +87,7 @@ def encode_texts(
     encoder = models.BertEncoder(config)
 
     @jax.jit
-    def forward(ids, mask):
+    def forward(variables, ids, mask):  # weights as an argument, not folded as constants
         hidden = encoder.apply(variables, ids, mask)
         return models.sentence_embedding(hidden, mask), hidden
 
@@ -98,7 +98,9 @@ def encode_texts(
         real = len(batch["input_ids"])
         if real < batch_size and len(full) > batch_size:  # pad the last batch: one compilation
             batch = {k: np.pad(v, ((0, batch_size - real), (0, 0))) for k, v in batch.items()}
-        emb, hidden = forward(jnp.asarray(batch["input_ids"]), jnp.asarray(batch["attention_mask"]))
+        emb, hidden = forward(
+            variables, jnp.asarray(batch["input_ids"]), jnp.asarray(batch["attention_mask"])
+        )
         sentence.append(np.asarray(emb)[:real])
         start = 1 + n_prompt  # after [CLS] and the prompt's pieces
         tokens.append(np.asarray(hidden)[:real, start : start + t_max])
