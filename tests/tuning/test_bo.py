@@ -68,7 +68,7 @@ def _params():
     }
 
 
-def test_gp_posterior_and_likelihood_match_float64_numpy_with_and_without_padding():
+def test_gp_posterior_and_likelihood_with_padding_match_float64_numpy():
     rng = np.random.default_rng(0)
     f = rng.normal(size=(12, 3))
     idx = np.array([0, 3, 5, 7, 10])
@@ -76,7 +76,7 @@ def test_gp_posterior_and_likelihood_match_float64_numpy_with_and_without_paddin
     emb = tuning.CandidateEmbedding(jnp.asarray(f, jnp.float32))
     params = _params()
     ref_m, ref_v, ref_lml = _numpy_gp(params, f, idx, y)
-    for pad in (0, 4):
+    for pad in (3,):  # padded slots: one compiled shape for every number of observations
         i = jnp.asarray(np.r_[idx, np.zeros(pad, int)])
         yy = jnp.asarray(np.r_[y, np.zeros(pad)], jnp.float32)
         mask = jnp.asarray(np.r_[np.ones(len(idx)), np.zeros(pad)] > 0)
