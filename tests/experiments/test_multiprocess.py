@@ -119,6 +119,15 @@ def _checkpoints(workdir):
     return out
 
 
+def _writers(workdir):
+    """``{checkpoint step dir: processes whose array metadata it holds}`` under ``workdir``."""
+    return {
+        os.path.relpath(os.path.dirname(root), workdir): sorted(files)
+        for root, _, files in os.walk(workdir)
+        if os.path.basename(root) == "array_metadatas"
+    }
+
+
 def _numbers(result):
     """The numeric leaves of the final JSON, flattened: ``{"table/saber/final_acc": ...}``."""
     out = {}
@@ -160,6 +169,8 @@ def test_two_processes_train_like_one_with_eight_devices(tmp_path, args):
         _close(runs[name], reference[name])
     # One checkpoint per step, committed once, with the data position and key of the reference.
     assert _checkpoints(tmp_path / "two") == _checkpoints(tmp_path / "single")
+    writers = _writers(tmp_path / "two")  # each step written by both processes together
+    assert writers and all(w == ["process_0", "process_1"] for w in writers.values()), writers
     assert sorted(os.listdir(tmp_path / "two")) == sorted(os.listdir(tmp_path / "single"))
 
 
@@ -196,6 +207,7 @@ def test_a_killed_peer_stops_the_other_with_one_line_and_both_resume(tmp_path, s
     # One checkpoint per step, committed once, with the data position and key of the reference.
     assert _checkpoints(tmp_path) == _checkpoints(single[2])
     assert max(_checkpoints(tmp_path)["checkpoints"]) == 60
+    assert _writers(tmp_path)["checkpoints/60/state"] == ["process_0", "process_1"]
 
 
 @pytest.mark.parametrize(
