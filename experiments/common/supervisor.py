@@ -10,12 +10,12 @@ them, and the last line a user sees names no dead peer.
 
 :func:`watch_peers` therefore forks before JAX starts. The child returns and runs the training
 as usual (its stdout is inherited; its stderr passes through the parent, which keeps the last
-few kilobytes). The parent only waits; when the child dies by a signal, or its stderr ends with
-one of the errors above, the parent prints one line that says which process died (when JAX
-named it) and how to resume, and exits with status 1; otherwise it exits with the child's status
-(0, 130 after Ctrl-C, 1 after a ``FATAL`` user error). Signals: Ctrl-C reaches both (the child
-saves a checkpoint and exits 130; the parent ignores it); SIGTERM and SIGHUP sent to the parent
-are passed on to the child; on Linux the child is killed when the parent is (``PR_SET_PDEATHSIG``),
+few kilobytes). The parent only waits; when the child dies by a signal (``abort()`` included),
+the parent reads the errors above in its stderr and prints one line that says which process died
+(when JAX named it) and how to resume, and exits with status 1; otherwise it exits with the
+child's status (0, 130 after Ctrl-C, 1 after a ``FATAL`` user error). Signals: Ctrl-C reaches
+both (the child saves a checkpoint and exits 130; the parent ignores it); SIGTERM and SIGHUP sent
+to the parent are passed on to the child; on Linux the child is killed when the parent is (``PR_SET_PDEATHSIG``),
 so killing the command a user started kills its training too. Example (what
 ``python -m experiments.train`` does when ``config.parallel.distributed`` is true)::
 
@@ -60,9 +60,10 @@ def peer_failure_message(tail: str, exit_code: int, *, workdir: str) -> str | No
 
     Returns:
       ``"FATAL process 0 of 2 stopped because process 1 died ..."`` and how to resume, or None
-      when the child exited by itself without a peer failure (its own output says why).
+      when the child exited by itself (a status >= 0: its own output says why). JAX's
+      heartbeat failure and gloo's broken collective both end in ``abort()`` (status -6).
     """
-    if exit_code in (0, 130):  # finished, or stopped by Ctrl-C with a checkpoint
+    if exit_code >= 0:  # it exited by itself: finished, Ctrl-C (130), or its own FATAL line
         return None
     me, num = _who()
     unhealthy = _UNHEALTHY.search(tail)
@@ -88,15 +89,13 @@ def peer_failure_message(tail: str, exit_code: int, *, workdir: str) -> str | No
             "another process of the job died or the JAX coordinator (process 0) became "
             "unreachable (the JAX distributed service reported a fatal error)"
         )
-    elif exit_code < 0:
+    else:
         name = signal.Signals(-exit_code).name if -exit_code in signal.valid_signals() else ""
         cause = (
             f"its training process was killed by {name or f'signal {-exit_code}'}"
             + (" (out of memory?)" if name == "SIGKILL" else "")
             + "; the other processes of the job stop too"
         )
-    else:
-        return None
     every = f"all {num} processes" if num else "every process of the job"
     return (
         f"FATAL {me} stopped because {cause}. Rerun the same command in {every} to resume from "
