@@ -256,6 +256,11 @@ def main(argv: list[str]) -> None:
         if os.environ.get("LOWRANK_JAX_TRACEBACK"):
             raise
         sys.exit(f"FATAL {type(e).__name__}: {e} (LOWRANK_JAX_TRACEBACK=1 shows the traceback)")
+    except jax.errors.JaxRuntimeError as e:  # a multi-process collective that failed
+        message = supervisor.collective_failure_message(e, workdir=workdir)
+        if message is None or os.environ.get("LOWRANK_JAX_TRACEBACK"):
+            raise
+        sys.exit(message)
     print(json.dumps(metrics.json_safe({"workdir": workdir, **result}), indent=2, default=str))
     if result.get("interrupted"):
         sys.exit(130)

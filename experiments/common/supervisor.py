@@ -32,7 +32,7 @@ import signal
 import sys
 import threading
 
-__all__ = ["peer_failure_message", "watch_peers"]
+__all__ = ["collective_failure_message", "peer_failure_message", "watch_peers"]
 
 _TAIL_BYTES = 16384
 _PR_SET_PDEATHSIG = 1
@@ -96,11 +96,34 @@ def peer_failure_message(tail: str, exit_code: int, *, workdir: str) -> str | No
             + (" (out of memory?)" if name == "SIGKILL" else "")
             + "; the other processes of the job stop too"
         )
+    return _fatal(me, num, cause, workdir)
+
+
+def _fatal(me: str, num: str, cause: str, workdir: str) -> str:
     every = f"all {num} processes" if num else "every process of the job"
     return (
         f"FATAL {me} stopped because {cause}. Rerun the same command in {every} to resume from "
         f"the last checkpoint in {workdir}."
     )
+
+
+def collective_failure_message(error: BaseException, *, workdir: str) -> str | None:
+    """One line for a gloo failure raised as a Python exception in this process, or None.
+
+    Gloo gives up when a peer does not join a collective within about 30 s ("Gloo context
+    initialization failed: ... Connect timeout"): the peer died, or it reached that step much
+    later (e.g. it compiled far slower on a loaded machine).
+    """
+    text = str(error).strip()
+    if not _GLOO.search(text):
+        return None
+    me, num = _who()
+    cause = (
+        f"a collective with the other processes failed ({text.splitlines()[0][:160]!r}): a peer "
+        "died, or reached that step more than gloo's ~30 s later (e.g. it compiled much slower "
+        "on a loaded machine)"
+    )
+    return _fatal(me, num, cause, workdir)
 
 
 def _die_with_parent(parent: int) -> None:

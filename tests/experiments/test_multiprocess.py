@@ -248,3 +248,20 @@ def test_peer_failure_messages(monkeypatch, tail, code, cause):
     # left alone.
     for own in (0, 130, 1):
         assert supervisor.peer_failure_message("FATAL Invalid config", own, workdir=".") is None
+
+
+def test_a_gloo_error_in_this_process_is_one_line(monkeypatch):
+    monkeypatch.setenv("JAX_PROCESS_ID", "0")
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
+    error = RuntimeError(
+        "UNKNOWN: Gloo context initialization failed: [external/gloo/gloo/transport/tcp/"
+        "pair.h:311] Connect timeout [none]"
+    )
+    message = supervisor.collective_failure_message(error, workdir="runs/x")
+    assert message.startswith(
+        "FATAL process 0 of 2 stopped because a collective with the other processes failed "
+        "('UNKNOWN: Gloo context initialization failed: "
+    )
+    assert "a peer died, or reached that step more than gloo's ~30 s later" in message
+    assert message.endswith("in all 2 processes to resume from the last checkpoint in runs/x.")
+    assert supervisor.collective_failure_message(RuntimeError("out of memory"), workdir=".") is None
