@@ -424,6 +424,7 @@ def fit(
         out_shardings=(state_sh, rep),
     )
     key = sharding_lib.put_global(key, rep)
+    run_step = jitted  # with several processes: its executable, compiled before the first step
 
     def meta():
         host_window = _host_window(window)  # waits for the step, so the timing below is right
@@ -480,7 +481,12 @@ def fit(
                         f"batches ran out before step {step} of {num_steps}: pass an iterator "
                         "that repeats (e.g. BatchIterator(..., num_epochs=None))"
                     ) from None
-                state, step_metrics = jitted(state, frozen, batch, key)
+                if run_step is jitted and jax.process_count() > 1:
+                    # Compile, then wait for every process before the first collective (gloo
+                    # drops a peer that joins > ~30 s late; compile times differ under load).
+                    run_step = jitted.lower(state, frozen, batch, key).compile()
+                    sharding_lib.sync_processes("fit_first_step")
+                state, step_metrics = run_step(state, frozen, batch, key)
                 window.append(step_metrics)
                 if t_last is None:
                     jax.block_until_ready(state)
