@@ -182,5 +182,7 @@ def build(arg, *, comparison, benchmark):
     c.log = ml_collections.ConfigDict()
     c.log.every = 10 if arg.smoke else 50
     c.log.progress = True
+    c.parallel = ml_collections.ConfigDict()
+    c.parallel.distributed = False  # several processes/hosts: see experiments.common.sharding
     c.train = train_section()  # options of the shared loop: skip_nonfinite
     return c

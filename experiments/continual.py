@@ -297,7 +297,8 @@ def run_method(
         )
         if result.interrupted:
             return {"interrupted": True}
-        state = method.end_task(state, result.state["trainable"], frozen, task)
+        # host copies: with several processes fit's arrays span all of them (fully replicated)
+        state = method.end_task(state, jax.device_get(result.state["trainable"]), frozen, task)
         recycling = [
             float(s.recycled_fraction)
             for s in jax.tree.leaves(

@@ -28,7 +28,7 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from experiments.common import checkpoint, config_checks, loop, metrics, sharding
+from experiments.common import checkpoint, config_checks, loop, metrics, sharding, supervisor
 from experiments.common import workdir as workdir_lock
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -164,9 +164,13 @@ _FREE = ("log", "ckpt", "parallel", "train")
 
 
 def _has_checkpoint(workdir: str) -> bool:
-    """Whether any ``checkpoints/<step>`` directory exists under ``workdir`` (3 levels deep)."""
+    """Whether a ``checkpoints/<step>`` directory exists in ``workdir`` or 3 levels below it.
+
+    (A continual run keeps one per task: ``<workdir>/<method>/seed_<s>/task_<t>/checkpoints``.)
+    """
     for root, dirs, _ in os.walk(workdir):
-        if os.path.basename(root) == "checkpoints" and any(d.isdigit() for d in dirs):
+        steps = os.listdir(os.path.join(root, "checkpoints")) if "checkpoints" in dirs else ()
+        if any(d.isdigit() for d in steps):
             return True
         if root.count(os.sep) - workdir.count(os.sep) >= 3:
             dirs[:] = []
@@ -221,9 +225,15 @@ def _run(config, workdir: str) -> dict:
     with lock:
         _check_workdir(workdir, config)
         logging.info("Experiment %s, workdir %s", config.experiment, workdir)
-        metrics.write_config_json(workdir, config)
-        with loop.train_options(config):
-            return module.run(config, workdir)
+
+        # config.json once the model and adapters are built (a failed start leaves none behind)
+        def write_config() -> None:
+            metrics.write_config_json(workdir, config)
+
+        with loop.train_options(config), loop.on_start(write_config):
+            result = module.run(config, workdir)
+            loop.training_started()  # an experiment that neither calls fit nor sweeps cells
+        return result
 
 
 def main(argv: list[str]) -> None:
@@ -234,6 +244,10 @@ def main(argv: list[str]) -> None:
     workdir = _WORKDIR.value
     if workdir is None:
         workdir = default_workdir(flags.FLAGS["config"].config_filename)
+    parallel = config.get("parallel", None)
+    if parallel is not None and parallel.get("distributed", False):
+        # JAX aborts from C++ when a peer dies: a parent process turns that into one line.
+        supervisor.watch_peers(workdir)
     try:
         result = _run(config, workdir)
     except config_checks.ConfigError as e:
@@ -242,6 +256,11 @@ def main(argv: list[str]) -> None:
         if os.environ.get("LOWRANK_JAX_TRACEBACK"):
             raise
         sys.exit(f"FATAL {type(e).__name__}: {e} (LOWRANK_JAX_TRACEBACK=1 shows the traceback)")
+    except jax.errors.JaxRuntimeError as e:  # a multi-process collective that failed
+        message = supervisor.collective_failure_message(e, workdir=workdir)
+        if message is None or os.environ.get("LOWRANK_JAX_TRACEBACK"):
+            raise
+        sys.exit(message)
     print(json.dumps(metrics.json_safe({"workdir": workdir, **result}), indent=2, default=str))
     if result.get("interrupted"):
         sys.exit(130)

@@ -36,8 +36,10 @@ from experiments.common.loop import (
     NonFiniteError,
     ResumableIterator,
     fit,
+    on_start,
     padded_batches,
     train_options,
+    training_started,
 )
 from experiments.common.metrics import (
     MetricWriter,
@@ -86,6 +88,7 @@ __all__ = [
     "lock_workdir",
     "make_manager",
     "make_mesh",
+    "on_start",
     "param_sharding",
     "plot_curves",
     "plot_metrics",
@@ -96,6 +99,7 @@ __all__ = [
     "shard_batch",
     "to_scalars",
     "train_options",
+    "training_started",
     "write_config_json",
     "write_json",
     "write_results_md",

@@ -70,7 +70,9 @@ __all__ = [
     "NonFiniteError",
     "ResumableIterator",
     "fit",
+    "on_start",
     "train_options",
+    "training_started",
 ]
 
 _FINITE = "_finite"  # the step's finiteness flag, carried with its metrics but never logged
@@ -106,6 +108,35 @@ def train_options(config: Any) -> Iterator[None]:
         yield
     finally:
         _SKIP_NONFINITE.reset(token)
+
+
+# What the runner does once the run's model is initialised (write config.json): see on_start.
+_ON_START: contextvars.ContextVar[list[Callable[[], None]] | None] = contextvars.ContextVar(
+    "on_start", default=None
+)
+
+
+@contextlib.contextmanager
+def on_start(fn: Callable[[], None]) -> Iterator[None]:
+    """Calls ``fn()`` once, when the block first reports :func:`training_started`.
+
+    ``python -m experiments.train`` writes ``config.json`` this way: only once the experiment has
+    built its model, adapters and train state (the first :func:`fit` call, or the first computed
+    cell of a ``sweep.CellStore``), so a run that fails while starting (a regex that matches no
+    parameter, a rank larger than a kernel) leaves no ``config.json`` behind.
+    """
+    token = _ON_START.set([fn])
+    try:
+        yield
+    finally:
+        _ON_START.reset(token)
+
+
+def training_started() -> None:
+    """Runs the pending :func:`on_start` callback, if any (once; later calls do nothing)."""
+    pending = _ON_START.get()
+    while pending:
+        pending.pop()()
 
 
 class NonFiniteError(FloatingPointError):
@@ -335,6 +366,7 @@ def fit(
             'state must be a dict with a "step" entry, e.g. {"params", "opt_state", "step"}'
         )
     workdir = os.fspath(workdir)
+    training_started()  # the state exists: the model and its adapters are initialised
     if skip_nonfinite is None:
         skip_nonfinite = _SKIP_NONFINITE.get()
     mesh = sharding_lib.make_mesh() if mesh is None else mesh
@@ -392,6 +424,7 @@ def fit(
         out_shardings=(state_sh, rep),
     )
     key = sharding_lib.put_global(key, rep)
+    run_step = jitted  # with several processes: its executable, compiled before the first step
 
     def meta():
         host_window = _host_window(window)  # waits for the step, so the timing below is right
@@ -448,7 +481,12 @@ def fit(
                         f"batches ran out before step {step} of {num_steps}: pass an iterator "
                         "that repeats (e.g. BatchIterator(..., num_epochs=None))"
                     ) from None
-                state, step_metrics = jitted(state, frozen, batch, key)
+                if run_step is jitted and jax.process_count() > 1:
+                    # Compile, then wait for every process before the first collective (gloo
+                    # drops a peer that joins > ~30 s late; compile times differ under load).
+                    run_step = jitted.lower(state, frozen, batch, key).compile()
+                    sharding_lib.sync_processes("fit_first_step")
+                state, step_metrics = run_step(state, frozen, batch, key)
                 window.append(step_metrics)
                 if t_last is None:
                     jax.block_until_ready(state)

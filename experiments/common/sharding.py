@@ -31,6 +31,7 @@ __all__ = [
     "put_global",
     "replicated",
     "shard_batch",
+    "sync_processes",
 ]
 
 DATA_AXIS = "data"
@@ -66,6 +67,28 @@ def initialize_distributed(config: Any) -> None:
             jax.local_device_count(),
             jax.device_count(),
         )
+
+
+_BARRIERS = [0]  # barriers passed so far: every process counts the same, so names stay unique
+
+
+def sync_processes(name: str, *, timeout_s: int = 3600) -> None:
+    """Waits until every process reaches this point (a no-op with one process).
+
+    Uses the JAX coordination service (``wait_at_barrier``, through orbax), not a collective:
+    gloo gives up on a peer that joins a collective more than about 30 s late, so ``fit`` waits
+    here after compiling its step and before running it (one process may compile much slower).
+
+    Raises:
+      jax.errors.JaxRuntimeError: a process did not arrive within ``timeout_s`` seconds.
+    """
+    if jax.process_count() == 1:
+        return
+    from orbax.checkpoint import multihost
+
+    _BARRIERS[0] += 1
+    barrier = multihost.get_barrier_sync_fn()
+    barrier(key=f"lowrank_jax_{name}_{_BARRIERS[0]}", timeout_ms=timeout_s * 1000)
 
 
 def make_mesh(devices: Any = None) -> Mesh:

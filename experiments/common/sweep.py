@@ -40,7 +40,7 @@ import numpy as np
 import optax
 from absl import logging
 
-from experiments.common import config_checks
+from experiments.common import config_checks, loop
 from experiments.common import metrics as metrics_lib
 
 __all__ = [
@@ -147,6 +147,7 @@ class CellStore:
                 self.cells[key] = json.load(f)
             return self.cells[key]
         result = json.loads(json.dumps(dict(fn()), default=str))  # what a rerun reads back
+        loop.training_started()  # a cell trained: the runner may write config.json
         _write_cell(path, result)
         self.cells[key] = result
         self.computed.append(key)

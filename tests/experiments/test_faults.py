@@ -20,7 +20,7 @@ import optax
 import pytest
 
 from configs import digits_mlp
-from experiments import common
+from experiments import common, train
 from tests.experiments.test_train_cli import REPO, SMOKE, final_metrics, run_cli
 
 
@@ -300,3 +300,39 @@ def test_cli_skip_nonfinite_config_trains_through_nan_steps(tmp_path):
     # the test loss is NaN, reported as null (valid JSON), while the accuracy is still measured.
     metrics = final_metrics(proc.stdout)
     assert metrics["test/loss"] is None and 0.0 <= metrics["test/accuracy"] <= 1.0
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        (
+            "adapter.rank",
+            65,
+            "lora(rank=65) at 'params/dense_0/kernel' exceeds min(n, m) = 64 of its (64, 64) "
+            "matrix view; use a rank of at most 64 (a rule per layer can set its own rank).",
+        ),
+        (
+            "adapter.targets",
+            ("params/nothing/kernel",),
+            "the adapter rules match no parameter. Regexes must fully match a '/'-joined path; "
+            "the available paths are:\n  params/dense_0/bias  (64,)\n  params/dense_0/kernel  "
+            "(64, 64)\n",
+        ),
+    ],
+    ids=["rank_too_large", "regex_matches_nothing"],
+)
+def test_a_failed_start_leaves_no_config_json(tmp_path, key, value, message):
+    """config.json is written once the model and adapters exist, so nothing refuses the rerun."""
+    config = digits_mlp.get_config("smoke,method=lora")
+    section, name = key.split(".")
+    config[section][name] = value
+    with pytest.raises(ValueError) as err:
+        train._run(config, str(tmp_path))  # what python -m experiments.train runs
+    assert str(err.value).startswith(message)
+    assert os.listdir(tmp_path) == []  # no config.json, no lock
+    calls = []
+    with common.on_start(lambda: calls.append(1)):
+        common.training_started()
+        common.training_started()
+    common.training_started()  # outside the block: nothing
+    assert calls == [1]

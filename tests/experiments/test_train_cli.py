@@ -160,6 +160,12 @@ def test_default_workdir_and_mismatched_resume(tmp_path):
     with pytest.raises(common.ConfigError, match=r"holds a run of a different config") as err:
         train._check_workdir(str(tmp_path), digits_mlp.get_config())
     assert "schedule.num_steps" in str(err.value) and "--workdir" in str(err.value)
+    # A continual run keeps its checkpoints per task, three levels down.
+    deep = tmp_path / "continual"
+    common.write_config_json(deep, digits_mlp.get_config("smoke"))
+    (deep / "saber" / "seed_0" / "task_1" / "checkpoints" / "30").mkdir(parents=True)
+    with pytest.raises(common.ConfigError, match=r"holds a run of a different config"):
+        train._check_workdir(str(deep), digits_mlp.get_config())
 
 
 def test_configs_import_no_experiment_code():
