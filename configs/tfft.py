@@ -40,14 +40,20 @@ SOURCES = ("ring", "mnist")
 
 
 def get_config(arg=None):
-    """``arg``: ``smoke``, ``source=ring|mnist|all``, ``seeds=<count>``."""
-    arg = parse_arg(arg, smoke=False, source="all", seeds=3)
+    """``arg``: ``smoke``, ``source=ring|mnist|all``, ``seeds=<count>``, ``first_seed=<int>``
+    (runs seeds ``first_seed .. first_seed + seeds - 1``)."""
+    arg = parse_arg(arg, smoke=False, source="all", seeds=3, first_seed=0)
     if arg.source not in (*SOURCES, "all"):
         raise ConfigError(f"config arg source={arg.source!r} is invalid: use ring, mnist or all")
     smoke = arg.smoke
     c = ml_collections.ConfigDict()
     c.experiment = "tfft"
-    c.seeds = tuple(range(1 if smoke else arg.seeds))
+    if arg.seeds < 1 or arg.first_seed < 0:
+        raise ConfigError(
+            f"config args seeds={arg.seeds}, first_seed={arg.first_seed} are invalid: "
+            "seeds >= 1 and first_seed >= 0"
+        )
+    c.seeds = tuple(range(arg.first_seed, arg.first_seed + (1 if smoke else arg.seeds)))
     c.sources = SOURCES if arg.source == "all" else (arg.source,)
     c.methods = ("pretrained", "expected", "tfft_left", "tfft_right", "iterative_right")
 

