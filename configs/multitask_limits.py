@@ -31,7 +31,11 @@ held out as the target population (half their pupils train/validate, half test),
 are ``N ∈ {4, 16, 64}`` random other classes with ``n ∈ {5, 10, 20}`` draws each (with
 replacement), decoy classes get coin-flip labels in the flat zone; 200 draws per family member.
 
-``arg``: ``"smoke"``; ``mnist=false`` / ``nlschools=false`` skip those parts.
+``arg``: ``"smoke"``; ``synthetic=false`` / ``mnist=false`` / ``nlschools=false`` skip those
+parts. The nlschools part alone (about 10 CPU-minutes)::
+
+    python -m experiments.train --config=configs/multitask_limits.py:synthetic=false,mnist=false \
+        --workdir=runs/multitask_limits_nlschools
 """
 
 import ml_collections
@@ -40,13 +44,14 @@ from configs.common import parse_arg
 
 
 def get_config(arg=None):
-    """``arg``: ``"smoke"``, ``"mnist=true|false"``, ``"nlschools=true|false"``, comma-separated."""
-    arg = parse_arg(arg, smoke=False, mnist=True, nlschools=True)
+    """``arg``: ``"smoke"``, ``"synthetic|mnist|nlschools=true|false"``, comma-separated."""
+    arg = parse_arg(arg, smoke=False, synthetic=True, mnist=True, nlschools=True)
     c = ml_collections.ConfigDict()
     c.experiment = "multitask_limits"
     c.seed = 0
 
     c.data = ml_collections.ConfigDict()
+    c.data.enabled = arg.synthetic  # the synthetic threshold family
     c.data.num_tasks = (4, 16) if arg.smoke else (4, 16, 64, 256)
     c.data.ns = (20, 100) if arg.smoke else (20, 100, 500)
     c.data.good = ("one", "sqrt", "all")  # k = 1, ceil(sqrt(N)), N good sources

@@ -260,16 +260,20 @@ def run(config: Any, workdir: str) -> dict:
     store = sweep.CellStore(workdir, resume=config.ckpt.resume)
     key = jax.random.key(config.seed)
     d = config.data
-    grid = [(nt, n) for n in d.ns for nt in d.num_tasks]
-    cells = {}
-    for nt, n in tqdm.tqdm(grid, disable=not config.log.progress, desc="synthetic"):
-        k = jax.random.fold_in(key, 1000 * nt + n)
-        cells[(nt, n)] = store.get(
-            f"synthetic/N={nt}/n={n}", lambda nt=nt, n=n, k=k: synthetic_cell(config, nt, n, k)
-        )
-    rows = _rows_and_plots(workdir, cells, "synthetic", d.num_tasks, d.ns)
-    checks = _checks(cells, d.num_tasks, d.ns, "synthetic")
-    extra = {}
+    rows, checks, extra = [], [], {}
+    if d.enabled:
+        cells = {}
+        for nt, n in tqdm.tqdm(
+            [(nt, n) for n in d.ns for nt in d.num_tasks],
+            disable=not config.log.progress,
+            desc="synthetic",
+        ):
+            k = jax.random.fold_in(key, 1000 * nt + n)
+            cells[(nt, n)] = store.get(
+                f"synthetic/N={nt}/n={n}", lambda nt=nt, n=n, k=k: synthetic_cell(config, nt, n, k)
+            )
+        rows += _rows_and_plots(workdir, cells, "synthetic", d.num_tasks, d.ns)
+        checks += _checks(cells, d.num_tasks, d.ns, "synthetic")
     parts = (("mnist", mnist_pool, 7), ("nlschools", nlschools_pool, 11))
     for part, builder, salt in parts:
         pc = config[part]
