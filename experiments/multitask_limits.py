@@ -6,6 +6,10 @@ risk of every estimator over ``num_draws`` vmapped draws. The table reports mean
 the ratio of each estimator's mean to the oracle's, and the worst case of that ratio over the
 family. The MNIST version runs the same estimators on a 1-D LDA score of MNIST 4 vs 9 with
 semi-synthetic decoys (``lowrank_jax.analysis.sample_pool_tasks``), excess risk on the test set.
+The nlschools version uses real tasks: the 133 school classes of ``MASS::nlschools`` (score = rank
+of verbal IQ, label = language score above the median); a held-out set of classes is the target
+population, each source task is one class (``n`` draws with replacement from its pupils), decoy
+classes get coin-flip labels in the flat zone (``lowrank_jax.analysis.group_pool``).
 
 The method (estimators, sampling) lives in ``lowrank_jax.analysis.multitask``; this module only
 wires cells and writes ``results.md``, ``summary.json`` and ratio-to-oracle plots. Finished cells
@@ -35,9 +39,10 @@ def check_config(config: Any) -> None:
     """Validates ``config`` (raises ``common.ConfigError``)."""
     c = common
     c.check_nonnegative(config, "seed", integer=True)
-    for key in ("data.num_draws", "data.n_val", "mnist.pca_dim", "mnist.num_draws"):
+    for key in ("data.num_draws", "data.n_val", "mnist.pca_dim", "mnist.num_draws",
+                "nlschools.num_draws", "nlschools.num_target_groups"):  # fmt: skip
         c.check_positive(config, key, integer=True)
-    for n in (*config.data.ns, *config.mnist.ns):
+    for n in (*config.data.ns, *config.mnist.ns, *config.nlschools.ns):
         if n < 2:
             raise c.ConfigError(f"config.data.ns holds {n}: need at least 2 samples per task")
     for g in config.data.good:
@@ -122,16 +127,38 @@ def mnist_pool(config: Any) -> dict:
     grid = np.linspace(0, 1, 1001)
     errs = [np.mean((s_pool >= t) != y[pool]) for t in grid]
     return {
-        "pool": (s_pool.astype(np.float32), y[pool].astype(np.float32)),
+        "scores": s_pool.astype(np.float32),
+        "labels": y[pool].astype(np.float32),
         "test": (s_test, yt),
         "center": float(grid[int(np.argmin(errs))]),
         "pool_error": float(min(errs)),
     }
 
 
-def mnist_cell(config: Any, pool: dict, n_tasks: int, n: int, key: jax.Array) -> dict:
+def nlschools_pool(config: Any) -> dict:
+    """Pupils of ``MASS::nlschools`` as real tasks (one per class): score = rank of verbal IQ in
+    [0, 1], label = language score above the median; ``nlschools.num_target_groups`` classes are
+    the target population (see ``analysis.group_pool``)."""
+    d = data.load_nlschools()
+    return analysis.group_pool(
+        analysis.rank_scores(d.iq),
+        (d.lang > np.median(d.lang)).astype(np.float32),
+        d.group,
+        num_target_groups=config.nlschools.num_target_groups,
+        seed=config.seed,
+    )
+
+
+def pool_cell(config: Any, pool: dict, n_tasks: int, n: int, key: jax.Array, draws: int) -> dict:
+    """Excess test risks of the estimators on tasks drawn from a real pool (MNIST scores, or the
+    classes of a grouped pool: then the target and ``n_tasks`` random source groups)."""
     d, m = config.data, config.model
-    sp, yp = (jnp.asarray(v) for v in pool["pool"])
+    sp, yp = (jnp.asarray(pool[k]) for k in ("scores", "labels"))
+    grouped = "group_starts" in pool
+    if grouped and n_tasks > len(pool["group_starts"]):
+        raise ValueError(f"N={n_tasks} exceeds the {len(pool['group_starts'])} source groups")
+    lo, hi = (pool["target_start"], pool["target_start"] + pool["target_size"]) if grouped else (
+        0, sp.shape[0])  # fmt: skip
     members = [(g, c) for g in d.good for c in d.cs]
 
     def one(k, num_good, c):
@@ -139,19 +166,32 @@ def mnist_cell(config: Any, pool: dict, n_tasks: int, n: int, key: jax.Array) ->
         good = jnp.concatenate(
             [jnp.ones((1,), bool), jax.random.permutation(kp, n_tasks) < num_good]
         )
+        seg = {}
+        if grouped:
+            chosen = jax.random.permutation(jax.random.fold_in(kp, 1), len(pool["group_starts"]))
+            chosen = chosen[:n_tasks]
+            seg["starts"] = jnp.concatenate(
+                [jnp.asarray([lo]), jnp.asarray(pool["group_starts"])[chosen]]
+            )
+            seg["sizes"] = jnp.concatenate(
+                [jnp.asarray([hi - lo]), jnp.asarray(pool["group_sizes"])[chosen]]
+            )
         width = jnp.minimum(c * n ** (-d.beta / (2 - d.beta)), 0.5)
-        x, y = analysis.sample_pool_tasks(ks, sp, yp, good, n=n, center=pool["center"], width=width)
-        iv = jax.random.randint(kv, (d.n_val,), 0, sp.shape[0])
+        x, y = analysis.sample_pool_tasks(
+            ks, sp, yp, good, n=n, center=pool["center"], width=width, **seg
+        )
+        iv = jax.random.randint(kv, (d.n_val,), lo, hi)
         return analysis.threshold_estimates(
             x, y, sp[iv], yp[iv], good, beta=d.beta, agreement_z=m.agreement_z, lepski_c=m.lepski_c
         )
 
-    keys = jax.random.split(key, config.mnist.num_draws)
+    keys = jax.random.split(key, draws)
     fn = jax.jit(lambda g, c: jax.lax.map(lambda k: one(k, g, c), keys, batch_size=m.batch_size))
     ts = np.stack([np.asarray(fn(_num_good(g, n_tasks), c)) for g, c in members])
     excess = np.asarray(analysis.empirical_excess_risk(ts, *pool["test"]), np.float64)
     out = _summarise(excess)
     out["members"] = [f"k={_num_good(g, n_tasks)},c={c}" for g, c in members]
+    out["pool_error"] = pool["pool_error"]
     return out
 
 
@@ -220,32 +260,44 @@ def run(config: Any, workdir: str) -> dict:
     store = sweep.CellStore(workdir, resume=config.ckpt.resume)
     key = jax.random.key(config.seed)
     d = config.data
-    grid = [(nt, n) for n in d.ns for nt in d.num_tasks]
-    cells = {}
-    for nt, n in tqdm.tqdm(grid, disable=not config.log.progress, desc="synthetic"):
-        k = jax.random.fold_in(key, 1000 * nt + n)
-        cells[(nt, n)] = store.get(
-            f"synthetic/N={nt}/n={n}", lambda nt=nt, n=n, k=k: synthetic_cell(config, nt, n, k)
-        )
-    rows = _rows_and_plots(workdir, cells, "synthetic", d.num_tasks, d.ns)
-    checks = _checks(cells, d.num_tasks, d.ns, "synthetic")
-    extra = {}
-    if config.mnist.enabled:
-        mc = config.mnist
-        pool = None
-        mcells = {}
-        mgrid = [(nt, n) for n in mc.ns for nt in mc.num_tasks]
-        for nt, n in tqdm.tqdm(mgrid, disable=not config.log.progress, desc="mnist"):
-            name = f"mnist/N={nt}/n={n}"
-            if name not in store and pool is None:
-                pool = mnist_pool(config)
-                extra["mnist_pool_error"] = pool["pool_error"]
-            k = jax.random.fold_in(key, 7 + 1000 * nt + n)
-            mcells[(nt, n)] = store.get(
-                name, lambda p=pool, nt=nt, n=n, k=k: mnist_cell(config, p, nt, n, k)
+    rows, checks, extra = [], [], {}
+    if d.enabled:
+        cells = {}
+        for nt, n in tqdm.tqdm(
+            [(nt, n) for n in d.ns for nt in d.num_tasks],
+            disable=not config.log.progress,
+            desc="synthetic",
+        ):
+            k = jax.random.fold_in(key, 1000 * nt + n)
+            cells[(nt, n)] = store.get(
+                f"synthetic/N={nt}/n={n}", lambda nt=nt, n=n, k=k: synthetic_cell(config, nt, n, k)
             )
-        rows += _rows_and_plots(workdir, mcells, "mnist", mc.num_tasks, mc.ns)
-        checks += _checks(mcells, mc.num_tasks, mc.ns, "mnist")
+        rows += _rows_and_plots(workdir, cells, "synthetic", d.num_tasks, d.ns)
+        checks += _checks(cells, d.num_tasks, d.ns, "synthetic")
+    parts = (("mnist", mnist_pool, 7), ("nlschools", nlschools_pool, 11))
+    for part, builder, salt in parts:
+        pc = config[part]
+        if not pc.enabled:
+            continue
+        pool, pcells = None, {}
+        for nt, n in tqdm.tqdm(
+            [(nt, n) for n in pc.ns for nt in pc.num_tasks],
+            disable=not config.log.progress,
+            desc=part,
+        ):
+            name = f"{part}/N={nt}/n={n}"
+            if name not in store and pool is None:
+                pool = builder(config)
+            k = jax.random.fold_in(key, salt + 1000 * nt + n)
+            pcells[(nt, n)] = store.get(
+                name,
+                lambda p=pool, nt=nt, n=n, k=k, pc=pc: pool_cell(config, p, nt, n, k, pc.num_draws),
+            )
+        error = next(iter(pcells.values())).get("pool_error")  # absent in old cells
+        if error is not None:
+            extra[f"{part}_pool_error"] = error
+        rows += _rows_and_plots(workdir, pcells, part, pc.num_tasks, pc.ns)
+        checks += _checks(pcells, pc.num_tasks, pc.ns, part)
     store.close()
     columns = ["part", "N", "n", "oracle_excess(k=N)", *[f"worst/{e}" for e in ADAPTIVE]]
     return sweep.write_sweep_results(

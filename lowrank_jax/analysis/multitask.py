@@ -39,6 +39,8 @@ __all__ = [
     "ESTIMATORS",
     "decoy_width",
     "empirical_excess_risk",
+    "group_pool",
+    "rank_scores",
     "sample_pool_tasks",
     "sample_threshold_tasks",
     "simulate_threshold_family",
@@ -287,6 +289,8 @@ def sample_pool_tasks(
     n: int,
     center: float,
     width: jax.typing.ArrayLike,
+    starts: jax.typing.ArrayLike | None = None,
+    sizes: jax.typing.ArrayLike | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Semi-synthetic tasks from a real pool: ``n`` draws (with replacement) per task.
 
@@ -297,13 +301,24 @@ def sample_pool_tasks(
     Args:
       key: PRNG key; scores: ``(P,)`` 1-D scores in ``[0, 1]``; labels: ``(P,)`` in ``{0, 1}``.
       good: bool ``(T,)``; n: draws per task; center, width: the decoys' flat zone.
+      starts, sizes: optional int ``(T,)``: task ``i`` draws only from the pool segment
+        ``[starts[i], starts[i] + sizes[i])`` (real tasks, e.g. the pupils of one school class,
+        see :func:`group_pool`); None: every task draws from the whole pool.
 
     Returns:
       ``x, y``: ``(T, n)`` float32.
     """
     good = jnp.asarray(good, bool)
     ki, ky = jax.random.split(key)
-    idx = jax.random.randint(ki, (good.shape[0], n), 0, scores.shape[0])
+    if (starts is None) != (sizes is None):
+        raise ValueError("pass both starts and sizes (per-task pool segments) or neither")
+    if starts is None:
+        idx = jax.random.randint(ki, (good.shape[0], n), 0, scores.shape[0])
+    else:
+        u = jax.random.uniform(ki, (good.shape[0], n))
+        sizes = jnp.asarray(sizes)
+        offset = jnp.minimum(jnp.floor(u * sizes[:, None]).astype(jnp.int32), sizes[:, None] - 1)
+        idx = jnp.asarray(starts)[:, None] + offset
     x = jnp.asarray(scores, jnp.float32)[idx]
     y = jnp.asarray(labels, jnp.float32)[idx]
     coin = (jax.random.uniform(ky, x.shape) < 0.5).astype(jnp.float32)
@@ -327,3 +342,87 @@ def empirical_excess_risk(t: jax.typing.ArrayLike, x_test: np.ndarray, y_test: n
     err = (pos + neg) / xs.shape[0]  # err[j]: threshold between xs[j-1] and xs[j]
     j = jnp.searchsorted(xs, jnp.asarray(t), side="left")
     return err[j] - jnp.min(err)
+
+
+def rank_scores(values: np.ndarray) -> np.ndarray:
+    """Mid-rank empirical CDF of ``values`` in ``(0, 1)`` (ties share their mean rank): a 1-D
+    score for the threshold class that keeps only the order of a real covariate."""
+    values = np.asarray(values, np.float64)
+    if values.ndim != 1 or len(values) == 0:
+        raise ValueError(f"values must be a non-empty 1-D array; got shape {values.shape}")
+    uniq, inv, counts = np.unique(values, return_inverse=True, return_counts=True)
+    below = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    return (below + 0.5 * counts)[inv] / len(values)
+
+
+def group_pool(
+    scores: np.ndarray,
+    labels: np.ndarray,
+    groups: np.ndarray,
+    *,
+    num_target_groups: int,
+    seed: int = 0,
+    grid: int = 1001,
+) -> dict:
+    """Real tasks from a grouped sample (one task per group, e.g. pupils by school class).
+
+    A random ``num_target_groups`` of the groups form the target population; their members are
+    split in half into the target's training pool (the target's ``n`` samples and validation
+    samples are drawn from it) and its test set. The other groups are the candidate source tasks.
+
+    Args:
+      scores: ``(P,)`` 1-D scores in ``[0, 1]``; labels: ``(P,)`` in ``{0, 1}``; groups: ``(P,)``
+        integer group ids.
+      num_target_groups: groups held out as the target (at least 1, fewer than the groups).
+      seed: NumPy seed of the split.
+      grid: thresholds tried for the source pool's best threshold ``center``.
+
+    Returns:
+      A dict with ``scores``, ``labels`` (float32, the source groups' members sorted by group,
+      then the target's training pool), ``group_starts`` / ``group_sizes`` (int32, one per source
+      group: its segment of ``scores``), ``target_start`` / ``target_size`` (the target training
+      pool's segment), ``test`` (``(scores, labels)`` of the target's test half), ``center`` (best
+      threshold on the source pool) and ``pool_error`` (its error there).
+
+    Raises:
+      ValueError: for mismatched shapes, labels outside {0, 1} or a bad ``num_target_groups``.
+    """
+    scores, labels, groups = (np.asarray(a) for a in (scores, labels, groups))
+    if not (scores.ndim == labels.ndim == groups.ndim == 1) or not (
+        len(scores) == len(labels) == len(groups)
+    ):
+        raise ValueError("scores, labels and groups must be 1-D arrays of one length")
+    if not np.isin(labels, (0, 1)).all():
+        raise ValueError("labels must be 0 or 1")
+    ids = np.unique(groups)
+    if not 1 <= num_target_groups < len(ids):
+        raise ValueError(
+            f"num_target_groups={num_target_groups} is invalid: 1 .. {len(ids) - 1} "
+            f"({len(ids)} groups)"
+        )
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(ids)
+    target_ids, source_ids = perm[:num_target_groups], np.sort(perm[num_target_groups:])
+    target = np.flatnonzero(np.isin(groups, target_ids))
+    target = rng.permutation(target)
+    half = len(target) // 2
+    t_train, t_test = target[:half], target[half:]
+    source = np.flatnonzero(np.isin(groups, source_ids))
+    source = source[np.argsort(groups[source], kind="stable")]
+    sizes = np.array([np.sum(groups == g) for g in source_ids], np.int32)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int32)
+    order = np.concatenate([source, t_train])
+    ts = np.linspace(0, 1, grid)
+    s_src, y_src = scores[source], labels[source]
+    errs = np.array([np.mean((s_src >= t) != y_src) for t in ts])
+    return {
+        "scores": scores[order].astype(np.float32),
+        "labels": labels[order].astype(np.float32),
+        "group_starts": starts,
+        "group_sizes": sizes,
+        "target_start": int(len(source)),
+        "target_size": int(len(t_train)),
+        "test": (scores[t_test].astype(np.float64), labels[t_test].astype(np.float64)),
+        "center": float(ts[int(np.argmin(errs))]),
+        "pool_error": float(errs.min()),
+    }

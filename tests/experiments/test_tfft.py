@@ -61,3 +61,6 @@ def test_bad_configs_fail_early_with_the_key():
         tfft.check_config(config)
     with pytest.raises(common.ConfigError, match="source='moons' is invalid"):
         cfg.get_config("source=moons")
+    assert cfg.get_config("source=ring,first_seed=1,seeds=2").seeds == (1, 2)
+    with pytest.raises(common.ConfigError, match="first_seed=-1"):
+        cfg.get_config("first_seed=-1")
