@@ -220,19 +220,20 @@ def tie_weights(alpha: jax.typing.ArrayLike, *, num_weights: int) -> jax.Array:
       num_weights: ``G`` (group lasso) or ``d - 1`` (fused lasso).
 
     Returns:
-      ``(..., num_weights)``.
+      ``(..., num_weights)`` (a NumPy array for a concrete ``alpha``).
 
     Raises:
       ValueError: ``p`` does not divide ``num_weights``.
     """
-    alpha = jnp.asarray(alpha)
+    xp = jnp if isinstance(alpha, jax.core.Tracer) else np  # eager NumPy: no compilation
+    alpha = xp.asarray(alpha)
     p = alpha.shape[-1] if alpha.ndim else 0
     if p < 1 or num_weights % p:
         raise ValueError(
             f"{p} tied weight blocks do not divide the {num_weights} penalty weights: choose p "
             f"among the divisors of {num_weights}"
         )
-    return jnp.repeat(alpha, num_weights // p, axis=-1)
+    return xp.repeat(alpha, num_weights // p, axis=-1)
 
 
 def _check_xy(x: jax.Array, y: jax.Array, penalty: Penalty, ridge: float) -> None:
@@ -302,7 +303,7 @@ def fista(prep: Prepared, weights: jax.Array, penalty: Penalty, *, num_iters: in
 
 def _validate(weights: jax.Array, penalty: Penalty) -> None:
     _check_weights(penalty, weights)
-    if not isinstance(weights, jax.core.Tracer) and bool(jnp.any(weights < 0)):
+    if not isinstance(weights, jax.core.Tracer) and bool(np.any(np.asarray(weights) < 0)):
         raise ValueError(f"{penalty.name} weights must be non-negative, got {weights}")
 
 
@@ -422,7 +423,8 @@ def validation_losses(
       penalty: the penalty.
       num_iters: FISTA iterations per solve.
       ridge: ``ρ ≥ 0`` (ignored when ``train`` is already prepared).
-      chunk_size: instances per jitted call (bounds memory; ``None``: all at once).
+      chunk_size: instances per jitted call when ``N`` exceeds it (bounds memory and fixes
+        the compiled shape: the last chunk is padded; ``None``: all ``N`` at once).
 
     Returns:
       ``(N, C)`` validation losses.
@@ -431,8 +433,10 @@ def validation_losses(
       ValueError: negative weights, or shapes that do not match.
     """
     prep = train if isinstance(train, Prepared) else prepare_instances(train, penalty, ridge=ridge)
-    xv, yv = (jnp.asarray(a) for a in val)
-    weights = jnp.asarray(weights, prep.b.dtype)
+    # chunks are cut on the host (NumPy), so no slicing op is compiled per shape
+    prep = jax.tree.map(np.asarray, prep)
+    xv, yv = (np.asarray(a) for a in val)
+    weights = np.asarray(weights, prep.b.dtype)
     if weights.ndim != 2:
         raise ValueError(f"weights must be (C, {penalty.num_weights}), got {weights.shape}")
     _validate(weights, penalty)
@@ -441,16 +445,19 @@ def validation_losses(
             f"val X {xv.shape} must be (N, m, d) with the N = {prep.b.shape[0]} training instances"
         )
     n = xv.shape[0]
-    step = n if chunk_size is None else max(1, int(chunk_size))
-    out = [
-        _losses(
-            jax.tree.map(lambda a, i=i: a[i : i + step], prep),
-            xv[i : i + step],
-            yv[i : i + step],
+    step = n if chunk_size is None else min(n, max(1, int(chunk_size)))
+    out = []
+    for i in range(0, n, step):
+        # every call sees `step` instances (the last chunk padded with copies of its last
+        # instance, whose losses are dropped): one compilation per number of candidates
+        idx = np.minimum(np.arange(i, i + step), n - 1)
+        chunk = _losses(
+            jax.tree.map(lambda a, idx=idx: a[idx], prep),
+            xv[idx],
+            yv[idx],
             weights,
             penalty=penalty,
             num_iters=num_iters,
         )
-        for i in range(0, n, step)
-    ]
-    return jnp.concatenate(out, axis=0)
+        out.append(np.asarray(chunk)[: min(step, n - i)])
+    return jnp.asarray(np.concatenate(out, axis=0))
