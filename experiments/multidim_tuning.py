@@ -286,26 +286,31 @@ def summarise(config, workdir, part, reps, oracles) -> tuple[list[dict], list[di
     ]
     rs = sorted((k for k in names if k.startswith("rs")), key=lambda k: int(k.split("_p")[1]))
     if "grid_p1" in stats and rs:
-        wide = rs[-1]
+        order = ["grid_p1", *rs]
         for what in ("gap", "abs_gap"):
-            a, b = stats[wide][what], stats["grid_p1"][what]
+            at = {k: stats[k][what] for k in order}
             checks.append(
                 sweep.check(
-                    f"{part}: {what} grows with p ({wide} > grid_p1 at every N)",
-                    bool(np.all(a > b)),
-                    "per N: " + ", ".join(f"{x:.4f} vs {y:.4f}" for x, y in zip(a, b, strict=True)),
+                    f"{part}: {what} grows with p ({' < '.join(order)}) at N={ns[0]}; "
+                    f"{rs[-1]} > grid_p1 at every N",
+                    bool(
+                        np.all(np.diff([at[k][0] for k in order]) > 0)
+                        and np.all(at[rs[-1]] > at["grid_p1"])
+                    ),
+                    "; ".join(f"{k}: " + ", ".join(f"{x:.3f}" for x in at[k]) for k in order),
                 )
             )
-        d = stats[wide]["risk"] - stats["grid_p1"]["risk"]
-        se = d.std(0, ddof=1) / np.sqrt(len(d)) if len(d) > 1 else np.zeros(len(ns))
-        checks.append(
-            sweep.check(
-                f"{part}: weighted ({wide}) beats scalar in true risk at N={ns[-1]}",
-                bool(d[:, -1].mean() < 0),
-                "R(weighted) − R(scalar) per N: "
-                + ", ".join(f"{m:+.4f}±{e:.4f}" for m, e in zip(d.mean(0), se, strict=True)),
+        for k in rs:
+            d = stats[k]["risk"] - stats["grid_p1"]["risk"]
+            se = d.std(0, ddof=1) / np.sqrt(len(d)) if len(d) > 1 else np.zeros(len(ns))
+            checks.append(
+                sweep.check(
+                    f"{part}: weighted ({k}) beats scalar in true risk at N={ns[-1]}",
+                    bool(d[:, -1].mean() < 0),
+                    "R(weighted) − R(scalar) per N: "
+                    + ", ".join(f"{m:+.4f}±{e:.4f}" for m, e in zip(d.mean(0), se, strict=True)),
+                )
             )
-        )
     return rows, checks
 
 
