@@ -211,7 +211,7 @@ def oracle_cell(config, method, p, test_f, num_test) -> dict:
     return {"alpha": r.alpha.tolist(), "true": r.loss}
 
 
-def _plot(path, curves, title, ylabel):
+def _plot(path, curves, title, ylabel, guide=None):
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -220,6 +220,10 @@ def _plot(path, curves, title, ylabel):
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
     for label, (xs, ys) in curves.items():
         ax.plot(xs, ys, marker="o", ms=3, label=label)
+    if guide is not None:  # a dashed N^(-1/2) line through (x0, y0)
+        x0, y0 = guide
+        xs = np.array([min(xs[0] for xs, _ in curves.values()), x0])
+        ax.plot(xs, y0 * np.sqrt(x0 / xs), "k--", lw=0.8, label="∝ N^(-1/2)")
     ax.set_xscale("log")
     if all(y > 0 for _, ys in curves.values() for y in ys):
         ax.set_yscale("log")
@@ -269,7 +273,9 @@ def summarise(config, workdir, part, reps, oracles) -> tuple[list[dict], list[di
             )
     for what, ylabel in (("abs_gap", "mean |generalisation gap|"), ("excess", "excess risk")):
         curves = {k: (ns, np.maximum(v[what], 1e-6)) for k, v in stats.items()}
-        _plot(os.path.join(workdir, f"{part}_{what}.png"), curves, f"P12 {part}", ylabel)
+        last = (ns[-1], float(np.median([v[-1] for _, v in curves.values()])))
+        guide = last if what == "abs_gap" else None
+        _plot(os.path.join(workdir, f"{part}_{what}.png"), curves, f"P12 {part}", ylabel, guide)
     _plot(
         os.path.join(workdir, f"{part}_risk.png"),
         {k: (ns, v["risk"].mean(0)) for k, v in stats.items()},
