@@ -10,6 +10,7 @@
 from lowrank_jax.tuning import lasso, search, synthetic
 from lowrank_jax.tuning.lasso import (
     Penalty,
+    Prepared,
     fista,
     fused_lasso,
     group_lasso,
@@ -39,6 +40,7 @@ from lowrank_jax.tuning.synthetic import Instances, sample_fused_instances, samp
 __all__ = [
     "Instances",
     "Penalty",
+    "Prepared",
     "TuneResult",
     "coordinate_refine",
     "empirical_risk",

@@ -48,6 +48,7 @@ import numpy as np
 
 __all__ = [
     "Penalty",
+    "Prepared",
     "fista",
     "fused_lasso",
     "group_lasso",
