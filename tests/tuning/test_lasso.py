@@ -79,14 +79,12 @@ def test_proxes_equal_their_definition():
 
 
 def test_vmapped_losses_equal_single_solves_and_tie_weights():
-    inst = tuning.sample_group_instances(
-        jax.random.key(0),
-        3,
-        group_sizes=(3,) * 4,
-        active_probs=(0.9, 0.5, 0.5, 0.1),
-        n_train=12,
-        n_val=7,
-    )
+    rng = np.random.default_rng(3)
+    xt, xv = rng.standard_normal((3, 12, 12)), rng.standard_normal((3, 7, 12))
+    beta = rng.standard_normal((3, 12)) * (rng.random((3, 12)) < 0.5)
+    yt = np.einsum("knd,kd->kn", xt, beta) + rng.standard_normal((3, 12))
+    yv = np.einsum("knd,kd->kn", xv, beta) + rng.standard_normal((3, 7))
+    inst = tuning.Instances(*(a.astype(np.float32) for a in (xt, yt, xv, yv, beta)))
     pen = tuning.group_lasso((3,) * 4)
     alphas = np.array([[0.05, 0.5], [0.2, 0.01]], np.float32)
     w = tuning.tie_weights(alphas, num_weights=4)
