@@ -4,8 +4,8 @@ For each instance family (``config.data.parts``), each repetition draws ``max(ns
 instances; for each N the tuners see the first N. Tuners (``lowrank_jax.tuning``), all with
 ``config.tune.budget`` candidate evaluations: ``grid`` (p = 1, :func:`tuning.log_grid`),
 ``rs`` (p > 1, :func:`tuning.sample_log_uniform` + :func:`tuning.coordinate_refine`, i.e.
-:func:`tuning.random_search_refine` with the random stage's losses computed once on all instances
-and averaged over each prefix) and ``tpe`` (:func:`tuning.tpe_search`). The true risk ``R`` of a
+:func:`tuning.tune_random_refine` with the random stage's losses computed once on all instances
+and averaged over each prefix) and ``tpe`` (:func:`tuning.tune_tpe`). The true risk ``R`` of a
 chosen α̂ is its mean validation loss on ``num_test`` fresh instances (one fixed set per family);
 the generalisation gap is ``R(α̂) − R̂_N(α̂)``; the excess risk is ``R(α̂) − R(α*_p)`` with ``α*_p``
 tuned on the fresh instances themselves (``oracle_budget``). Cells (one per family and
@@ -166,10 +166,10 @@ def tune(config, method, p, losses, seed, num_instances) -> tuning.TuneResult:
         return losses(a, num_instances).mean(0)
 
     if method == "grid":
-        return tuning.grid_search(f, budget=t.budget, low=lo, high=hi)
+        return tuning.tune_grid(f, budget=t.budget, low=lo, high=hi)
     if method == "tpe":
-        return tuning.tpe_search(f, p=p, budget=t.budget, low=lo, high=hi, seed=seed)
-    return tuning.random_search_refine(
+        return tuning.tune_tpe(f, p=p, budget=t.budget, low=lo, high=hi, seed=seed)
+    return tuning.tune_random_refine(
         f,
         jax.random.key(seed),
         p=p,

@@ -2,12 +2,12 @@
 
 * :mod:`~lowrank_jax.tuning.lasso` (P12): FISTA for the weighted group lasso and the weighted
   fused lasso, vmapped over problem instances and candidate weight vectors.
-* :mod:`~lowrank_jax.tuning.search` (P12): tuners of ``p`` tied weights on the mean validation
+* :mod:`~lowrank_jax.tuning.lasso_tuners` (P12): tuners of ``p`` tied weights on the mean validation
   loss of ``N`` instances: scalar grid, random search + coordinate refinement, Optuna TPE.
 * :mod:`~lowrank_jax.tuning.synthetic` (P12): the synthetic instance distributions of specs §12.
 """
 
-from lowrank_jax.tuning import lasso, search, synthetic
+from lowrank_jax.tuning import lasso, lasso_tuners, synthetic
 from lowrank_jax.tuning.lasso import (
     Penalty,
     Prepared,
@@ -24,16 +24,16 @@ from lowrank_jax.tuning.lasso import (
     validation_loss,
     validation_losses,
 )
-from lowrank_jax.tuning.search import (
+from lowrank_jax.tuning.lasso_tuners import (
     TuneResult,
     coordinate_refine,
     empirical_risk,
-    grid_search,
+    tune_grid,
     log_grid,
-    random_search,
-    random_search_refine,
+    tune_random,
+    tune_random_refine,
     sample_log_uniform,
-    tpe_search,
+    tune_tpe,
 )
 from lowrank_jax.tuning.synthetic import Instances, sample_fused_instances, sample_group_instances
 
@@ -44,16 +44,16 @@ __all__ = [
     "TuneResult",
     "coordinate_refine",
     "empirical_risk",
-    "grid_search",
+    "tune_grid",
     "log_grid",
-    "random_search",
-    "random_search_refine",
+    "tune_random",
+    "tune_random_refine",
     "sample_log_uniform",
     "sample_fused_instances",
     "sample_group_instances",
-    "search",
+    "lasso_tuners",
     "synthetic",
-    "tpe_search",
+    "tune_tpe",
     "fista",
     "fused_lasso",
     "group_lasso",

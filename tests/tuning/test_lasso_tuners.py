@@ -26,7 +26,7 @@ class Counter:
 
 def test_grid_search_picks_the_grid_argmin():
     f = Counter()
-    r = tuning.grid_search(f, budget=41, low=1e-3, high=10.0)
+    r = tuning.tune_grid(f, budget=41, low=1e-3, high=10.0)
     grid = np.geomspace(1e-3, 10.0, 41)
     assert r.alpha[0] == pytest.approx(grid[np.argmin(np.abs(np.log10(grid / 0.03)))])
     assert f.n == r.num_evals == 41
@@ -35,10 +35,8 @@ def test_grid_search_picks_the_grid_argmin():
 def test_random_search_refine_respects_budget_and_improves():
     f = Counter()
     key = jax.random.key(0)
-    rs = tuning.random_search(_bowl, key, p=4, budget=60, low=1e-3, high=10.0)
-    r = tuning.random_search_refine(
-        f, key, p=4, budget=80, low=1e-3, high=10.0, refine_fraction=0.25
-    )
+    rs = tuning.tune_random(_bowl, key, p=4, budget=60, low=1e-3, high=10.0)
+    r = tuning.tune_random_refine(f, key, p=4, budget=80, low=1e-3, high=10.0, refine_fraction=0.25)
     assert f.n == r.num_evals <= 80
     assert r.loss <= rs.loss and r.loss < 0.5 * rs.loss  # refinement helps on a bowl
     assert r.loss == pytest.approx(_bowl(r.alpha[None])[0])
@@ -56,7 +54,7 @@ def test_coordinate_refine_finds_a_separable_minimum():
 def test_tpe_peer_uses_its_budget():
     pytest.importorskip("optuna")
     f = Counter()
-    r = tuning.tpe_search(f, p=2, budget=30, low=1e-3, high=10.0, seed=0)
+    r = tuning.tune_tpe(f, p=2, budget=30, low=1e-3, high=10.0, seed=0)
     assert f.n == r.num_evals == 30
     assert r.loss == pytest.approx(_bowl(r.alpha[None])[0], rel=1e-9)
     assert r.loss < 1.0
@@ -64,10 +62,10 @@ def test_tpe_peer_uses_its_budget():
 
 def test_bad_tuner_input_raises():
     with pytest.raises(ValueError, match="low < high"):
-        tuning.grid_search(_bowl, budget=5, low=1.0, high=0.1)
+        tuning.tune_grid(_bowl, budget=5, low=1.0, high=0.1)
     with pytest.raises(ValueError, match="budget"):
-        tuning.random_search(_bowl, jax.random.key(0), p=2, budget=0, low=0.1, high=1.0)
+        tuning.tune_random(_bowl, jax.random.key(0), p=2, budget=0, low=0.1, high=1.0)
     with pytest.raises(ValueError, match="refine_fraction"):
-        tuning.random_search_refine(
+        tuning.tune_random_refine(
             _bowl, jax.random.key(0), p=2, budget=5, low=0.1, high=1.0, refine_fraction=1.0
         )

@@ -7,10 +7,10 @@ risk only through a *batched objective* ``f(alphas (C, p)) -> (C,)`` and spend a
 of evaluations (one evaluation = one candidate ``α`` solved on all ``N`` instances), so every tuner
 gets the same budget:
 
-* :func:`grid_search`: ``p = 1``, a log-spaced grid of ``budget`` points;
-* :func:`random_search` + :func:`coordinate_refine` (= :func:`random_search_refine`): log-uniform
+* :func:`tune_grid`: ``p = 1``, a log-spaced grid of ``budget`` points;
+* :func:`tune_random` + :func:`coordinate_refine` (= :func:`tune_random_refine`): log-uniform
   candidates, then cyclic coordinate search on a shrinking log-grid around the incumbent;
-* :func:`tpe_search`: Optuna's TPE sampler (the peer tuner; ``optuna`` is imported lazily and is
+* :func:`tune_tpe`: Optuna's TPE sampler (the peer tuner; ``optuna`` is imported lazily and is
   a ``peers`` dependency), one candidate per trial.
 
 :func:`empirical_risk` builds ``f`` from ``N`` instances. The quantities of the guarantee are then
@@ -36,12 +36,12 @@ __all__ = [
     "TuneResult",
     "coordinate_refine",
     "empirical_risk",
-    "grid_search",
+    "tune_grid",
     "log_grid",
-    "random_search",
-    "random_search_refine",
+    "tune_random",
+    "tune_random_refine",
     "sample_log_uniform",
-    "tpe_search",
+    "tune_tpe",
 ]
 
 Objective = Callable[[np.ndarray], np.ndarray]
@@ -101,7 +101,7 @@ def empirical_risk(
 
     Example:
       >>> f = empirical_risk((xt, yt), (xv, yv), lasso.group_lasso((5,) * 8))
-      >>> res = random_search_refine(f, jax.random.key(0), p=4, budget=200, low=1e-3, high=10.)
+      >>> res = tune_random_refine(f, jax.random.key(0), p=4, budget=200, low=1e-3, high=10.)
     """
 
     prep = lasso.prepare_instances(train, penalty, ridge=ridge)
@@ -129,7 +129,7 @@ def sample_log_uniform(key: jax.Array, num: int, p: int, *, low: float, high: fl
     return np.exp(np.log(low) + u * (np.log(high) - np.log(low)))
 
 
-def grid_search(f: Objective, *, budget: int, low: float, high: float) -> TuneResult:
+def tune_grid(f: Objective, *, budget: int, low: float, high: float) -> TuneResult:
     """The scalar tuner (``p = 1``): ``argmin`` of ``f`` over a ``budget``-point log grid."""
     grid = log_grid(budget, low=low, high=high)
     losses = _evaluate(f, grid)
@@ -137,7 +137,7 @@ def grid_search(f: Objective, *, budget: int, low: float, high: float) -> TuneRe
     return TuneResult(grid[i], float(losses[i]), len(grid))
 
 
-def random_search(
+def tune_random(
     f: Objective, key: jax.Array, *, p: int, budget: int, low: float, high: float
 ) -> TuneResult:
     """``argmin`` of ``f`` over ``budget`` log-uniform candidates in ``[low, high]^p``."""
@@ -197,7 +197,7 @@ def coordinate_refine(
     return TuneResult(best, best_loss, used)
 
 
-def random_search_refine(
+def tune_random_refine(
     f: Objective,
     key: jax.Array,
     *,
@@ -214,14 +214,14 @@ def random_search_refine(
     if not 0 <= refine_fraction < 1:
         raise ValueError(f"refine_fraction must lie in [0, 1), got {refine_fraction}")
     n_random = max(1, int(round(budget * (1 - refine_fraction))))
-    r = random_search(f, key, p=p, budget=n_random, low=low, high=high)
+    r = tune_random(f, key, p=p, budget=n_random, low=low, high=high)
     c = coordinate_refine(
         f, r.alpha, r.loss, budget=budget - n_random, low=low, high=high, num_points=num_points
     )
     return TuneResult(c.alpha, c.loss, r.num_evals + c.num_evals)
 
 
-def tpe_search(
+def tune_tpe(
     f: Objective, *, p: int, budget: int, low: float, high: float, seed: int = 0
 ) -> TuneResult:
     """Optuna TPE over ``[low, high]^p`` (log scale), ``budget`` trials of one candidate each.
