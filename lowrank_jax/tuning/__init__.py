@@ -28,11 +28,11 @@ from lowrank_jax.tuning.lasso_tuners import (
     TuneResult,
     coordinate_refine,
     empirical_risk,
-    tune_grid,
     log_grid,
+    sample_log_uniform,
+    tune_grid,
     tune_random,
     tune_random_refine,
-    sample_log_uniform,
     tune_tpe,
 )
 from lowrank_jax.tuning.synthetic import Instances, sample_fused_instances, sample_group_instances
