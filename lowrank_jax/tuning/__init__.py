@@ -1,4 +1,75 @@
-"""lowrank_jax.tuning."""
+"""lowrank_jax.tuning: data-driven hyperparameter tuning.
+
+* :mod:`~lowrank_jax.tuning.lasso` (P12): FISTA for the weighted group lasso and the weighted
+  fused lasso, vmapped over problem instances and candidate weight vectors.
+* :mod:`~lowrank_jax.tuning.lasso_tuners` (P12): tuners of ``p`` tied weights on the mean validation
+  loss of ``N`` instances: scalar grid, random search + coordinate refinement, Optuna TPE.
+* :mod:`~lowrank_jax.tuning.synthetic` (P12): the synthetic instance distributions of specs §12.
+* P15 LoRA-BO (``bo``, ``lora_space``, ``lora_grid``, ``search``, ``text_embedding``): GP-EI over
+  a discrete LoRA grid embedded by a language model, and its baselines (exports at the end).
+"""
+
+from lowrank_jax.tuning import lasso, lasso_tuners, synthetic
+from lowrank_jax.tuning.lasso import (
+    Penalty,
+    Prepared,
+    fista,
+    fused_lasso,
+    group_lasso,
+    lasso_objective,
+    prepare,
+    prepare_instances,
+    prox_group_lasso,
+    prox_weighted_l1,
+    solve,
+    tie_weights,
+    validation_loss,
+    validation_losses,
+)
+from lowrank_jax.tuning.lasso_tuners import (
+    TuneResult,
+    coordinate_refine,
+    empirical_risk,
+    log_grid,
+    sample_log_uniform,
+    tune_grid,
+    tune_random,
+    tune_random_refine,
+    tune_tpe,
+)
+from lowrank_jax.tuning.synthetic import Instances, sample_fused_instances, sample_group_instances
+
+__all__ = [
+    "Instances",
+    "Penalty",
+    "Prepared",
+    "TuneResult",
+    "coordinate_refine",
+    "empirical_risk",
+    "tune_grid",
+    "log_grid",
+    "tune_random",
+    "tune_random_refine",
+    "sample_log_uniform",
+    "sample_fused_instances",
+    "sample_group_instances",
+    "lasso_tuners",
+    "synthetic",
+    "tune_tpe",
+    "fista",
+    "fused_lasso",
+    "group_lasso",
+    "lasso",
+    "lasso_objective",
+    "prepare",
+    "prepare_instances",
+    "prox_group_lasso",
+    "prox_weighted_l1",
+    "solve",
+    "tie_weights",
+    "validation_loss",
+    "validation_losses",
+]
 
 # P15 LoRA-BO: GP-EI over a discrete grid with language-model embeddings, and its baselines.
 from lowrank_jax.tuning.bo import CandidateEmbedding as CandidateEmbedding
@@ -30,3 +101,35 @@ from lowrank_jax.tuning.text_embedding import embedding_from_states as embedding
 from lowrank_jax.tuning.text_embedding import encode_texts as encode_texts
 from lowrank_jax.tuning.text_embedding import minilm_embedding as minilm_embedding
 from lowrank_jax.tuning.text_embedding import principal_components as principal_components
+
+__all__ += [
+    "CandidateEmbedding",
+    "bayes_opt",
+    "embed",
+    "expected_improvement",
+    "fit_gp",
+    "gp_neg_log_posterior",
+    "gp_predict",
+    "init_gp_params",
+    "epoch_order",
+    "score_lora_group",
+    "LORA_PROMPT",
+    "LoraSearchSpace",
+    "describe_configurations",
+    "knowledge_features",
+    "lora_grid_configurations",
+    "onehot_features",
+    "ordinal_features",
+    "standardize_features",
+    "value_tokens",
+    "BOResult",
+    "check_budget",
+    "random_search",
+    "score_function",
+    "simple_regret",
+    "tpe_search",
+    "embedding_from_states",
+    "encode_texts",
+    "minilm_embedding",
+    "principal_components",
+]
