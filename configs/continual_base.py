@@ -60,8 +60,20 @@ DEFAULT_PLAYS = (
 
 def build(arg, *, comparison, benchmark):
     """``arg``: ``smoke``, ``method=<name>|all|every``, ``benchmark=<name>``, ``seeds=<count>``,
-    ``search=<trials>`` (0: the configured values, no search)."""
-    arg = parse_arg(arg, smoke=False, method="all", benchmark=benchmark, seeds=1, search=0)
+    ``search=<trials>`` (0: the configured values, no search), ``head=<masked|aligned|prototype>``
+    (default: the benchmark's), ``compare_heads`` (the head becomes a dimension of the validation
+    search; with ``search=0`` the three heads at the configured values are compared on
+    validation)."""
+    arg = parse_arg(
+        arg,
+        smoke=False,
+        method="all",
+        benchmark=benchmark,
+        seeds=1,
+        search=0,
+        head="",
+        compare_heads=False,
+    )
     if arg.benchmark not in BENCHMARKS:
         raise ConfigError(
             f"config arg benchmark={arg.benchmark!r} is invalid: allowed values are "
@@ -159,10 +171,12 @@ def build(arg, *, comparison, benchmark):
 
     # the validation search (experiments/continual_search.py): trials per method, its seed
     c.search = ml_collections.ConfigDict(dict(trials=arg.search, seed=0))
+    # heads compared on validation with every trial (empty: config.head only)
+    c.search.heads = ("masked", "aligned", "prototype") if arg.compare_heads else ()
     # the classifier head (lowrank_jax.continual.with_head): masked (trained on the current
     # task's classes only), aligned (SLCA: refit on Gaussian pseudo-features of all seen classes
     # after each task) or prototype (class means, closed form); override: --config.head=aligned
-    c.head = "masked"
+    c.head = arg.head or "masked"
     c.method.heads = ml_collections.ConfigDict()
     c.method.heads.shrinkage = 0.1  # of the per-class feature covariances
     c.method.heads.align_steps = 200
