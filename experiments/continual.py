@@ -382,8 +382,12 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
     notes = (
         f"Benchmark `{bench}` ({PROTOCOLS[bench]}), {config.data.num_tasks} tasks, seeds ({seeds}), "
         f"LoRA rank {config.adapter.rank}, {config.schedule.steps_per_task} steps per task, "
-        f"head `{config.head}`. "
-        "final_acc: mean accuracy on all tasks after the last; avg_inc_acc: mean over steps of the "
+        + (
+            "head chosen per method on validation (below). "
+            if config.search.heads
+            else f"head `{config.head}`. "
+        )
+        + "final_acc: mean accuracy on all tasks after the last; avg_inc_acc: mean over steps of the "
         "accuracy on the tasks seen so far; forgetting/bwt: from the accuracy matrix; plasticity: "
         "mean accuracy on each task right after learning it; update_cos: mean |cos| between "
         "different tasks' updates ΔW_t (all adapted kernels). Mean ± sd over seeds."
