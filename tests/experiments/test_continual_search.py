@@ -121,7 +121,10 @@ def test_trials_share_the_learning_rate_across_methods_and_apply_values_copies()
 
 def test_compare_heads_crosses_every_trial_with_every_head():
     config = saber_config.get_config("benchmark=digits_cil,compare_heads")
-    assert config.head == "masked" and config.search.trials == 0
+    # digits_cil's default head is the one chosen on validation; the task-incremental stays masked
+    assert config.head == "aligned" and config.search.trials == 0
+    assert saber_config.get_config("benchmark=split_digits,head=prototype").head == "prototype"
+    assert saber_config.get_config("benchmark=split_digits").head == "masked"
     alone = continual_search.candidates(config, "saber")  # the configured values, one per head
     assert [v for _, _, v in alone] == [{"head": h} for h in ("masked", "aligned", "prototype")]
     assert len({k for k, _, _ in alone}) == len({d for _, d, _ in alone}) == 3
