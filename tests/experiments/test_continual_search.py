@@ -20,6 +20,7 @@ def _tiny(arg: str):
     config.data.num_tasks = 2
     config.schedule.steps_per_task = 8
     config.log.progress = False
+    config.head = "masked"  # the protocol's head (digits_cil defaults to aligned): fast tests
     return config
 
 
