@@ -18,8 +18,16 @@ _VIT = dict(model="vit", steps=200, smoke_tasks=2, targets=_VIT_TARGETS)
 # Per benchmark: tasks, backbone, steps per task (full / smoke), batch size, learning rate.
 _BENCH = {
     "split_digits": dict(num_tasks=5, model="mlp", features=(128, 128), pretrain=300, steps=300),
+    # head: the default config.head where the heads were compared on validation (issue #16;
+    # .notes/readme/cil.md); elsewhere masked until they are
     "digits_cil": dict(
-        num_tasks=5, model="mlp", features=(128, 128), pretrain=0, steps=200, smoke_tasks=2
+        num_tasks=5,
+        model="mlp",
+        features=(128, 128),
+        pretrain=0,
+        steps=200,
+        smoke_tasks=2,
+        head="aligned",
     ),
     "long_stream": dict(
         num_tasks=20, model="mlp", features=(256, 256), pretrain=0, steps=200, smoke_tasks=4
@@ -60,8 +68,20 @@ DEFAULT_PLAYS = (
 
 def build(arg, *, comparison, benchmark):
     """``arg``: ``smoke``, ``method=<name>|all|every``, ``benchmark=<name>``, ``seeds=<count>``,
-    ``search=<trials>`` (0: the configured values, no search)."""
-    arg = parse_arg(arg, smoke=False, method="all", benchmark=benchmark, seeds=1, search=0)
+    ``search=<trials>`` (0: the configured values, no search), ``head=<masked|aligned|prototype>``
+    (default: the benchmark's), ``compare_heads`` (the head becomes a dimension of the validation
+    search; with ``search=0`` the three heads at the configured values are compared on
+    validation)."""
+    arg = parse_arg(
+        arg,
+        smoke=False,
+        method="all",
+        benchmark=benchmark,
+        seeds=1,
+        search=0,
+        head="",
+        compare_heads=False,
+    )
     if arg.benchmark not in BENCHMARKS:
         raise ConfigError(
             f"config arg benchmark={arg.benchmark!r} is invalid: allowed values are "
@@ -159,10 +179,13 @@ def build(arg, *, comparison, benchmark):
 
     # the validation search (experiments/continual_search.py): trials per method, its seed
     c.search = ml_collections.ConfigDict(dict(trials=arg.search, seed=0))
+    # heads compared on validation with every trial (empty: config.head only)
+    c.search.heads = ("masked", "aligned", "prototype") if arg.compare_heads else ()
     # the classifier head (lowrank_jax.continual.with_head): masked (trained on the current
     # task's classes only), aligned (SLCA: refit on Gaussian pseudo-features of all seen classes
-    # after each task) or prototype (class means, closed form); override: --config.head=aligned
-    c.head = "masked"
+    # after each task) or prototype (class means, closed form); default: the benchmark's (aligned
+    # on digits_cil, chosen on validation; masked elsewhere); override: :head=<name>
+    c.head = arg.head or b.get("head", "masked")
     c.method.heads = ml_collections.ConfigDict()
     c.method.heads.shrinkage = 0.1  # of the per-class feature covariances
     c.method.heads.align_steps = 200

@@ -18,7 +18,10 @@ gpm_lora|sd_lora|joint`` (``all``: SABER, sequential LoRA, O-LoRA, InfLoRA, SD-L
 training; ``every``: all eight); ``benchmark=shakespeare_plays|split_mnist|split_digits|
 digits_cil|long_stream|mnist_cil``; ``seeds=<count>``; ``search=<trials>``: choose every method's
 learning rate and knobs by that many random-search trials on a validation split carved from the
-training tasks (``experiments/continual_search.py``; default 0: the configured values).
+training tasks (``experiments/continual_search.py``; default 0: the configured values);
+``head=masked|aligned|prototype`` (default: the benchmark's, ``aligned`` on digits_cil where it won
+on validation, ``masked`` elsewhere); ``compare_heads``: the head becomes a dimension of that
+validation search (with ``search=0``: the three heads at the configured values).
 
 Default: ``shakespeare_plays``: class-incremental over ten Shakespeare plays (two per task, five
 tasks, no task id at test time), 200 training / 60 test passages of 64 MiniLM word pieces per

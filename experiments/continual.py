@@ -120,6 +120,11 @@ def check_config(config: Any) -> None:
             "config.adapter.rank must be >= 2 for saber (half shared, half specific)"
         )
     c.check_choice(config, "head", continual.HEADS)
+    for h in c.get_path(config, "search.heads"):
+        if h not in continual.HEADS:
+            raise c.ConfigError(
+                f"config.search.heads has {h!r}: allowed values are {', '.join(continual.HEADS)}"
+            )
     c.check_choice(config, "method.heads.metric", ("euclidean", "cosine", "lda"))
     c.check_positive(config, "method.heads.align_learning_rate")
     c.check_positive(config, "method.heads.align_per_class", integer=True)
@@ -346,7 +351,8 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
         model, variables = build_backbone(
             config, stream, seed, os.path.join(workdir, f"seed_{seed}")
         )
-        for name in config.methods if config.search.trials and seed == config.seeds[0] else ():
+        searching = config.search.trials or config.search.heads
+        for name in config.methods if searching and seed == config.seeds[0] else ():
             chosen[name] = search.search(
                 config,
                 name,
@@ -377,20 +383,30 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
     notes = (
         f"Benchmark `{bench}` ({PROTOCOLS[bench]}), {config.data.num_tasks} tasks, seeds ({seeds}), "
         f"LoRA rank {config.adapter.rank}, {config.schedule.steps_per_task} steps per task, "
-        f"head `{config.head}`. "
-        "final_acc: mean accuracy on all tasks after the last; avg_inc_acc: mean over steps of the "
+        + (
+            "head chosen per method on validation (below). "
+            if config.search.heads
+            else f"head `{config.head}`. "
+        )
+        + "final_acc: mean accuracy on all tasks after the last; avg_inc_acc: mean over steps of the "
         "accuracy on the tasks seen so far; forgetting/bwt: from the accuracy matrix; plasticity: "
         "mean accuracy on each task right after learning it; update_cos: mean |cos| between "
         "different tasks' updates ΔW_t (all adapted kernels). Mean ± sd over seeds."
     )
     if chosen:
+        heads = tuple(config.search.heads)
+        what = f"{config.search.trials} random-search trials" if config.search.trials else ""
+        what += (" × " if what else "the configured values × ") + "heads " if heads else ""
+        what += ", ".join(heads)
         notes += (
-            f"\n\nHyper-parameters chosen per method by {config.search.trials} random-search "
-            f"trials on seed {config.seeds[0]}'s validation split ({config.data.valid_fraction:.0%} "
+            f"\n\nHyper-parameters chosen per method by {what} "
+            f"on seed {config.seeds[0]}'s validation split ({config.data.valid_fraction:.0%} "
             "of each class's training rows; final validation accuracy; experiments/"
             "continual_search.py), then every seed trained on all training rows with them:\n\n"
             + search.search_markdown(chosen, workdir)
         )
+        if heads:
+            notes += "\n\nValidation final accuracy per head:\n\n" + search.heads_markdown(chosen)
     table = report.write_continual_outputs(
         workdir, records, title=f"Continual learning on {bench}", notes=notes
     )

@@ -29,7 +29,14 @@ Trial ``i`` of every method draws from ``numpy.random.default_rng([config.search
 the learning rate first, so trial ``i`` has the same learning rate for every method (common
 random numbers) and the draws do not depend on the test data, the method order or the other
 methods. The configured defaults are not a candidate (SABER's were chosen on split_digits).
-Ties go to the lower trial index. Finished trials are stored by
+Ties go to the lower trial index.
+
+The head (``config.head``: masked, aligned, prototype) can be a dimension of the search too:
+with ``config.search.heads`` non-empty (``configs/saber.py:compare_heads``) every trial is run
+once per listed head (the same trial values for each head), and the head is chosen with the other
+values by validation final accuracy; with ``config.search.trials = 0`` the trials are just the
+configured values, so the run compares the heads alone, on validation (:func:`heads_markdown`
+tabulates every method × head). Finished trials are stored by
 :class:`experiments.common.sweep.CellStore` under ``<workdir>/search/``, so a search resumes.
 """
 
@@ -50,6 +57,8 @@ from experiments.continual_setup import Stream
 __all__ = [
     "SPACES",
     "apply_values",
+    "candidates",
+    "heads_markdown",
     "sample_trials",
     "search",
     "search_markdown",
@@ -139,7 +148,25 @@ def sample_trials(config: Any, method: str) -> list[dict[str, float]]:
     return trials
 
 
-def apply_values(config: Any, values: Mapping[str, float]) -> Any:
+def candidates(config: Any, method: str) -> list[tuple[str, str, dict[str, Any]]]:
+    """``(cell key, run directory name, values)`` of every setting ``method``'s search runs, in order.
+
+    The :func:`sample_trials` (or, with ``config.search.trials = 0``, the configured values as the
+    one trial) crossed with the heads of ``config.search.heads`` (if any; ``values["head"]``).
+    """
+    trials = sample_trials(config, method)
+    heads = tuple(config.search.heads)
+    if not heads:
+        return [(f"{method}/trial={i}", f"t{i}", v) for i, v in enumerate(trials)]
+    trials = trials or [{}]
+    return [
+        (f"{method}/trial={i}/head={h}", f"t{i}_{h}", {**v, "head": h})
+        for i, v in enumerate(trials)
+        for h in heads
+    ]
+
+
+def apply_values(config: Any, values: Mapping[str, Any]) -> Any:
     """A copy of ``config`` with ``{dotted path: value}`` set (the original is not changed)."""
     out = config.copy_and_resolve_references()
     for path, value in values.items():
@@ -177,10 +204,9 @@ def search(
     root = os.path.join(workdir, "search")
     cells = sweep.CellStore(root, log_metrics=False)
     scored = []
-    for i, values in enumerate(sample_trials(config, method)):
-        key = f"{method}/trial={i}"
+    for key, name, values in candidates(config, method):
         if key not in cells:
-            wd = os.path.join(root, method, f"t{i}")
+            wd = os.path.join(root, method, name)
             out = run_fn(config=apply_values(config, values), stream=valid, workdir=wd)
             if out["interrupted"]:
                 return None
@@ -199,7 +225,10 @@ def search_markdown(chosen: Mapping[str, Mapping[str, Any]], workdir: str) -> st
     rows = []
     for method, c in chosen.items():
         scores = [t["valid_final_acc"] for t in c["trials"]]
-        values = ", ".join(f"{k.split('.')[-1]}={v:.4g}" for k, v in c["values"].items())
+        values = ", ".join(
+            f"{k.split('.')[-1]}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in c["values"].items()
+        )
         rows.append(
             {
                 "method": method,
@@ -211,3 +240,18 @@ def search_markdown(chosen: Mapping[str, Mapping[str, Any]], workdir: str) -> st
         )
     cols = [(c, c) for c in ("method", "trials", "valid_final_acc (chosen)", "valid range")]
     return sweep.markdown_table(rows, [*cols, ("chosen values", "chosen values")])
+
+
+def heads_markdown(chosen: Mapping[str, Mapping[str, Any]]) -> str:
+    """Validation final accuracy of every method × head (the best trial of each), as Markdown."""
+    heads: list[str] = []
+    for c in chosen.values():
+        heads += [t["values"]["head"] for t in c["trials"] if t["values"].get("head") not in heads]
+    rows = []
+    for method, c in chosen.items():
+        row: dict[str, Any] = {"method": method}
+        for h in heads:
+            scores = [t["valid_final_acc"] for t in c["trials"] if t["values"].get("head") == h]
+            row[h] = max(scores) if scores else math.nan
+        rows.append(row)
+    return sweep.markdown_table(rows, [("method", "method"), *((f"valid {h}", h) for h in heads)])

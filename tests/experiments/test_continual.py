@@ -25,6 +25,7 @@ def _tiny(arg: str):
     config.schedule.steps_per_task = 8
     config.model.pretrain_steps = 10
     config.log.progress = False
+    config.head = "masked"  # the protocol's head (digits_cil defaults to aligned): fast tests
     return config
 
 

@@ -20,6 +20,7 @@ def _tiny(arg: str):
     config.data.num_tasks = 2
     config.schedule.steps_per_task = 8
     config.log.progress = False
+    config.head = "masked"  # the protocol's head (digits_cil defaults to aligned): fast tests
     return config
 
 
@@ -116,6 +117,37 @@ def test_trials_share_the_learning_rate_across_methods_and_apply_values_copies()
         continual_search.apply_values(config, {"method.saber.kappa": 1.0})
     config.data.valid_fraction = 0.9
     with pytest.raises(common.ConfigError, match="valid_fraction"):
+        continual.check_config(config)
+
+
+def test_compare_heads_crosses_every_trial_with_every_head():
+    config = saber_config.get_config("benchmark=digits_cil,compare_heads")
+    # digits_cil's default head is the one chosen on validation; the task-incremental stays masked
+    assert config.head == "aligned" and config.search.trials == 0
+    assert saber_config.get_config("benchmark=split_digits,head=prototype").head == "prototype"
+    assert saber_config.get_config("benchmark=split_digits").head == "masked"
+    alone = continual_search.candidates(config, "saber")  # the configured values, one per head
+    assert [v for _, _, v in alone] == [{"head": h} for h in ("masked", "aligned", "prototype")]
+    assert len({k for k, _, _ in alone}) == len({d for _, d, _ in alone}) == 3
+    config.search.trials = 2
+    crossed = continual_search.candidates(config, "o_lora")
+    trials = continual_search.sample_trials(config, "o_lora")
+    assert [v for _, _, v in crossed] == [
+        {**t, "head": h} for t in trials for h in ("masked", "aligned", "prototype")
+    ]
+    assert continual_search.apply_values(config, crossed[1][2]).head == "aligned"
+    chosen = {
+        "saber": {
+            "trials": [
+                {"values": v, "valid_final_acc": a}
+                for (_, _, v), a in zip(alone, (0.5, 0.75, 0.625), strict=True)
+            ]
+        }
+    }
+    table = continual_search.heads_markdown(chosen)
+    assert "| saber | 0.500 | 0.750 | 0.625 |" in table and "valid aligned" in table
+    config.search.heads = ("masked", "lda")
+    with pytest.raises(common.ConfigError, match="search.heads"):
         continual.check_config(config)
 
 
