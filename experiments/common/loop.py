@@ -427,7 +427,8 @@ def fit(
     run_step = jitted  # with several processes: its executable, compiled before the first step
 
     def meta():
-        host_window = _host_window(window)  # waits for the step, so the timing below is right
+        jax.block_until_ready(state)  # (the window may be empty) the step's time counts below
+        host_window = _host_window(window)
         elapsed = time.perf_counter() - t_last if timed_steps else 0.0
         return {
             "data": batches.state(),
