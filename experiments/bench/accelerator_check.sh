@@ -20,7 +20,9 @@ mkdir -p "$out"
 $PYTHON -c "import jax; print('backend', jax.default_backend(), 'devices', jax.devices())" | tee "$out/devices.txt"
 
 if [ $smoke = 1 ]; then
-  adapter=(--steps 1 --warmup 1 --batch 2 --seq 8 --d 64 --rank 4 --no-peft --depths 1)
+  # no memory curve in smoke form: its (depth, method) cells are one process each (tens of CPU-s of
+  # imports); one cell is tested in-process (tests/experiments/test_bench_adapter_step.py)
+  adapter=(--steps 1 --warmup 1 --batch 2 --seq 8 --d 64 --rank 4 --no-peft --depths "")
   fp8=(--layers 1 --d 256 --heads 4 --kv-heads 2 --head-dim 64 --iters 4 --explicit-heads 1)
   kge=(--quick)
 else
