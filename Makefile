@@ -20,7 +20,7 @@ demo: install-core
 
 test: install
 	$(PYTHON) -m ruff check lowrank_jax experiments configs tests
-	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) -q --durations=30 tests
+	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) --dist worksteal -q --durations=30 tests
 
 lint:
 	$(PYTHON) -m ruff check lowrank_jax experiments configs tests colabs
