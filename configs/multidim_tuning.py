@@ -37,17 +37,17 @@ from configs.common import parse_arg
 
 
 def get_config(arg=None):
-    """``arg``: ``"smoke"``, ``"parts=group+diabetes+fused"``, comma-separated."""
-    arg = parse_arg(arg, smoke=False, parts="group+diabetes+fused")
-    s = arg.smoke
+    """``arg``: ``"smoke"``, ``"spec"``, ``"parts=group+diabetes+fused+chicago"``, comma-separated."""
+    arg = parse_arg(arg, smoke=False, spec=False, parts="group+diabetes")
+    s, full = arg.smoke, arg.spec
     c = ml_collections.ConfigDict()
     c.experiment = "multidim_tuning"
     c.seed = 0
 
     c.data = ml_collections.ConfigDict()
     c.data.parts = tuple(arg.parts.split("+"))
-    c.data.ns = (5, 10) if s else (5, 10, 20, 50, 100, 200)
-    c.data.num_test = 64 if s else 1000  # fresh instances that estimate the true risk
+    c.data.ns = (5, 10) if s else (5, 10, 20, 50, 100, 200) + ((500,) if full else ())
+    c.data.num_test = 64 if s else 3000 if full else 1000  # fresh instances: the true risk
     c.data.n_train = 50
     c.data.n_val = 50
     c.data.noise = 1.0
@@ -56,6 +56,8 @@ def get_config(arg=None):
     c.data.jump_probs = (0.4, 0.2, 0.1, 0.05, 0.4, 0.2, 0.1, 0.05)  # fused family, per edge block
     c.data.diabetes_drop = ("sex", "s2")
     c.data.spline_knots = 3  # 3 knots, degree 3 -> 5 spline functions per feature
+    c.data.chicago_weeks = 41  # Chicago windows: d weekly means from the first Monday of March
+    c.data.chicago_start = "03-01"
 
     c.model = ml_collections.ConfigDict()
     c.model.ps = (1, 2) if s else (1, 2, 4, 8)  # tied weight blocks
@@ -65,8 +67,8 @@ def get_config(arg=None):
     c.model.chunk_size = 256  # instances per jitted call beyond which calls are chunked
 
     c.tune = ml_collections.ConfigDict()
-    c.tune.budget = 8 if s else 100  # candidate evaluations per tuner (the same for all)
-    c.tune.oracle_budget = 16 if s else 300  # α* of each class, tuned on the fresh instances
+    c.tune.budget = 8 if s else 3000 if full else 100  # evaluations per tuner (same for all)
+    c.tune.oracle_budget = 16 if s else 9000 if full else 300  # α*_p, on the fresh instances
     c.tune.low = 1e-3
     c.tune.high = 10.0
     c.tune.refine_fraction = 0.5
@@ -74,7 +76,7 @@ def get_config(arg=None):
     c.tune.tpe_ps = (2,) if s else (8,)  # TPE (Optuna) runs at these p
 
     c.eval = ml_collections.ConfigDict()
-    c.eval.num_reps = 2 if s else 6
+    c.eval.num_reps = 2 if s else 30 if full else 6
 
     c.ckpt = ml_collections.ConfigDict()
     c.ckpt.resume = True  # finished cells in <workdir>/cells are read back

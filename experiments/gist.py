@@ -9,7 +9,10 @@ evaluate on the target's test split. Data, model and base pre-training come from
 the Histories) or ``"synthetic"`` (``selection.make_synthetic_pool``; MLP). Each seed's selection
 and each (method, seed) fine-tune is a cell of :mod:`experiments.common.sweep` (a rerun skips
 finished cells). Writes ``results.md``, ``summary.json``, ``cells/``, ``metrics.jsonl`` and
-``spectrum.png`` (cumulative energy of the validation-gradient spectrum).
+``spectrum.png`` (cumulative energy of the validation-gradient spectrum). Diagnostic (specs §11
+(4a)): the off-diagonal energy ratio of the gradient second moment, LoRA factors vs an equal-size
+random subset of full-parameter gradients (:func:`selection.lora_vs_full_offdiag`), on the
+validation set and on ``select.offdiag_pool`` pool examples, at the last warm-up checkpoint.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ def check_config(config: Any) -> None:
         c.check_positive(config, k, integer=True)
     for k in ("adapter.rank", "warmup.epochs", "warmup.batch_size", "select.less_dim"):
         c.check_positive(config, k, integer=True)
-    for k in ("select.chunk_size", "select.gist_diag_k", "eval.num_seeds"):
+    for k in ("select.chunk_size", "select.gist_diag_k", "eval.num_seeds", "select.offdiag_pool"):
         c.check_positive(config, k, integer=True)
     stops = c.get_path(config, "schedule.eval_steps")
     if not stops or any(not isinstance(t, int) or t < 1 for t in stops):
@@ -314,8 +317,14 @@ def _select(config: Any, task: Task, seed: int) -> dict[str, Any]:
     for v in sel.values():
         v["indices"] = np.asarray(v["indices"]).tolist()
     g_val = selection.gradient_features(task.example_loss, last.trainable, task.variables, task.val)
+    sub = rng.choice(n, min(n, s.offdiag_pool), replace=False)  # specs §11 (4a) diagnostic
+    offdiag = {name: selection.lora_vs_full_offdiag(
+        task.example_loss, last.trainable, task.variables, ex, key=jax.random.key(seed + 7),
+        chunk_size=s.chunk_size) for name, ex in (("val", task.val),
+                                                  ("pool", jax.tree.map(lambda a: a[sub], pool)))}  # fmt: skip
     return {"methods": sel, "spectrum": np.asarray(jnp.linalg.svd(g_val, compute_uv=False)).tolist(),
-            "num_params": len(last.mu), "less_paper_bytes": nbytes(s.less_paper_dim, len(ckpts))}  # fmt: skip
+            "num_params": len(last.mu), "less_paper_bytes": nbytes(s.less_paper_dim, len(ckpts)),
+            "offdiag": offdiag}  # fmt: skip
 
 
 def _finetune(config: Any, task: Task, chosen: list[int], seed: int) -> dict[str, Any]:
@@ -378,6 +387,14 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
                       "bytes/example": rows[0]["bytes"],
                       "selection s": float(np.mean([r["time_s"] for r in rows]))})  # fmt: skip
     checks = _checks(table, sels[0], higher_better=not text)
+    offdiag = {f"offdiag_{split}_{k}": float(np.mean([x["offdiag"][split][k] for x in sels]))
+               for split in ("val", "pool") for k in ("lora", "full", "full_adapted")
+               if all("offdiag" in x for x in sels)}  # fmt: skip
+    for split in ("val", "pool") if offdiag else ():
+        lora, full = offdiag[f"offdiag_{split}_lora"], offdiag[f"offdiag_{split}_full"]
+        checks.append(sweep.check(f"LoRA gradients further from diagonal than full ones ({split})",
+                                  lora > full, f"ρ LoRA {lora:.3f} vs full {full:.3f} "
+                                  f"(adapted kernels {offdiag[f'offdiag_{split}_full_adapted']:.3f})"))  # fmt: skip
     spec = np.asarray(sels[0]["spectrum"]) ** 2
     curves = {f"seed {s}": (list(range(1, len(x["spectrum"]) + 1)),
                             list(np.cumsum(np.square(x["spectrum"])) / np.sum(np.square(x["spectrum"]))))
@@ -393,7 +410,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
         extra={"base_" + metric.split("_")[1]: base.get(metric.split("_")[1]),
                "num_lora_params": sels[0]["num_params"], "seeds": len(seeds),
                "top9_energy": float(spec[:9].sum() / spec.sum()),
-               "less_d8192_bytes": sels[0]["less_paper_bytes"]},
+               "less_d8192_bytes": sels[0]["less_paper_bytes"], **offdiag},
     )  # fmt: skip
 
 
