@@ -12,6 +12,7 @@ from lowrank_jax.selection.diagnostics import (
     coordinate_subset,
     lora_vs_full_offdiag,
     offdiag_energy_ratio,
+    permutation_null,
     take_columns,
 )
 from lowrank_jax.selection.gradients import (
@@ -68,6 +69,7 @@ __all__ = [
     "make_synthetic_pool",
     "offdiag_energy_ratio",
     "per_example_grads",
+    "permutation_null",
     "random_scores",
     "select_top",
     "subtask_means",

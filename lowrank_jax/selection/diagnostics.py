@@ -16,6 +16,12 @@ forming the ``D × D`` matrix (through the ``N × N`` Gram matrix, ``‖GᵀG‖
 full-parameter gradients.
 
 ρ = 0 iff F is diagonal. It depends on N and D (F has rank ≤ N): compare ρ only at equal N and D.
+Even then it mixes two things: genuine correlation between coordinates, and the finite-sample
+off-diagonal noise of N examples, which grows with the number of coordinates of comparable
+variance (for independent coordinates with variances σ_j², ρ² ≈ D_eff/N with the participation
+ratio D_eff = (Σσ_j²)²/Σσ_j⁴; i.i.d. ones give ρ ≈ √((D − 1)/(N + 2))). :func:`permutation_null`
+separates them: ρ of the same gradients with every coordinate permuted independently across the
+examples (marginals kept, dependence destroyed); ρ / ρ_null > 1 measures real correlation.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ __all__ = [
     "coordinate_subset",
     "lora_vs_full_offdiag",
     "offdiag_energy_ratio",
+    "permutation_null",
     "take_columns",
 ]
 
@@ -70,6 +77,18 @@ def offdiag_energy_ratio(grads: jax.typing.ArrayLike, *, center: bool = False) -
     diag_sq = jnp.sum(diag * diag)
     off_sq = jnp.maximum(jnp.sum(gram * gram) - diag_sq, 0.0)
     return jnp.sqrt(off_sq / diag_sq)
+
+
+def permutation_null(grads: jax.typing.ArrayLike, *, key: jax.Array) -> jax.Array:
+    """``grads`` with each column permuted independently across the rows (examples).
+
+    Keeps every coordinate's values (so ``diag(F)`` exactly) and removes any dependence between
+    coordinates: ``offdiag_energy_ratio(permutation_null(G))`` is the ratio that independent
+    coordinates with the same marginals would give at the same ``N`` and ``D``.
+    """
+    g = jnp.asarray(grads)
+    order = jnp.argsort(jax.random.uniform(key, g.shape), axis=0)
+    return jnp.take_along_axis(g, order, axis=0)
 
 
 def take_columns(flat: jax.Array, idx: jax.Array) -> jax.Array:
@@ -127,7 +146,9 @@ def lora_vs_full_offdiag(
     ``N`` examples: ``"lora"``: the ``D`` factor coordinates of ``adapters``; ``"full"``: ``D``
     random coordinates of the gradient with respect to all of ``variables``; ``"full_adapted"``:
     ``D`` random coordinates of the kernels the adapters target (the same weight matrices
-    as the LoRA factors). Also ``"num_params"`` (``D``) and ``"num_examples"`` (``N``).
+    as the LoRA factors). Each also as ``"<name>_null"``: the ratio after
+    :func:`permutation_null` (independent coordinates, same marginals). Also ``"num_params"``
+    (``D``) and ``"num_examples"`` (``N``).
 
     Args:
       loss_fn: ``(adapters, variables, one example) -> scalar`` (hashable, as in
@@ -142,7 +163,13 @@ def lora_vs_full_offdiag(
     kw = {"chunk_size": chunk_size}
     lora = gradients.gradient_features(loss_fn, adapters, variables, examples, **kw)
     n, d = lora.shape
-    out = {"lora": float(offdiag_energy_ratio(lora, center=center))}
+
+    def ratios(name, g, k):
+        null = permutation_null(g, key=jax.random.fold_in(key, 100 + k))
+        rho = offdiag_energy_ratio(g, center=center)
+        return {name: float(rho), f"{name}_null": float(offdiag_energy_ratio(null, center=center))}
+
+    out = ratios("lora", lora, 0)
     targets = sorted({p for s in adapter_core.as_sets(adapters) for p in s})
     for i, (name, sub) in enumerate((("full", None), ("full_adapted", targets))):
         idx = coordinate_subset(variables, d, key=jax.random.fold_in(key, i), paths=sub)
@@ -150,5 +177,5 @@ def lora_vs_full_offdiag(
             _wrt_frozen(loss_fn), variables, adapters, examples,
             transform=take_columns, transform_args=(jnp.asarray(idx),), **kw,
         )  # fmt: skip
-        out[name] = float(offdiag_energy_ratio(g, center=center))
+        out.update(ratios(name, g, i + 1))
     return {**out, "num_params": int(d), "num_examples": int(n)}

@@ -32,6 +32,13 @@ def test_offdiag_ratio_zero_for_diagonal_and_large_for_rank_one():
     # Every gradient along one all-ones direction: F = c·11ᵀ, ρ = √(D² − D)/√D = √(D − 1).
     g = np.outer([1.0, -2.0, 0.5], np.ones(10)).astype(np.float32)
     np.testing.assert_allclose(float(selection.offdiag_energy_ratio(g)), 3.0, rtol=1e-5)
+    # The permutation null keeps each column's values and breaks the rank-one dependence:
+    # independent coordinates give ρ ≈ √((D − 1)/(N + 2)).
+    g = np.outer(np.random.default_rng(1).standard_normal(40), np.ones(30)).astype(np.float32)
+    null = np.asarray(selection.permutation_null(g, key=jax.random.key(0)))
+    np.testing.assert_array_equal(np.sort(null, 0), np.sort(g, 0))
+    np.testing.assert_allclose(float(selection.offdiag_energy_ratio(g)), np.sqrt(29), rtol=1e-4)
+    assert 0.6 < float(selection.offdiag_energy_ratio(null)) / np.sqrt(29 / 42) < 1.6
     with pytest.raises(ValueError, match="N, D"):
         selection.offdiag_energy_ratio(np.ones((4, 1)))
 
@@ -53,6 +60,7 @@ def test_lora_vs_full_uses_equal_sizes_and_the_named_coordinates():
         loss, ad, variables, ex, key=jax.random.key(3), chunk_size=4
     )
     assert out["num_params"] == 2 * (8 + 8) and out["num_examples"] == 9
+    assert {"lora_null", "full_null", "full_adapted_null"} <= set(out)
     # "full_adapted" draws from dense_1's kernel only; check against a direct computation.
     idx = selection.coordinate_subset(variables, 32, key=jax.random.fold_in(jax.random.key(3), 1),
                                       paths=["params/dense_1/kernel"])  # fmt: skip
