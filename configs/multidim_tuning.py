@@ -11,24 +11,39 @@ p ∈ {1, 2, 4, 8} (tied weight blocks) the weights are learned on N instances b
 all with the same budget of candidate evaluations; the true risk is the mean validation loss on
 ``num_test`` fresh instances. Reported: generalisation gap (true − empirical risk of α̂) and
 excess risk (true risk of α̂ − that of the class's oracle α*, tuned on the fresh instances with
-``oracle_budget`` evaluations) against N. See ``experiments/multidim_tuning.py``.
+``oracle_budget`` evaluations) against N. ``chicago`` — a real fused-lasso family: the true
+β of an instance is a standardised window of 41 weekly means (from the first Monday of March) of
+one Chicago 'L' station's daily entries in one year (``lowrank_jax.data.load_chicago``,
+``lowrank_jax.tuning.weekly_windows``: 20 stations × 2001–2015 = 300 signals), observed through
+the same Gaussian design and noise as ``fused`` (``tuning.sample_signal_instances``; fresh
+instances share the 300 signals, not the design or noise); the holidays (Memorial Day, July 4,
+Labor Day, Thanksgiving) fall in the same weeks every year, so the jump density varies along
+the index. See ``experiments/multidim_tuning.py``.
 
-Command::
+Commands (each produces one README table; ``nice -n 10`` on the shared machine)::
 
-    nice -n 10 python -m experiments.train --config=configs/multidim_tuning.py \
-        --workdir=runs/multidim_tuning
+    python -m experiments.train --config=configs/multidim_tuning.py --workdir=runs/multidim_tuning
+    python -m experiments.train --config=configs/multidim_tuning.py:parts=fused \
+        --config.eval.num_reps=4 --config.data.num_test=500 --config.model.fused_num_iters=400 \
+        --workdir=runs/multidim_tuning_fused
+    python -m experiments.train --config=configs/multidim_tuning.py:parts=chicago \
+        --config.eval.num_reps=4 --config.data.num_test=500 --workdir=runs/multidim_tuning_chicago
 
-Reduced from the spec: budget 100 evaluations per tuner instead of 3,000 random candidates, 6
-repetitions instead of 30, N ≤ 200, 1,000 fresh instances instead of 3,000. Runtime on a
-2-core CPU shared with ~20 other processes: group + diabetes ~30 minutes
-(``:parts=group+diabetes``); the fused family alone was run with ``--config.eval.num_reps=4
---config.data.num_test=500 --config.model.fused_num_iters=400``; ``:smoke`` ~30 s of CPU.
-Expected result (measured, ``.notes/readme/p12.md``): the gap grows with p at small N (group,
-N = 5: 0.08, 0.15, 0.63, 1.17 for p = 1, 2, 4, 8); weighted beats scalar in true risk at N = 200
-for group p = 2, 4 (1.673, 1.643 vs 1.802) and diabetes p = 4, 8, but not group p = 8 (budget-
-limited); the |gap| slope in N is −0.16 … −0.85, not a clean −½.
+The default (group + diabetes) is the **measured, reduced** grid: budget 100 evaluations per
+tuner instead of 3,000 random candidates, 6 repetitions instead of 30, N ≤ 200, 1,000 fresh
+instances instead of 3,000; ~30 min wall on a 2-core CPU shared with ~20 other processes.
+The fused and chicago runs are further reduced (4 repetitions, 500 fresh instances; fused also
+400 FISTA iterations): ~12 and ~10 min wall on that machine. ``:smoke`` ~30 s of CPU.
+``:spec`` is the spec's budget (3,000 evaluations per tuner, the oracle 9,000, 30 repetitions,
+N up to 500, 3,000 fresh instances): **not run** — estimated at tens of CPU-hours per family
+(measured per-cell timings in ``.notes/readme/sel.md``).
+Expected result (measured, ``.notes/readme/p12.md``, ``.notes/readme/sel.md``): the gap grows
+with p at small N (group, N = 5: 0.08, 0.15, 0.63, 1.17 for p = 1, 2, 4, 8); weighted beats
+scalar in true risk at N = 200 for group p = 2, 4 (1.673, 1.643 vs 1.802) and diabetes p = 4,
+8, but not group p = 8 (budget-limited); the |gap| slope in N is −0.16 … −0.85, not a clean −½.
 
-``arg``: ``"smoke"``; ``parts=group+diabetes+fused`` (``+``-separated) selects the families.
+``arg``: ``"smoke"``, ``"spec"``; ``parts=group+diabetes+fused+chicago`` (``+``-separated)
+selects the families (default ``group+diabetes``).
 """
 
 import ml_collections
