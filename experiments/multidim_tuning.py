@@ -340,9 +340,8 @@ def summarise(config, workdir, part, reps, oracles) -> tuple[list[dict], list[di
 
 def run_part(config: Any, workdir: str, store: sweep.CellStore, part: str):
     """One instance family: oracles, repetitions, table rows, checks and plots."""
-    data = {"diabetes": diabetes_design, "chicago": chicago_signals}.get(part, lambda c: None)(
-        config
-    )
+    real = {"diabetes": diabetes_design, "chicago": chicago_signals}  # real-data families
+    data = real[part](config) if part in real else None
     pen, sample, num_iters = family(config, part, data)
     test = sample(jax.random.fold_in(jax.random.key(config.seed), 1), config.data.num_test)
     test_losses = _objective(config, test, pen, num_iters)
