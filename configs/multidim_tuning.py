@@ -41,6 +41,9 @@ Expected result (measured, ``.notes/readme/p12.md``, ``.notes/readme/sel.md``): 
 with p at small N (group, N = 5: 0.08, 0.15, 0.63, 1.17 for p = 1, 2, 4, 8); weighted beats
 scalar in true risk at N = 200 for group p = 2, 4 (1.673, 1.643 vs 1.802) and diabetes p = 4,
 8, but not group p = 8 (budget-limited); the |gap| slope in N is −0.16 … −0.85, not a clean −½.
+Chicago: oracle risks p = 1, 2, 4, 8: 3.843, 3.842, 3.815, 3.672; at budget 100 p = 4 ties the
+scalar λ at N = 200 and p = 8 loses (search-limited); at ``--config.tune.budget=300`` p = 8 beats
+it by 0.127 ± 0.015; |gap| slopes −0.42 … −0.65.
 
 ``arg``: ``"smoke"``, ``"spec"``; ``parts=group+diabetes+fused+chicago`` (``+``-separated)
 selects the families (default ``group+diabetes``).
