@@ -102,6 +102,7 @@ def get_config(arg=None):
     c.select.less_dim = 64 if arg.smoke else 512
     c.select.less_paper_dim = 8192  # for the storage ratio at LESS's own setting
     c.select.chunk_size = 64
+    c.select.offdiag_pool = 64 if arg.smoke else 512  # pool examples of the §11 (4a) diagnostic
 
     c.optim = ml_collections.ConfigDict()
     c.optim.learning_rate = 2e-3

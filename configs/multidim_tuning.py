@@ -11,24 +11,42 @@ p ∈ {1, 2, 4, 8} (tied weight blocks) the weights are learned on N instances b
 all with the same budget of candidate evaluations; the true risk is the mean validation loss on
 ``num_test`` fresh instances. Reported: generalisation gap (true − empirical risk of α̂) and
 excess risk (true risk of α̂ − that of the class's oracle α*, tuned on the fresh instances with
-``oracle_budget`` evaluations) against N. See ``experiments/multidim_tuning.py``.
+``oracle_budget`` evaluations) against N. ``chicago`` — a real fused-lasso family: the true
+β of an instance is a standardised window of 41 weekly means (from the first Monday of March) of
+one Chicago 'L' station's daily entries in one year (``lowrank_jax.data.load_chicago``,
+``lowrank_jax.tuning.weekly_windows``: 20 stations × 2001–2015 = 300 signals), observed through
+the same Gaussian design and noise as ``fused`` (``tuning.sample_signal_instances``; fresh
+instances share the 300 signals, not the design or noise); the holidays (Memorial Day, July 4,
+Labor Day, Thanksgiving) fall in the same weeks every year, so the jump density varies along
+the index. See ``experiments/multidim_tuning.py``.
 
-Command::
+Commands (each produces one README table; ``nice -n 10`` on the shared machine)::
 
-    nice -n 10 python -m experiments.train --config=configs/multidim_tuning.py \
-        --workdir=runs/multidim_tuning
+    python -m experiments.train --config=configs/multidim_tuning.py --workdir=runs/multidim_tuning
+    python -m experiments.train --config=configs/multidim_tuning.py:parts=fused \
+        --config.eval.num_reps=4 --config.data.num_test=500 --config.model.fused_num_iters=400 \
+        --workdir=runs/multidim_tuning_fused
+    python -m experiments.train --config=configs/multidim_tuning.py:parts=chicago \
+        --config.eval.num_reps=4 --config.data.num_test=500 --workdir=runs/multidim_tuning_chicago
 
-Reduced from the spec: budget 100 evaluations per tuner instead of 3,000 random candidates, 6
-repetitions instead of 30, N ≤ 200, 1,000 fresh instances instead of 3,000. Runtime on a
-2-core CPU shared with ~20 other processes: group + diabetes ~30 minutes
-(``:parts=group+diabetes``); the fused family alone was run with ``--config.eval.num_reps=4
---config.data.num_test=500 --config.model.fused_num_iters=400``; ``:smoke`` ~30 s of CPU.
-Expected result (measured, ``.notes/readme/p12.md``): the gap grows with p at small N (group,
-N = 5: 0.08, 0.15, 0.63, 1.17 for p = 1, 2, 4, 8); weighted beats scalar in true risk at N = 200
-for group p = 2, 4 (1.673, 1.643 vs 1.802) and diabetes p = 4, 8, but not group p = 8 (budget-
-limited); the |gap| slope in N is −0.16 … −0.85, not a clean −½.
+The default (group + diabetes) is the **measured, reduced** grid: budget 100 evaluations per
+tuner instead of 3,000 random candidates, 6 repetitions instead of 30, N ≤ 200, 1,000 fresh
+instances instead of 3,000; ~30 min wall on a 2-core CPU shared with ~20 other processes.
+The fused and chicago runs are further reduced (4 repetitions, 500 fresh instances; fused also
+400 FISTA iterations): ~12 and ~10 min wall on that machine. ``:smoke`` ~30 s of CPU.
+``:spec`` is the spec's budget (3,000 evaluations per tuner, the oracle 9,000, 30 repetitions,
+N up to 500, 3,000 fresh instances): **not run** — estimated at tens of CPU-hours per family
+(measured per-cell timings in ``.notes/readme/sel.md``).
+Expected result (measured, ``.notes/readme/p12.md``, ``.notes/readme/sel.md``): the gap grows
+with p at small N (group, N = 5: 0.08, 0.15, 0.63, 1.17 for p = 1, 2, 4, 8); weighted beats
+scalar in true risk at N = 200 for group p = 2, 4 (1.673, 1.643 vs 1.802) and diabetes p = 4,
+8, but not group p = 8 (budget-limited); the |gap| slope in N is −0.16 … −0.85, not a clean −½.
+Chicago: oracle risks p = 1, 2, 4, 8: 3.843, 3.842, 3.815, 3.672; at budget 100 p = 4 ties the
+scalar λ at N = 200 and p = 8 loses (search-limited); at ``--config.tune.budget=300`` p = 8 beats
+it by 0.127 ± 0.015; |gap| slopes −0.42 … −0.65.
 
-``arg``: ``"smoke"``; ``parts=group+diabetes+fused`` (``+``-separated) selects the families.
+``arg``: ``"smoke"``, ``"spec"``; ``parts=group+diabetes+fused+chicago`` (``+``-separated)
+selects the families (default ``group+diabetes``).
 """
 
 import ml_collections
@@ -37,17 +55,17 @@ from configs.common import parse_arg
 
 
 def get_config(arg=None):
-    """``arg``: ``"smoke"``, ``"parts=group+diabetes+fused"``, comma-separated."""
-    arg = parse_arg(arg, smoke=False, parts="group+diabetes+fused")
-    s = arg.smoke
+    """``arg``: ``"smoke"``, ``"spec"``, ``"parts=group+diabetes+fused+chicago"``, comma-separated."""
+    arg = parse_arg(arg, smoke=False, spec=False, parts="group+diabetes")
+    s, full = arg.smoke, arg.spec
     c = ml_collections.ConfigDict()
     c.experiment = "multidim_tuning"
     c.seed = 0
 
     c.data = ml_collections.ConfigDict()
     c.data.parts = tuple(arg.parts.split("+"))
-    c.data.ns = (5, 10) if s else (5, 10, 20, 50, 100, 200)
-    c.data.num_test = 64 if s else 1000  # fresh instances that estimate the true risk
+    c.data.ns = (5, 10) if s else (5, 10, 20, 50, 100, 200) + ((500,) if full else ())
+    c.data.num_test = 64 if s else 3000 if full else 1000  # fresh instances: the true risk
     c.data.n_train = 50
     c.data.n_val = 50
     c.data.noise = 1.0
@@ -56,6 +74,8 @@ def get_config(arg=None):
     c.data.jump_probs = (0.4, 0.2, 0.1, 0.05, 0.4, 0.2, 0.1, 0.05)  # fused family, per edge block
     c.data.diabetes_drop = ("sex", "s2")
     c.data.spline_knots = 3  # 3 knots, degree 3 -> 5 spline functions per feature
+    c.data.chicago_weeks = 41  # Chicago windows: d weekly means from the first Monday of March
+    c.data.chicago_start = "03-01"
 
     c.model = ml_collections.ConfigDict()
     c.model.ps = (1, 2) if s else (1, 2, 4, 8)  # tied weight blocks
@@ -65,8 +85,8 @@ def get_config(arg=None):
     c.model.chunk_size = 256  # instances per jitted call beyond which calls are chunked
 
     c.tune = ml_collections.ConfigDict()
-    c.tune.budget = 8 if s else 100  # candidate evaluations per tuner (the same for all)
-    c.tune.oracle_budget = 16 if s else 300  # α* of each class, tuned on the fresh instances
+    c.tune.budget = 8 if s else 3000 if full else 100  # evaluations per tuner (same for all)
+    c.tune.oracle_budget = 16 if s else 9000 if full else 300  # α*_p, on the fresh instances
     c.tune.low = 1e-3
     c.tune.high = 10.0
     c.tune.refine_fraction = 0.5
@@ -74,7 +94,7 @@ def get_config(arg=None):
     c.tune.tpe_ps = (2,) if s else (8,)  # TPE (Optuna) runs at these p
 
     c.eval = ml_collections.ConfigDict()
-    c.eval.num_reps = 2 if s else 6
+    c.eval.num_reps = 2 if s else 30 if full else 6
 
     c.ckpt = ml_collections.ConfigDict()
     c.ckpt.resume = True  # finished cells in <workdir>/cells are read back

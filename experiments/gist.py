@@ -9,12 +9,16 @@ evaluate on the target's test split. Data, model and base pre-training come from
 the Histories) or ``"synthetic"`` (``selection.make_synthetic_pool``; MLP). Each seed's selection
 and each (method, seed) fine-tune is a cell of :mod:`experiments.common.sweep` (a rerun skips
 finished cells). Writes ``results.md``, ``summary.json``, ``cells/``, ``metrics.jsonl`` and
-``spectrum.png`` (cumulative energy of the validation-gradient spectrum).
+``spectrum.png`` (cumulative energy of the validation-gradient spectrum). Diagnostic (specs §11
+(4a)): the off-diagonal energy ratio of the gradient second moment, LoRA factors vs an equal-size
+random subset of full-parameter gradients (:func:`selection.lora_vs_full_offdiag`), on the
+validation set and on ``select.offdiag_pool`` pool examples, at the last warm-up checkpoint.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import time
 from typing import Any, NamedTuple
@@ -49,7 +53,7 @@ def check_config(config: Any) -> None:
         c.check_positive(config, k, integer=True)
     for k in ("adapter.rank", "warmup.epochs", "warmup.batch_size", "select.less_dim"):
         c.check_positive(config, k, integer=True)
-    for k in ("select.chunk_size", "select.gist_diag_k", "eval.num_seeds"):
+    for k in ("select.chunk_size", "select.gist_diag_k", "eval.num_seeds", "select.offdiag_pool"):
         c.check_positive(config, k, integer=True)
     stops = c.get_path(config, "schedule.eval_steps")
     if not stops or any(not isinstance(t, int) or t < 1 for t in stops):
@@ -318,6 +322,19 @@ def _select(config: Any, task: Task, seed: int) -> dict[str, Any]:
             "num_params": len(last.mu), "less_paper_bytes": nbytes(s.less_paper_dim, len(ckpts))}  # fmt: skip
 
 
+def _offdiag(config: Any, task: Task, seed: int) -> dict[str, Any]:
+    """Specs §11 (4a): off-diagonal energy of LoRA vs full-parameter gradients, at the last
+    warm-up checkpoint (the same as the selection's), on the validation set and a pool sample."""
+    pool = jax.tree.map(jnp.asarray, task.pool)
+    last, n = _warmup(config, task, seed, pool)[-1], len(task.pool_kind)
+    sub = np.random.default_rng([seed, 7]).choice(n, min(n, config.select.offdiag_pool), False)
+    sets = (("val", task.val), ("pool", jax.tree.map(lambda a: a[sub], pool)))
+    return {name: selection.lora_vs_full_offdiag(task.example_loss, last.trainable, task.variables,
+                                                 ex, key=jax.random.key(seed + 7),
+                                                 chunk_size=config.select.chunk_size)
+            for name, ex in sets}  # fmt: skip
+
+
 def _finetune(config: Any, task: Task, chosen: list[int], seed: int) -> dict[str, Any]:
     """LoRA from the base on ``chosen``; target metrics after each of ``schedule.eval_steps``."""
     chosen = np.asarray(chosen)
@@ -358,7 +375,8 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
     sels = []
     for seed in seeds:
         sel = cells.get(f"select/seed={seed}", functools.partial(_select, config, task, seed))
-        sels.append(sel)
+        sels.append({**sel, "offdiag": cells.get(f"offdiag/seed={seed}",
+                                                 functools.partial(_offdiag, config, task, seed))})  # fmt: skip
         for name, v in sel["methods"].items():
             cell = cells.get(f"{name}/seed={seed}",
                              functools.partial(_finetune, config, task, v["indices"], seed))  # fmt: skip
@@ -378,6 +396,15 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
                       "bytes/example": rows[0]["bytes"],
                       "selection s": float(np.mean([r["time_s"] for r in rows]))})  # fmt: skip
     checks = _checks(table, sels[0], higher_better=not text)
+    offdiag = {f"offdiag_{split}_{k}": float(np.mean([x["offdiag"][split][k] for x in sels]))
+               for split in ("val", "pool") for k in ("lora", "full", "full_adapted", "lora_null",
+                                                      "full_null", "full_adapted_null")}  # fmt: skip
+    for split, null in itertools.product(("val", "pool"), (False, True)):  # ρ, or ρ / its null
+        r = {k: offdiag[f"offdiag_{split}_{k}"] / (offdiag[f"offdiag_{split}_{k}_null"] if null else 1)
+             for k in ("lora", "full", "full_adapted")}  # fmt: skip
+        checks.append(sweep.check(f"LoRA gradients further from diagonal than random full-parameter"
+                                  f" ones ({split}{', ρ / permutation null' if null else ''})",
+                                  r["lora"] > r["full"], ", ".join(f"{k} {v:.2f}" for k, v in r.items())))  # fmt: skip
     spec = np.asarray(sels[0]["spectrum"]) ** 2
     curves = {f"seed {s}": (list(range(1, len(x["spectrum"]) + 1)),
                             list(np.cumsum(np.square(x["spectrum"])) / np.sum(np.square(x["spectrum"]))))
@@ -393,7 +420,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
         extra={"base_" + metric.split("_")[1]: base.get(metric.split("_")[1]),
                "num_lora_params": sels[0]["num_params"], "seeds": len(seeds),
                "top9_energy": float(spec[:9].sum() / spec.sum()),
-               "less_d8192_bytes": sels[0]["less_paper_bytes"]},
+               "less_d8192_bytes": sels[0]["less_paper_bytes"], **offdiag},
     )  # fmt: skip
 
 

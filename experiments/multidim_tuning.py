@@ -25,7 +25,7 @@ from experiments import common
 from experiments.common import sweep
 from lowrank_jax import tuning
 
-PARTS = ("group", "diabetes", "fused")
+PARTS = ("group", "diabetes", "fused", "chicago")
 
 
 def check_config(config: Any) -> None:
@@ -42,7 +42,8 @@ def check_config(config: Any) -> None:
     if not 0 < config.tune.low < config.tune.high:
         raise c.ConfigError("config.tune needs 0 < low < high")
     for p in (*config.model.ps, *config.tune.tpe_ps):
-        for g in (len(config.data.active_probs), config.data.fused_features - 1):
+        d = config.data
+        for g in (len(d.active_probs), d.fused_features - 1, d.chicago_weeks - 1):
             if g % p:
                 raise c.ConfigError(f"p={p} does not divide the {g} weights of a penalty")
 
@@ -60,6 +61,17 @@ def diabetes_design(config: Any) -> tuple[np.ndarray, np.ndarray, tuple[int, ...
     x = (x - x.mean(0)) / np.maximum(x.std(0), 1e-8)
     y = (ds.target - ds.target.mean()) / ds.target.std()
     return x.astype(np.float32), y.astype(np.float32), tuple(b.shape[1] for b in blocks)
+
+
+def chicago_signals(config: Any) -> np.ndarray:
+    """Standardised weekly windows of the Chicago station series (one per station and year)."""
+    from lowrank_jax import data as data_lib
+
+    c = data_lib.load_chicago()
+    d = config.data
+    return tuning.weekly_windows(
+        c.dates, c.ridership, num_weeks=d.chicago_weeks, start=d.chicago_start
+    ).signals
 
 
 def _row_instances(key, x, y, num, n_train, n_val) -> tuning.Instances:
@@ -90,6 +102,12 @@ def family(config: Any, part: str, data: Any = None):
             lambda k, m: tuning.sample_fused_instances(
                 k, m, num_features=d.fused_features, jump_probs=d.jump_probs, noise=d.noise, **kw
             ),
+            config.model.fused_num_iters,
+        )
+    if part == "chicago":
+        return (
+            tuning.fused_lasso(d.chicago_weeks),
+            lambda k, m: tuning.sample_signal_instances(k, m, data, noise=d.noise, **kw),
             config.model.fused_num_iters,
         )
     x, y, sizes = data
@@ -322,7 +340,8 @@ def summarise(config, workdir, part, reps, oracles) -> tuple[list[dict], list[di
 
 def run_part(config: Any, workdir: str, store: sweep.CellStore, part: str):
     """One instance family: oracles, repetitions, table rows, checks and plots."""
-    data = diabetes_design(config) if part == "diabetes" else None
+    real = {"diabetes": diabetes_design, "chicago": chicago_signals}  # real-data families
+    data = real[part](config) if part in real else None
     pen, sample, num_iters = family(config, part, data)
     test = sample(jax.random.fold_in(jax.random.key(config.seed), 1), config.data.num_test)
     test_losses = _objective(config, test, pen, num_iters)

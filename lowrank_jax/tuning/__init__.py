@@ -4,12 +4,14 @@
   fused lasso, vmapped over problem instances and candidate weight vectors.
 * :mod:`~lowrank_jax.tuning.lasso_tuners` (P12): tuners of ``p`` tied weights on the mean validation
   loss of ``N`` instances: scalar grid, random search + coordinate refinement, Optuna TPE.
-* :mod:`~lowrank_jax.tuning.synthetic` (P12): the synthetic instance distributions of specs §12.
+* :mod:`~lowrank_jax.tuning.synthetic` (P12): the synthetic instance distributions of specs §12,
+  and instances around a bank of real signals (:mod:`~lowrank_jax.tuning.signals`: calendar-
+  aligned weekly windows of daily series, e.g. Chicago ridership).
 * P15 LoRA-BO (``bo``, ``lora_space``, ``lora_grid``, ``search``, ``text_embedding``): GP-EI over
   a discrete LoRA grid embedded by a language model, and its baselines (exports at the end).
 """
 
-from lowrank_jax.tuning import lasso, lasso_tuners, synthetic
+from lowrank_jax.tuning import lasso, lasso_tuners, signals, synthetic
 from lowrank_jax.tuning.lasso import (
     Penalty,
     Prepared,
@@ -37,7 +39,13 @@ from lowrank_jax.tuning.lasso_tuners import (
     tune_random_refine,
     tune_tpe,
 )
-from lowrank_jax.tuning.synthetic import Instances, sample_fused_instances, sample_group_instances
+from lowrank_jax.tuning.signals import WeeklyWindows, weekly_windows
+from lowrank_jax.tuning.synthetic import (
+    Instances,
+    sample_fused_instances,
+    sample_group_instances,
+    sample_signal_instances,
+)
 
 __all__ = [
     "Instances",
@@ -53,6 +61,10 @@ __all__ = [
     "sample_log_uniform",
     "sample_fused_instances",
     "sample_group_instances",
+    "sample_signal_instances",
+    "signals",
+    "WeeklyWindows",
+    "weekly_windows",
     "lasso_tuners",
     "synthetic",
     "tune_tpe",

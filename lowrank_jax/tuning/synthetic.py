@@ -7,6 +7,8 @@
   probability varies along the index (per block of edges, ``jump_probs``), N(0, 1) jumps,
   Gaussian design, same splits (the spec's "fused-lasso variant"; the exact densities are a
   reconstruction).
+* :func:`sample_signal_instances`: the same design and splits around coefficient vectors drawn
+  from a given bank of (real) signals, e.g. :func:`lowrank_jax.tuning.ridership_windows`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["Instances", "sample_fused_instances", "sample_group_instances"]
+__all__ = [
+    "Instances",
+    "sample_fused_instances",
+    "sample_group_instances",
+    "sample_signal_instances",
+]
 
 SPEC_ACTIVE_PROBS = (0.9, 0.8, 0.5, 0.3, 0.1, 0.1, 0.05, 0.05)
 
@@ -135,3 +142,42 @@ def _sample_fused(key, num, edges, probs, n_train, n_val, noise):
     start = jax.random.normal(kc, (num, 1))
     beta = jnp.concatenate([start, start + jnp.cumsum(jumps, axis=1)], axis=1)
     return _splits(ks, beta, n_train, n_val, noise)
+
+
+def sample_signal_instances(
+    key: jax.Array,
+    num: int,
+    signals: jax.typing.ArrayLike,
+    *,
+    n_train: int = 50,
+    n_val: int = 50,
+    noise: float = 1.0,
+) -> Instances:
+    """``num`` instances whose true ``β`` are rows of ``signals`` drawn uniformly with replacement.
+
+    Each instance: ``β = signals[s]`` for a uniform ``s``, then the Gaussian design and splits
+    of the other families (``X`` with N(0, 1) entries, ``y = Xβ + σ ε``, independent training
+    and validation splits of the same ``β``). Fresh instances share the signal bank but not the
+    design or the noise.
+
+    Args:
+      key: PRNG key.
+      num: number of instances.
+      signals: ``(S, d)`` bank of coefficient vectors (e.g. standardised real series).
+      n_train, n_val, noise: split sizes and noise level ``σ``.
+
+    Raises:
+      ValueError: ``signals`` is not a non-empty finite ``(S, d)`` array.
+    """
+    _check(num, n_train, n_val, noise)
+    bank = np.asarray(signals, np.float32)
+    if bank.ndim != 2 or 0 in bank.shape or not np.all(np.isfinite(bank)):
+        raise ValueError(f"signals must be a finite (S, d) array with S, d >= 1; got {bank.shape}")
+    k1, k2 = jax.random.split(key)
+    rows = jax.random.randint(k1, (int(num),), 0, len(bank))
+    return _sample_signal(k2, jnp.asarray(bank)[rows], int(n_train), int(n_val), float(noise))
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4))
+def _sample_signal(key, beta, n_train, n_val, noise):
+    return _splits(key, beta, n_train, n_val, noise)

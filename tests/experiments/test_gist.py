@@ -51,6 +51,10 @@ def test_synthetic_smoke_run_selects_and_reports(tmp_path):
     # 5% of the 600-example pool, for every method and seed.
     cell = json.loads((tmp_path / "cells" / "select%2Fseed=0.json").read_text())
     assert {len(v["indices"]) for k, v in cell["methods"].items()} == {30}
+    # Specs §11 (4a) diagnostic: equal-size LoRA and full-parameter coordinate sets.
+    diag = json.loads((tmp_path / "cells" / "offdiag%2Fseed=0.json").read_text())
+    assert diag["pool"]["num_examples"] == 64 and diag["val"]["num_params"] == cell["num_params"]
+    assert all(out[f"offdiag_val_{k}"] > 0 for k in ("lora", "full", "full_adapted"))
 
 
 def test_train_scan_continues_from_an_opt_state():

