@@ -33,6 +33,12 @@ from lowrank_jax.analysis import value_lora as vl
 
 __all__ = ["check_config", "run"]
 
+HEAD_FIELDS = (
+    *vl.HeadGapStats._fields,
+    "drift_relative",
+    "drift_cosine",
+)
+
 
 def check_config(config: Any) -> None:
     """Validates ``config`` (and its ``finetune`` stage); raises ``common.ConfigError``."""
@@ -207,62 +213,28 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
     )
 
     heads = [
-        dict(
-            layer=la,
-            head=i,
-            **{
-                k: cells[la][k][i]
-                for k in (
-                    "gap",
-                    "delta_norm",
-                    "delta_fro",
-                    "ratio",
-                    "top_shift",
-                    "top_overlap",
-                    "drift_relative",
-                    "drift_cosine",
-                )
-            },
-        )
+        dict(layer=la, head=i, **{k: cells[la][k][i] for k in HEAD_FIELDS})
         for la in layers
         for i in range(cfg.num_attention_heads)
     ]
-    swept = []
-    for la in config.sweep.layers:
-        if la not in cells:
-            continue
-        order = np.argsort(cells[la]["ratio"])[::-1][: config.sweep.heads_per_layer]
-        for i in order:
+    swept = []  # per swept head: (its row, the s * dV_h sweep around s* = gap_h / |dV_h|)
+    for la in [la for la in config.sweep.layers if la in cells]:
+        for i in np.argsort(cells[la]["ratio"])[::-1][: config.sweep.heads_per_layer]:
             row = heads[layers.index(la) * cfg.num_attention_heads + int(i)]
-            key = f"sweep/layer={la}/head={int(i)}"
-            swept.append(
-                (
-                    row,
-                    store.get(
-                        key,
-                        lambda la=la, i=int(i), row=row: _sweep_cell(
-                            config,
-                            cfg,
-                            deltas[la],
-                            base,
-                            la,
-                            i,
-                            1.0 / row["ratio"],
-                            embed,
-                        ),
-                    ),
-                )
-            )
+            args = (config, cfg, deltas[la], base, la, int(i), 1.0 / row["ratio"], embed)
+            cell = store.get(f"sweep/layer={la}/head={int(i)}", lambda a=args: _sweep_cell(*a))
+            swept.append((row, cell))
     common.write_json(os.path.join(workdir, "heads.json"), heads)
     return _report(config, workdir, trained, heads, cells, joint, swept)
 
 
 def _report(config, workdir, trained, heads, cells, joint, swept) -> dict[str, Any]:
     col = {k: np.asarray([r[k] for r in heads]) for k in heads[0]}
+    col["rotation"] = 1.0 - col["top_overlap"]  # how far the top eigenvector actually turned
     corr = {
         (y, x): vl.correlations(col[x], col[y])
         for y in ("drift_relative", "drift_cosine")
-        for x in ("ratio", "delta_norm", "delta_fro", "gap")
+        for x in ("ratio", "delta_norm", "delta_fro", "gap", "rotation")
     }
     rows = [
         {
@@ -275,6 +247,16 @@ def _report(config, workdir, trained, heads, cells, joint, swept) -> dict[str, A
         }
         for (y, x), c in corr.items()
     ]
+    fit = vl.log_drift_fit(col["drift_relative"], col["delta_norm"], col["gap"], col["layer"])
+    by_layer = {  # within-layer Spearman (12 heads each), where depth is held fixed
+        x: [
+            vl.correlations(col[x][col["layer"] == la], col["drift_relative"][col["layer"] == la])[
+                "spearman"
+            ]
+            for la in cells
+        ]
+        for x in ("ratio", "delta_norm")
+    }
     jumps = [c["jump"] for _, c in swept]
     n_trans = sum(c["transition_at_gap"] for _, c in swept)
     r_ratio = corr[("drift_relative", "ratio")]["spearman"]
@@ -282,8 +264,19 @@ def _report(config, workdir, trained, heads, cells, joint, swept) -> dict[str, A
     checks = [
         sweep.check(
             "drift rank-correlates with |dV_h|/gap_h better than with |dV_h| (Spearman)",
-            r_ratio > r_norm,
+            bool(r_ratio > r_norm),
             f"{r_ratio:.3f} vs {r_norm:.3f} over {len(heads)} heads",
+        ),
+        sweep.check(
+            "within layers too (median over layers of the Spearman over its heads)",
+            bool(np.median(by_layer["ratio"]) > np.median(by_layer["delta_norm"])),
+            f"{np.median(by_layer['ratio']):.3f} vs {np.median(by_layer['delta_norm']):.3f}",
+        ),
+        sweep.check(
+            "drift depends on |dV_h|/gap_h: log D = a log|dV| + b log gap + c_layer has b ~ -a",
+            bool(fit["b"] < -0.5 * fit["a"]),
+            f"a = {fit['a']:.3f}, b = {fit['b']:.3f}; R2 {fit['r2']:.3f} "
+            f"(without the gap {fit['r2_without_gap']:.3f})",
         ),
         sweep.check(
             "drift jumps at s |dV_h| = gap_h (D(2s*)/D(s*/2) >= 2x a linear drift's, "
@@ -300,7 +293,7 @@ def _report(config, workdir, trained, heads, cells, joint, swept) -> dict[str, A
         "heads": len(heads),
         "heads with |dV|/gap > 1": int(np.sum(ratio > 1)),
         "median |dV|/gap": float(np.median(ratio)),
-        "max |dV|/gap": float(np.max(ratio)),
+        "max ‖dV_h‖₂/gap_h": float(np.max(ratio)),
         "min top-eigenvector overlap": float(np.min(col["top_overlap"])),
         "whole-adapter drift (relative, 1-cos)": "{relative:.4g}, {cosine:.4g}".format(
             **joint["drift"][list(joint["scales"]).index(1.0)]
@@ -316,23 +309,25 @@ def _report(config, workdir, trained, heads, cells, joint, swept) -> dict[str, A
         {
             "layer": la,
             "median gap": np.median(c["gap"]),
-            "median |dV|": np.median(c["delta_norm"]),
-            "max |dV|/gap": np.max(c["ratio"]),
+            "median ‖dV_h‖₂": np.median(c["delta_norm"]),
+            "max ‖dV_h‖₂/gap_h": np.max(c["ratio"]),
             "layer drift (rel)": c["layer_drift"]["relative"],
             "max head drift (rel)": np.max(c["drift_relative"]),
             "min overlap": np.min(c["top_overlap"]),
         }
         for la, c in cells.items()
     ]
-    table += [
+    sweeps = [  # one row per swept head: s * dV_h alone, s / s* on config.sweep.ratios
         {
-            "layer": f"sweep L{r['layer']}H{r['head']}",
-            "median gap": r["gap"],
-            "median |dV|": r["delta_norm"],
-            "max |dV|/gap": r["ratio"],
-            "layer drift (rel)": c["jump"] / c["linear"],
-            "max head drift (rel)": c["steepest"],
-            "min overlap": c["transition_at_gap"],
+            "head": f"L{r['layer']}H{r['head']}",
+            "gap": r["gap"],
+            "‖dV_h‖₂": r["delta_norm"],
+            "‖dV_h‖₂/gap_h": r["ratio"],
+            "drift at s = 1": r["drift_relative"],
+            "jump / linear": c["jump"] / c["linear"],
+            "steepest (s/s*)": c["steepest"],
+            "max slope": max(c["slopes"]),
+            "transition at gap": c["transition_at_gap"],
         }
         for r, c in swept
     ]
@@ -348,10 +343,10 @@ def _report(config, workdir, trained, heads, cells, joint, swept) -> dict[str, A
     )
     with open(os.path.join(workdir, "results.md"), "a") as fh:
         fh.write(
-            "\n\nSweep rows: `layer drift` = jump D(2s*)/D(s*/2), `max head drift` = steepest "
-            "segment (units of s*), `min overlap` = transition at the gap.\n\n"
-            "## Correlations across heads\n\n"
+            "\n\n## Correlations across heads (drift of each head's dV_h alone)\n\n"
             + sweep.markdown_table(rows, [(k, k) for k in rows[0]])
+            + "\n\n## Scale sweeps s dV_h (jump = D(2s*)/D(s*/2); slopes = d log D / d log s)\n\n"
+            + (sweep.markdown_table(sweeps, [(k, k) for k in sweeps[0]]) if sweeps else "none")
             + "\n"
         )
     _plots(workdir, col, swept)

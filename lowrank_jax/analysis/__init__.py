@@ -83,6 +83,7 @@ from lowrank_jax.analysis.value_lora import (
     head_gap_ratios,
     head_value_deltas,
     head_value_kernel_deltas,
+    log_drift_fit,
     scale_transition,
 )
 
@@ -149,6 +150,7 @@ __all__ = [
     "head_gap_ratios",
     "head_value_deltas",
     "head_value_kernel_deltas",
+    "log_drift_fit",
     "scale_transition",
     "value_lora",
 ]

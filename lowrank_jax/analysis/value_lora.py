@@ -61,6 +61,7 @@ __all__ = [
     "head_gap_ratios",
     "head_value_deltas",
     "head_value_kernel_deltas",
+    "log_drift_fit",
     "scale_transition",
 ]
 
@@ -310,6 +311,47 @@ def correlations(x: ArrayLike, y: ArrayLike) -> dict[str, float]:
         "pearson_p": float(p),
         "pearson_log": log,
     }
+
+
+def log_drift_fit(
+    drift: ArrayLike, delta_norm: ArrayLike, gap: ArrayLike, groups: ArrayLike
+) -> dict[str, float]:
+    r"""Least squares :math:`\log D = a \log\|\Delta V\| + b \log \mathrm{gap} + c_{g}`.
+
+    One intercept :math:`c_g` per group (e.g. per layer, whose depth alone changes how far a
+    perturbation travels). If the drift is a function of :math:`\|\Delta V\| / \mathrm{gap}`
+    (specs §3) then :math:`b \approx -a`; if the gap does not matter, :math:`b \approx 0`.
+
+    Args:
+      drift, delta_norm, gap: ``(n,)`` positive.
+      groups: ``(n,)`` group labels.
+
+    Returns:
+      ``{"a", "b", "r2", "r2_without_gap"}`` (the last: the fit without the ``log gap`` term).
+
+    Raises:
+      ValueError: shapes differ, a value is not positive, or there are too few points.
+    """
+    cols = [np.asarray(v, np.float64) for v in (drift, delta_norm, gap)]
+    g = np.asarray(groups)
+    if any(c.shape != g.shape or c.ndim != 1 for c in cols):
+        raise ValueError("drift, delta_norm, gap and groups must be (n,) arrays of one shape.")
+    if any(np.any(c <= 0) for c in cols):
+        raise ValueError("drift, delta_norm and gap must be > 0 (they are fitted on a log scale).")
+    labels = np.unique(g)
+    if len(g) < len(labels) + 3:
+        raise ValueError(f"{len(g)} points are too few for {len(labels)} groups and 2 slopes.")
+    y, ln, lg = (np.log(c) for c in cols)
+    dummies = (g[:, None] == labels[None, :]).astype(np.float64)
+
+    def fit(x):
+        coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+        res = y - x @ coef
+        return coef, 1.0 - float(res @ res) / float(((y - y.mean()) ** 2).sum())
+
+    (a, b, *_), r2 = fit(np.column_stack([ln, lg, dummies]))
+    _, r2_norm = fit(np.column_stack([ln, dummies]))
+    return {"a": float(a), "b": float(b), "r2": r2, "r2_without_gap": r2_norm}
 
 
 class ScaleTransition(NamedTuple):

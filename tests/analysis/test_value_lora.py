@@ -109,7 +109,7 @@ def test_embeddings_from_layer_match_the_full_encoder_and_zero_adapter_gives_zer
     full = encode(params)
     inputs = [x for x, _, _ in models.bert_attention_inputs(cfg, variables, ids, mask)]
     dw = 0.3 * jax.random.normal(jax.random.key(6), (D, D))
-    for layer in (0, 1):
+    for layer in (1,):  # the partial path (layer 0 would re-run the whole encoder)
         top = jax.jit(
             lambda x, dv, layer=layer: an.embeddings_from_layer(
                 cfg, params, x, mask, first_layer=layer, value_delta=dv
@@ -164,6 +164,18 @@ def test_correlations_match_scipy():
     np.testing.assert_allclose(c["spearman"], 1.0)
     np.testing.assert_allclose(c["pearson"], scipy.stats.pearsonr(x, y)[0], rtol=1e-12)
     assert np.isnan(an.correlations(x - 1, y)["pearson_log"])
+
+
+def test_log_drift_fit_recovers_exponents_and_group_offsets():
+    rng = np.random.default_rng(1)
+    norm, gap = rng.uniform(0.01, 1, 30), rng.uniform(0.01, 1, 30)
+    groups = np.repeat([0, 1, 2], 10)
+    drift = np.exp(np.array([0.0, 1.0, -2.0])[groups]) * norm**1.5 * gap**-0.7
+    fit = an.log_drift_fit(drift, norm, gap, groups)
+    np.testing.assert_allclose([fit["a"], fit["b"], fit["r2"]], [1.5, -0.7, 1.0], atol=1e-9)
+    assert fit["r2_without_gap"] < 1.0 - 1e-3
+    with pytest.raises(ValueError, match="> 0"):
+        an.log_drift_fit(-drift, norm, gap, groups)
 
 
 def test_bad_inputs_raise_clear_errors(tiny_bert):
