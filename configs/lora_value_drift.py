@@ -96,6 +96,8 @@ def get_config(arg=None):
     c.sweep = ml_collections.ConfigDict()
     c.sweep.ratios = (0.25, 1.0, 4.0) if arg.smoke else (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
     c.sweep.heads_per_layer = 1 if arg.smoke else 3
+    # s_flip is searched on s* * 2^(k/4), k = 0 .. 4 * flip_octaves.
+    c.sweep.flip_octaves = 6 if arg.smoke else 10
     c.sweep.layers = (5,) if arg.smoke else (0, 1, 2, 3, 4, 5)
     c.sweep.joint_scales = (
         (0.5, 1.0, 2.0) if arg.smoke else (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0)

@@ -6,7 +6,9 @@ through its public ``check_config``/``run`` contract into ``<workdir>/finetune``
 every ``fit`` run). Stage 2 reads the adapter back from that run's last checkpoint and, with
 ``lowrank_jax.analysis.value_lora``, computes per layer and head the OV-circuit update ``ΔV_h``,
 ``‖ΔV_h‖₂ / gap_h`` and the embedding drift on the held-out plays of the whole adapter, of each
-head's ``ΔV_h`` alone and of scale sweeps ``s·ΔV``; then the across-head correlations and the
+head's ``ΔV_h`` alone and of scale sweeps ``s·ΔV`` (whole adapter; per head around the Weyl
+scale ``s* = gap_h/‖ΔV_h‖₂`` and around ``s_flip``, where the top eigenvector of
+``V_h + sΔV_h`` has actually turned by 45°); then the across-head correlations and the
 transition checks of specs §3. Writes ``config.json`` (by ``experiments.train``),
 ``cells/*.json`` (one per layer and sweep; a rerun reads them back), ``heads.json``,
 ``results.md``, ``summary.json``, ``drift_vs_ratio.png``, ``drift_vs_norm.png`` and
@@ -64,6 +66,7 @@ def check_config(config: Any) -> None:
     for path in ("heldout.passage_chars", "heldout.passages_per_play", "heldout.max_len"):
         c.check_positive(config, path, integer=True)
     c.check_nonnegative(config, "sweep.heads_per_layer", integer=True)
+    c.check_positive(config, "sweep.flip_octaves", integer=True)
     for path in ("sweep.ratios", "sweep.joint_scales"):
         values = list(c.get_path(config, path))
         if len(values) < 3 or any(v <= 0 for v in values) or values != sorted(set(values)):
@@ -217,18 +220,36 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
         for la in layers
         for i in range(cfg.num_attention_heads)
     ]
-    swept = []  # per swept head: (its row, the s * dV_h sweep around s* = gap_h / |dV_h|)
+    # Per swept head, s * dV_h around the Weyl scale s* = gap_h / |dV_h|_2 ("sweep") and around
+    # s_flip, where the top eigenvector of V_h + s dV_h has turned by 45 degrees ("flip").
+    swept, flipped = [], []
     for la in [la for la in config.sweep.layers if la in cells]:
+        att = params["encoder"][f"layer_{la}"]["attention"]
+        v = vl.head_value_deltas(
+            att["value"]["kernel"], att["out"]["kernel"], num_heads=cfg.num_attention_heads
+        )
+        dv = vl.head_value_deltas(
+            deltas[la], att["out"]["kernel"], num_heads=cfg.num_attention_heads
+        )
         for i in np.argsort(cells[la]["ratio"])[::-1][: config.sweep.heads_per_layer]:
-            row = heads[layers.index(la) * cfg.num_attention_heads + int(i)]
-            args = (config, cfg, deltas[la], base, la, int(i), 1.0 / row["ratio"], embed)
-            cell = store.get(f"sweep/layer={la}/head={int(i)}", lambda a=args: _sweep_cell(*a))
-            swept.append((row, cell))
+            i = int(i)
+            row = heads[layers.index(la) * cfg.num_attention_heads + i]
+            s_star = 1.0 / row["ratio"]
+            args = (config, cfg, deltas[la], base, la, i, s_star, embed)
+            swept.append(
+                (row, store.get(f"sweep/layer={la}/head={i}", lambda a=args: _sweep_cell(*a)))
+            )
+            grid = s_star * 2.0 ** (np.arange(4 * config.sweep.flip_octaves + 1) / 4)
+            s_flip = vl.top_direction_flip(v[i], dv[i], grid)
+            if np.isfinite(s_flip):
+                args = (config, cfg, deltas[la], base, la, i, s_flip, embed)
+                cell = store.get(f"flip/layer={la}/head={i}", lambda a=args: _sweep_cell(*a))
+                flipped.append(({**row, "s_flip": s_flip, "s_star": s_star}, cell))
     common.write_json(os.path.join(workdir, "heads.json"), heads)
-    return _report(config, workdir, trained, heads, cells, joint, swept)
+    return _report(config, workdir, trained, heads, cells, joint, swept, flipped)
 
 
-def _report(config, workdir, trained, heads, cells, joint, swept) -> dict[str, Any]:
+def _report(config, workdir, trained, heads, cells, joint, swept, flipped) -> dict[str, Any]:
     col = {k: np.asarray([r[k] for r in heads]) for k in heads[0]}
     col["rotation"] = 1.0 - col["top_overlap"]  # how far the top eigenvector actually turned
     corr = {
@@ -236,29 +257,14 @@ def _report(config, workdir, trained, heads, cells, joint, swept) -> dict[str, A
         for y in ("drift_relative", "drift_cosine")
         for x in ("ratio", "delta_norm", "delta_fro", "gap", "rotation")
     }
-    rows = [
-        {
-            "drift": y,
-            "predictor": x,
-            "Spearman": c["spearman"],
-            "Spearman p": c["spearman_p"],
-            "Pearson": c["pearson"],
-            "Pearson (logs)": c["pearson_log"],
-        }
-        for (y, x), c in corr.items()
-    ]
+    stats = ("spearman", "spearman_p", "pearson", "pearson_log")
+    rows = [{"drift": y, "predictor": x, **{k: c[k] for k in stats}} for (y, x), c in corr.items()]
     fit = vl.log_drift_fit(col["drift_relative"], col["delta_norm"], col["gap"], col["layer"])
-    by_layer = {  # within-layer Spearman (12 heads each), where depth is held fixed
-        x: [
-            vl.correlations(col[x][col["layer"] == la], col["drift_relative"][col["layer"] == la])[
-                "spearman"
-            ]
-            for la in cells
-        ]
+    same = [col["layer"] == la for la in cells]  # within-layer Spearman: depth held fixed
+    by_layer = {
+        x: [vl.correlations(col[x][m], col["drift_relative"][m])["spearman"] for m in same]
         for x in ("ratio", "delta_norm")
     }
-    jumps = [c["jump"] for _, c in swept]
-    n_trans = sum(c["transition_at_gap"] for _, c in swept)
     r_ratio = corr[("drift_relative", "ratio")]["spearman"]
     r_norm = corr[("drift_relative", "delta_norm")]["spearman"]
     checks = [
@@ -278,14 +284,8 @@ def _report(config, workdir, trained, heads, cells, joint, swept) -> dict[str, A
             f"a = {fit['a']:.3f}, b = {fit['b']:.3f}; R2 {fit['r2']:.3f} "
             f"(without the gap {fit['r2_without_gap']:.3f})",
         ),
-        sweep.check(
-            "drift jumps at s |dV_h| = gap_h (D(2s*)/D(s*/2) >= 2x a linear drift's, "
-            "steepest segment within [s*/2, 2s*])",
-            bool(swept) and n_trans > len(swept) / 2,
-            f"{n_trans}/{len(swept)} swept heads; median jump "
-            f"{np.median(jumps) if jumps else float('nan'):.2f} (linear: "
-            f"{swept[0][1]['linear'] if swept else float('nan'):.2f})",
-        ),
+        _sweep_check("s |dV_h|_2 = gap_h (the Weyl scale s*)", swept),
+        _sweep_check("the top eigenvector of V_h + s dV_h turns by 45 degrees (s_flip)", flipped),
     ]
     ratio = col["ratio"]
     extra = {
@@ -295,13 +295,8 @@ def _report(config, workdir, trained, heads, cells, joint, swept) -> dict[str, A
         "median |dV|/gap": float(np.median(ratio)),
         "max ‖dV_h‖₂/gap_h": float(np.max(ratio)),
         "min top-eigenvector overlap": float(np.min(col["top_overlap"])),
-        "whole-adapter drift (relative, 1-cos)": "{relative:.4g}, {cosine:.4g}".format(
-            **joint["drift"][list(joint["scales"]).index(1.0)]
-        )
-        if 1.0 in joint["scales"]
-        else "",
-        "joint sweep relative drift": ", ".join(
-            f"s={s:g}: {d['relative']:.3g}"
+        "whole-adapter drift s*dW (relative / 1-cos)": ", ".join(
+            f"s={s:g}: {d['relative']:.3g} / {d['cosine']:.3g}"
             for s, d in zip(joint["scales"], joint["drift"], strict=True)
         ),
     }
@@ -317,20 +312,8 @@ def _report(config, workdir, trained, heads, cells, joint, swept) -> dict[str, A
         }
         for la, c in cells.items()
     ]
-    sweeps = [  # one row per swept head: s * dV_h alone, s / s* on config.sweep.ratios
-        {
-            "head": f"L{r['layer']}H{r['head']}",
-            "gap": r["gap"],
-            "‖dV_h‖₂": r["delta_norm"],
-            "‖dV_h‖₂/gap_h": r["ratio"],
-            "drift at s = 1": r["drift_relative"],
-            "jump / linear": c["jump"] / c["linear"],
-            "steepest (s/s*)": c["steepest"],
-            "max slope": max(c["slopes"]),
-            "transition at gap": c["transition_at_gap"],
-        }
-        for r, c in swept
-    ]
+    r0 = config.sweep.ratios[0]
+    sweeps = _sweep_rows(swept, "s*", r0) + _sweep_rows(flipped, "s_flip", r0)
     command = sweep.command_line("python -m experiments.train --config=configs/lora_value_drift.py")
     out = sweep.write_sweep_results(
         workdir,
@@ -345,12 +328,42 @@ def _report(config, workdir, trained, heads, cells, joint, swept) -> dict[str, A
         fh.write(
             "\n\n## Correlations across heads (drift of each head's dV_h alone)\n\n"
             + sweep.markdown_table(rows, [(k, k) for k in rows[0]])
-            + "\n\n## Scale sweeps s dV_h (jump = D(2s*)/D(s*/2); slopes = d log D / d log s)\n\n"
+            + "\n\n## Scale sweeps of s dV_h alone, centred on s_c = s* (Weyl) or s_flip "
+            "(jump = D(2 s_c)/D(s_c/2); slopes = d log D / d log s)\n\n"
             + (sweep.markdown_table(sweeps, [(k, k) for k in sweeps[0]]) if sweeps else "none")
             + "\n"
         )
     _plots(workdir, col, swept)
     return out
+
+
+def _sweep_check(where: str, pairs: list) -> dict[str, Any]:
+    """§3's jump: D(2 s_c)/D(s_c/2) >= 2x a linear drift's, steepest segment in [s_c/2, 2 s_c]."""
+    jumps = [c["jump"] / c["linear"] for _, c in pairs]
+    n = sum(c["transition_at_gap"] for _, c in pairs)
+    return sweep.check(
+        f"drift jumps where {where}",
+        bool(pairs) and n > len(pairs) / 2,
+        f"{n}/{len(pairs)} swept heads; median jump / linear "
+        f"{np.median(jumps) if jumps else float('nan'):.3f}",
+    )
+
+
+def _sweep_rows(pairs: list, centre: str, first_ratio: float) -> list[dict[str, Any]]:
+    return [
+        {
+            "head": f"L{r['layer']}H{r['head']}",
+            "centre s_c": centre,
+            "s_c": c["scales"][0] / first_ratio,
+            "‖dV_h‖₂/gap_h": r["ratio"],
+            "drift at s = 1": r["drift_relative"],
+            "jump / linear": c["jump"] / c["linear"],
+            "steepest (s/s_c)": c["steepest"],
+            "max slope": max(c["slopes"]),
+            "transition": c["transition_at_gap"],
+        }
+        for r, c in pairs
+    ]
 
 
 def _plots(workdir, col, swept) -> None:

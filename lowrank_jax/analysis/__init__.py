@@ -85,6 +85,7 @@ from lowrank_jax.analysis.value_lora import (
     head_value_kernel_deltas,
     log_drift_fit,
     scale_transition,
+    top_direction_flip,
 )
 
 __all__ = [
@@ -153,4 +154,5 @@ __all__ = [
     "log_drift_fit",
     "scale_transition",
     "value_lora",
+    "top_direction_flip",
 ]

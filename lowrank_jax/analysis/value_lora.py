@@ -63,6 +63,7 @@ __all__ = [
     "head_value_kernel_deltas",
     "log_drift_fit",
     "scale_transition",
+    "top_direction_flip",
 ]
 
 
@@ -196,6 +197,43 @@ def head_gap_ratios(
         )
 
     return HeadGapStats(*jax.vmap(one)(base, dv))
+
+
+def top_direction_flip(
+    v: ArrayLike, dv: ArrayLike, scales: ArrayLike, *, overlap: float = 2**-0.5
+) -> float:
+    r"""The smallest scale ``s`` at which ``V + s ΔV`` has turned its top eigenvector away.
+
+    The realised counterpart of the Weyl scale :math:`\mathrm{gap}/\|\Delta V\|_2`: the first
+    ``s`` on the grid with :math:`|\langle u_1(V), u_1(V + s\Delta V)\rangle| <` ``overlap``
+    (default :math:`1/\sqrt2`: turned by more than 45°), with :math:`u_1` the top eigenvector of
+    the symmetric part (:func:`~lowrank_jax.analysis.attention_dynamics.value_spectrum`). A
+    low-rank ``ΔV`` nearly orthogonal to the top eigenspace needs ``s`` far above the Weyl scale.
+
+    Args:
+      v, dv: ``(d, d)`` value matrix and its update.
+      scales: ``(p,)`` increasing positive grid.
+      overlap: threshold in ``(0, 1)``.
+
+    Returns:
+      That scale, or ``inf`` if the top eigenvector never turns that far on the grid.
+
+    Raises:
+      ValueError: shapes, grid or threshold invalid.
+    """
+    v, dv, s = jnp.asarray(v), jnp.asarray(dv), np.asarray(scales, np.float64)
+    d = _check_square("v", v)
+    _check_square("dv", dv, d)
+    if s.ndim != 1 or not len(s) or np.any(s <= 0) or np.any(np.diff(s) <= 0):
+        raise ValueError("scales must be a non-empty increasing grid of positive values.")
+    if not 0 < overlap < 1:
+        raise ValueError(f"overlap must lie in (0, 1); got {overlap}.")
+    top = value_spectrum(v).top
+    turned = jax.vmap(lambda a: jnp.abs(jnp.dot(top, value_spectrum(v + a * dv).top)))(
+        jnp.asarray(s, v.dtype)
+    )
+    below = np.flatnonzero(np.asarray(turned) < overlap)
+    return float(s[below[0]]) if len(below) else float("inf")
 
 
 def embeddings_from_layer(

@@ -73,6 +73,12 @@ def test_gap_ratios_and_a_gap_crossing_update():
     np.testing.assert_allclose(cross.top_overlap, [0.0], atol=1e-5)  # e₁ -> e₂
     below = an.head_gap_ratios(wv, jnp.diag(jnp.array([0.0, 0.1, 0, 0])), wo, num_heads=1)
     np.testing.assert_allclose(below.top_overlap, [1.0], atol=1e-6)
+    # The realised flip: λ₂ + s overtakes λ₁ = 1 once s > 0.2 (the Weyl scale here, as dv is
+    # along e₂); along a direction orthogonal to both, the top never turns.
+    grid = np.geomspace(0.01, 10, 31)
+    e2 = jnp.diag(jnp.array([0.0, 1.0, 0, 0]))
+    assert an.top_direction_flip(wv, e2, grid) == grid[grid > 0.2 + 1e-6][0]
+    assert an.top_direction_flip(wv, -e2, grid) == np.inf
     # Several heads: the gap is value_spectrum's of each head's OV circuit.
     k = jax.random.split(jax.random.key(3), 3)
     wv, wo = jax.random.normal(k[0], (D, D)), jax.random.normal(k[1], (D, D))
@@ -201,6 +207,8 @@ def test_bad_inputs_raise_clear_errors(tiny_bert):
             first_layer=0,
             value_delta=jnp.zeros((3, 3)),
         )
+    with pytest.raises(ValueError, match="increasing"):
+        an.top_direction_flip(jnp.eye(3), jnp.eye(3), [1.0, 0.5])
     with pytest.raises(ValueError, match="increase"):
         an.scale_transition([1.0, 0.5, 2.0], [1.0, 1.0, 1.0], crossing=1.0)
     with pytest.raises(ValueError, match="same shape|one shape"):
