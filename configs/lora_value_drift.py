@@ -13,26 +13,29 @@ trained on; 32 passages of 256 characters each, 64 tokens): mean ``‖p_adapted 
 each head's ``ΔV_h`` alone. Spearman / Pearson across the 72 heads of drift vs ``‖ΔV_h‖/gap_h``
 and vs ``‖ΔV_h‖`` (the null); a scale sweep ``s·ΔV`` of the whole adapter and, for the
 ``sweep.heads_per_layer`` heads of each layer with the largest ratio, ``s·ΔV_h`` with
-``s / s*_h ∈ {1/8, ..., 8}``, ``s*_h = gap_h / ‖ΔV_h‖₂``: §3 predicts a jump of the drift at
-``s = s*_h`` (jump ``D(2s*)/D(s*/2) ≫ 4``, the linear-response value).
+``s / s_c ∈ {1/8, ..., 8}`` around ``s_c = s*_h = gap_h / ‖ΔV_h‖₂`` (Weyl) and around
+``s_c = s_flip``, where the top eigenvector of ``V_h + sΔV_h`` has turned by 45°: §3 predicts
+a jump of the drift there (``D(2s_c)/D(s_c/2) ≫ 4``, the linear-response value).
 
 Command::
 
     python -m experiments.train --config=configs/lora_value_drift.py --workdir=runs/lora_value_drift
 
-Runtime: 28.5 min wall on the 2-core CPU shared with other jobs (load average 8-15): LoRA
-120 steps 5.4 min (2.35 s/step), per-head drifts 12.6 min, joint sweep 1 min, 18 head sweeps
-8 min; a rerun reads the finished cells back (44 s). ``:smoke`` (2 steps, layer 5's value kernel
-only, 8 held-out passages of 8 tokens, one swept head): about 30 s of CPU.
+Runtime on the 2-core CPU shared with other jobs (load average 8-15): about 40 min (LoRA 120
+steps 5.4 min at 2.35 s/step, per-head drifts 12.6 min, joint sweep 1 min, 18 Weyl-centred and
+18 s_flip-centred head sweeps 8 + 12 min; measured in two passes, see ``.notes/readme/p3c.md``);
+a rerun reads the LoRA checkpoint and the finished cells back. ``:smoke`` (2 steps, layer 5's
+value kernel only, 8 held-out passages of 8 tokens, one swept head): about 30 s of CPU.
 Expected result (specs §3): drift grows with ``‖ΔV_h‖/gap_h`` more tightly than with
 ``‖ΔV_h‖``, and jumps where ``s‖ΔV_h‖`` crosses ``gap_h``. Measured (``.notes/readme/p3c.md``):
 neither. Genre test accuracy 0.526 (valid 0.569); 63 of 72 heads have ``‖ΔV_h‖₂/gap_h > 1``
 (median 2.5, max 13.2) yet their top eigenvectors barely turn (overlap >= 0.86); the drift of
 a head's ``ΔV_h`` alone rank-correlates with ``‖ΔV_h‖₂`` (Spearman 0.53; within layers 0.84)
 and not with the ratio (-0.11; within layers 0.04); ``log D = a log‖ΔV‖ + b log gap + c_layer``
-gives ``a = 0.82``, ``b = 0.04``; every one of 18 swept heads drifts exactly linearly in ``s``
-over ``s/s* ∈ [1/8, 8]`` (log-log slope 1.00, jump D(2s*)/D(s*/2) = 4.00); the whole adapter's
-drift is linear up to ``s = 4`` and saturates (``1 - cos → 1``) from ``s = 8``.
+gives ``a = 0.82``, ``b = 0.04``; all 18 swept heads drift linearly in ``s`` around the Weyl
+scale (log-log slope 1.00) and around ``s_flip`` = 2-12 × the trained update, where the top
+eigenvector actually turns by 45° (jump / linear 0.89-1.15); the whole adapter's drift is
+linear up to ``s = 4`` and saturates (``1 - cos → 1``) from ``s = 8``.
 
 ``arg``: ``"smoke"``.
 """
