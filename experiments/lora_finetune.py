@@ -124,6 +124,7 @@ def _load_data(
     else:
         dataset = data.load_shakespeare(
             label="genre",
+            plays=tuple(config.data.get("plays", ())) or None,  # optional: () = all 35 plays
             passage_chars=config.data.passage_chars,
             max_passages_per_play=config.data.max_passages_per_play,
             seed=config.seed,

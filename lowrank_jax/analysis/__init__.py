@@ -3,6 +3,9 @@
 * :mod:`~lowrank_jax.analysis.attention_dynamics` (P3): mean-field self-attention token flows on
   the sphere (and in R^d), RK4 under ``jit``, and the drift, time to deviation and W2 distance
   that a low-rank (LoRA) perturbation of V, Q or K causes.
+* :mod:`~lowrank_jax.analysis.value_lora` (P3): a trained LoRA on a BERT encoder's value kernels
+  head by head — each head's OV-circuit update against its eigengap, and the embedding drift it
+  causes alone or scaled.
 * :mod:`~lowrank_jax.analysis.multitask` (P9): the threshold-class simulator of the limits of
   adaptation in multitask learning — decoy tasks, target-only / pooled / oracle-prefix ERM and
   adaptive heuristics, vectorised over draws.
@@ -12,7 +15,7 @@
   random, L1, Taylor, Jacobian-with-labels and exact TPV.
 """
 
-from lowrank_jax.analysis import attention_dynamics, multitask, pruning, tpv
+from lowrank_jax.analysis import attention_dynamics, multitask, pruning, tpv, value_lora
 from lowrank_jax.analysis.attention_dynamics import (
     ValueSpectrum,
     attention_lipschitz,
@@ -70,6 +73,20 @@ from lowrank_jax.analysis.tpv import (
     tpv_quantization_mc,
     trace_heff,
 )
+from lowrank_jax.analysis.value_lora import (
+    EmbeddingDrift,
+    HeadGapStats,
+    ScaleTransition,
+    correlations,
+    embedding_drift,
+    embeddings_from_layer,
+    head_gap_ratios,
+    head_value_deltas,
+    head_value_kernel_deltas,
+    log_drift_fit,
+    scale_transition,
+    top_direction_flip,
+)
 
 __all__ = [
     "PruneGroup",
@@ -125,4 +142,17 @@ __all__ = [
     "token_drift",
     "value_spectrum",
     "wasserstein2",
+    "EmbeddingDrift",
+    "HeadGapStats",
+    "ScaleTransition",
+    "correlations",
+    "embedding_drift",
+    "embeddings_from_layer",
+    "head_gap_ratios",
+    "head_value_deltas",
+    "head_value_kernel_deltas",
+    "log_drift_fit",
+    "scale_transition",
+    "value_lora",
+    "top_direction_flip",
 ]
