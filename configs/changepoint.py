@@ -69,6 +69,7 @@ def get_config(arg=None):
     c.eval.boot_streams = 100 if arg.smoke else 150
     c.eval.block_len = 10  # moving-block bootstrap block (synthetic)
     c.eval.chunk = 16  # observations per scan step
+    c.eval.refit_cusum = True  # re-estimate the totals CUSUM's rate per bootstrap stream
 
     c.flights = ml_collections.ConfigDict()
     c.flights.enabled = arg.flights and not arg.smoke
