@@ -1,6 +1,7 @@
 """Why the bootstrap-calibrated thresholds of P17 miss α (issue 15 item 3): small diagnostics.
 
 PYTHONPATH=. nice -n 10 python .notes/cpcal_diag.py [--sigma 0.2] [--ns 600,3000] [--reps 200]
+    [--blocks 10] [--known_only] [--dets lowrank,frobenius] [--stretches 1]
 Settings of configs/changepoint.py (p = L = 30, rank 2, mean 2, J = 5, chunk 16, T = 500, ρ = 0).
 """
 import argparse, time
@@ -13,6 +14,7 @@ ap.add_argument("--ns", default="600,3000")
 ap.add_argument("--reps", type=int, default=200)
 ap.add_argument("--blocks", default="10,1")
 ap.add_argument("--known_only", action="store_true")
+ap.add_argument("--stretches", type=int, default=1)  # training stretches per n
 ap.add_argument("--T", type=int, default=500)
 ap.add_argument("--dets", default="lowrank,frobenius,cusum_totals")
 a = ap.parse_args()
@@ -38,8 +40,8 @@ fmax = {k: maxima(d, fresh) for k, d in known.items()}
 print(f"sigma={a.sigma} T={T} reps={a.reps}; fresh null maxima, detectors from the true λ: "
       + ", ".join(f"{k} q95={cp.quantile_threshold(v, alpha):.3f}" for k, v in fmax.items()), flush=True)
 print("| n | block | detectors from | detector | boot q95 | fresh q95 | max of train-stretch-based boot maxima | FA on fresh |")
-for n in [int(x) for x in a.ns.split(",")]:
-    train = cp.synthetic.sample_streams(jax.random.key(100 + n), lam, num_streams=1, length=n, sigma=a.sigma)[0]
+for n, rep in [(int(x), r) for x in a.ns.split(",") for r in range(a.stretches)]:
+    train = cp.synthetic.sample_streams(jax.random.key(100 + n + 100000 * rep), lam, num_streams=1, length=n, sigma=a.sigma)[0]
     srcs = (("true λ", known),) if a.known_only else (("true λ", known), ("train mean", dets(train.mean(0))))
     for src, ds in srcs:
         fm = fmax if src == "true λ" else {k: maxima(d, fresh) for k, d in ds.items()}
