@@ -146,11 +146,12 @@ def test_calibrated_threshold_gives_nominal_false_alarm_rate():
 
 
 def test_refit_bootstrap_gives_nominal_rate_with_estimated_cusum_rate():
-    """Totals CUSUM with its rate estimated on a short stretch (n = 40 i.i.d. Poisson
-    observations): the re-estimating bootstrap gives α on average over training stretches (the
-    in-sample one gives ≈ 0.27 here: it never sees the rate's estimation error)."""
-    alpha, delta, n, horizon, reps, n_fresh = 0.1, 0.1, 40, 100, 20, 200
-    lam = _intensity(scale=2.0)
+    """Totals CUSUM (total rate 6) with its rate estimated on n = 100 i.i.d. Poisson
+    observations: the re-estimating bootstrap gives α on average over training stretches
+    (measured 0.113 ± 0.020; the in-sample bootstrap gives 0.237 ± 0.027 on the same stretches,
+    it never sees the rate's estimation error)."""
+    alpha, delta, n, horizon, reps, n_fresh = 0.1, 0.1, 100, 100, 20, 200
+    lam = _intensity(scale=0.2)
     rng = np.random.default_rng(4)
 
     def refit(stretch):
