@@ -67,6 +67,15 @@ def make_detectors(reference: np.ndarray, m: Any, *, rank: int, rate_bound=None)
     }
 
 
+def cusum_totals_refit(rel_change: float):
+    """Traceable factory ``stretch -> page_cusum_totals(mean total)`` for ``refit``."""
+
+    def refit(stretch):
+        return cp.page_cusum_totals(stretch.sum((1, 2)).mean(), rel_change=rel_change)
+
+    return refit
+
+
 def _scores(det, streams: np.ndarray, chunk: int) -> np.ndarray:
     b, t = streams.shape[:2]
     flat = streams.reshape(b * t, *streams.shape[2:])
@@ -95,6 +104,8 @@ def synthetic_rho(config: Any, rho: float, key: jax.Array) -> dict:
         0
     ]
     dets = make_detectors(train, m, rank=m.rank)
+    # The totals CUSUM's rate is a plug-in: re-estimated on each bootstrap resample (refit).
+    refit = {"cusum_totals": cusum_totals_refit(m.cusum_total_change)} if e.refit_cusum else {}
     cal = {
         k: cp.calibrate_threshold(
             det,
@@ -105,6 +116,7 @@ def synthetic_rho(config: Any, rho: float, key: jax.Array) -> dict:
             block_len=e.block_len,
             num_streams=e.boot_streams,
             chunk=e.chunk,
+            refit=refit.get(k),
         ).maxima
         for k, det in dets.items()
     }

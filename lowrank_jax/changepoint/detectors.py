@@ -140,13 +140,17 @@ def page_cusum_totals(rate: float, *, rel_change: float = 0.1) -> Detector:
     """Two-sided Poisson Page-CUSUM on the totals ``Σ Y_t`` with known pre-change rate ``μ₀``.
 
     Args:
-      rate: ``μ₀ > 0``, the pre-change mean of the total count.
+      rate: ``μ₀ > 0``, the pre-change mean of the total count (a traced scalar inside a
+        ``refit`` of :func:`~lowrank_jax.changepoint.calibration.calibrate_threshold`).
       rel_change: ``δ``; the CUSUM is tuned to rates ``μ₀ (1 ± δ)``.
     """
-    if not rate > 0:
+    if isinstance(rate, jax.core.Tracer):  # built inside a traced refit (calibration)
+        mu = jnp.asarray(rate, jnp.float32)
+    elif not rate > 0:
         raise ValueError(f"rate={rate} is invalid: pass the pre-change mean total count (> 0)")
+    else:
+        mu = float(rate)
     delta = _check_change(rel_change)
-    mu = float(rate)
 
     def init():
         return jnp.zeros((2,), jnp.float32)

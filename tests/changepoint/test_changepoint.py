@@ -145,6 +145,49 @@ def test_calibrated_threshold_gives_nominal_false_alarm_rate():
     assert cp.quantile_threshold(np.arange(1, 101), 0.1) == 91
 
 
+def test_refit_bootstrap_gives_nominal_rate_with_estimated_cusum_rate():
+    """Totals CUSUM (total rate 6) with its rate estimated on n = 100 i.i.d. Poisson
+    observations: the re-estimating bootstrap gives α on average over training stretches
+    (measured 0.113 ± 0.020; the in-sample bootstrap gives 0.237 ± 0.027 on the same stretches,
+    it never sees the rate's estimation error)."""
+    alpha, delta, n, horizon, reps, n_fresh = 0.1, 0.1, 100, 100, 20, 200
+    lam = _intensity(scale=0.2)
+    rng = np.random.default_rng(4)
+
+    def refit(stretch):
+        return cp.page_cusum_totals(stretch.sum((1, 2)).mean(), rel_change=delta)
+
+    def cusum_max(x, rate):  # the two-sided recursion, NumPy (tested above against the library)
+        up = down = top = np.zeros(x.shape[0])
+        for t in range(x.shape[1]):
+            up = np.maximum(0.0, up + x[:, t] * math.log1p(delta) - rate * delta)
+            down = np.maximum(0.0, down + x[:, t] * math.log1p(-delta) + rate * delta)
+            top = np.maximum(top, np.maximum(up, down))
+        return top
+
+    rates = []
+    for r in range(reps):
+        train = rng.poisson(lam, (n, P, L))
+        det = refit(train)  # the detector actually used: rate from the whole stretch
+        cal = cp.calibrate_threshold(
+            det, train, key=jax.random.key(r), alpha=alpha, horizon=horizon, chunk=10, refit=refit
+        )
+        totals = rng.poisson(lam.sum(), (n_fresh, horizon)).astype(np.float64)
+        rates.append(np.mean(cusum_max(totals, train.sum((1, 2)).mean()) > cal.threshold))
+    se = np.std(rates) / math.sqrt(reps) + math.sqrt(alpha * (1 - alpha) / (reps * n_fresh))
+    assert abs(np.mean(rates) - alpha) <= 3 * se, (np.mean(rates), se)
+    with pytest.raises(TypeError, match="jnp"):
+        cp.calibrate_threshold(
+            det,
+            train,
+            key=jax.random.key(0),
+            alpha=alpha,
+            horizon=horizon,
+            num_streams=4,
+            refit=lambda s: cp.lowrank_detector(s.mean(0), rank=R),
+        )
+
+
 def test_bad_inputs_raise_clear_errors(stream):
     basis = cp.initial_basis(_intensity(), rank=R)
     with pytest.raises(ValueError, match="negative"):
