@@ -56,7 +56,18 @@ def get_config(arg=None):
     c.pruning.num_batches = 4 if arg.smoke else 10  # N_batchs of the scoring set
     c.pruning.confidence = 0.9  # JBR keeps pseudo-labels with max softmax above this
     c.pruning.tpv_examples = 64 if arg.smoke else 128  # inputs of exact TPV
+    c.pruning.tpv_chunk = 32  # per-example Jacobians formed at once by exact TPV
     c.pruning.criteria = ("random", "l1", "taylor", "jacobian", "jbr", "exact_tpv")
+    c.pruning.report_at = (0.45, 0.6, 0.7, 0.8, 0.85, 0.9)  # sparsity columns of the table
+
+    # parts=pruning_cnn: conv 3x3 (16, 32 channels, 2x2 max-pool) + dense 64 on an MNIST subset.
+    c.cnn = ml_collections.ConfigDict()
+    c.cnn.channels = (4, 8) if arg.smoke else (16, 32)
+    c.cnn.features = (16,) if arg.smoke else (64,)
+    c.cnn.num_train = 1000 if arg.smoke else 10000  # MNIST training images (per-seed subset)
+    c.cnn.num_test = 500 if arg.smoke else 10000  # the first images of the MNIST test split
+    c.cnn.num_steps = 100 if arg.smoke else 1500  # Adam steps, batch data.batch_size
+    c.cnn.eval_chunk = 500  # test images per forward pass
 
     c.stability = ml_collections.ConfigDict()
     c.stability.teachers = ("linear", "relu")

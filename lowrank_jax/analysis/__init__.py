@@ -60,6 +60,7 @@ from lowrank_jax.analysis.pruning import (
     score_l1,
     score_random,
     score_taylor,
+    sequential_groups,
 )
 from lowrank_jax.analysis.tpv import (
     hutchinson_trace_heff,
@@ -84,6 +85,7 @@ __all__ = [
     "score_l1",
     "score_random",
     "score_taylor",
+    "sequential_groups",
     "hutchinson_trace_heff",
     "per_example_jacobians",
     "quantization_variance",
