@@ -65,8 +65,8 @@ def get_config(arg=None):
     c.cnn.channels = (4, 8) if arg.smoke else (16, 32)
     c.cnn.features = (16,) if arg.smoke else (64,)
     c.cnn.num_train = 1000 if arg.smoke else 10000  # MNIST training images (per-seed subset)
-    c.cnn.num_test = 500 if arg.smoke else 10000  # the first images of the MNIST test split
-    c.cnn.num_steps = 100 if arg.smoke else 1500  # Adam steps, batch data.batch_size
+    c.cnn.num_test = 500 if arg.smoke else 2000  # the first images of the MNIST test split
+    c.cnn.num_steps = 100 if arg.smoke else 800  # Adam steps, batch data.batch_size
     c.cnn.eval_chunk = 500  # test images per forward pass
 
     c.stability = ml_collections.ConfigDict()

@@ -99,25 +99,27 @@ _score_jac = jax.jit(analysis.score_jacobian, static_argnums=(0, 4))
 _score_tpv = jax.jit(analysis.score_exact_tpv, static_argnums=(0, 3), static_argnames="chunk")
 
 
-def _accuracy_fn(model, x, y, chunk: int):
-    """``params -> test accuracy``, jitted, over chunks of ``chunk`` test inputs."""
-    n = (len(y) // chunk) * chunk or len(y)
-    xs = jnp.asarray(x[:n]).reshape(-1, min(chunk, n), *x.shape[1:])
-    ys = jnp.asarray(y[:n]).reshape(xs.shape[:2])
-    if n < len(y):
-        raise ValueError(f"the {len(y)} test inputs must be a multiple of eval_chunk={chunk}")
+@functools.cache
+def _batched_apply(model: Any, chunk: int):
+    """Jitted ``(params, x (n, ...)) -> logits (n, K)``, ``chunk`` inputs per forward pass."""
 
     @jax.jit
-    def acc(q, xs, ys):
-        hits = jax.lax.map(
-            lambda b: jnp.sum(jnp.argmax(model.apply(q, b[0]), -1) == b[1]), (xs, ys)
-        )
-        return jnp.sum(hits) / n
+    def apply(q, x):
+        n, pad = x.shape[0], (-x.shape[0]) % chunk
+        xs = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1)).reshape(-1, chunk, *x.shape[1:])
+        out = jax.lax.map(lambda b: model.apply(q, b), xs)
+        return out.reshape(-1, out.shape[-1])[:n]
 
-    return lambda q: acc(q, xs, ys)
+    return apply
 
 
-def _prune_all(config, model, params, groups, xtr, ytr, acc, seed) -> dict:
+def _accuracy_fn(model, x, y, chunk: int):
+    """``params -> test accuracy`` (jitted, ``chunk`` test inputs per forward pass)."""
+    apply, x, y = _batched_apply(model, chunk), jnp.asarray(x), jnp.asarray(y)
+    return lambda q: jnp.mean(jnp.argmax(apply(q, x), -1) == y)
+
+
+def _prune_all(config, model, params, groups, xtr, ytr, acc, seed, chunk) -> dict:
     """Every criterion of ``config.pruning`` prunes ``params``; accuracy after each step."""
     p = config.pruning
     key = jax.random.key(seed)
@@ -127,7 +129,7 @@ def _prune_all(config, model, params, groups, xtr, ytr, acc, seed) -> dict:
     xb = jnp.asarray(xtr[pick]).reshape(nb, bs, *xtr.shape[1:])
     yb = jnp.asarray(ytr[pick]).reshape(nb, bs)
     xj, yj = analysis.confident_pseudo_labels(
-        model.apply, params, jnp.asarray(xtr), key=jax.random.fold_in(key, 1),
+        _batched_apply(model, chunk), params, jnp.asarray(xtr), key=jax.random.fold_in(key, 1),
         num_batches=nb, batch_size=bs, threshold=p.confidence,
     )  # fmt: skip
     xt = jnp.asarray(xtr[pick[: p.tpv_examples]])
@@ -161,7 +163,8 @@ def pruning_cell(config: Any, seed: int) -> dict:
         batch_size=config.data.batch_size, lr=config.optim.learning_rate, seed=seed,
     )  # fmt: skip
     acc = _accuracy_fn(model, xte, yte, len(yte))
-    return _prune_all(config, model, params, analysis.mlp_groups(params), xtr, ytr, acc, seed)
+    groups = analysis.mlp_groups(params)
+    return _prune_all(config, model, params, groups, xtr, ytr, acc, seed, len(xtr))
 
 
 def pruning_cnn_cell(config: Any, seed: int) -> dict:
@@ -178,7 +181,7 @@ def pruning_cnn_cell(config: Any, seed: int) -> dict:
     )  # fmt: skip
     acc = _accuracy_fn(model, te.x[: c.num_test], te.y[: c.num_test], c.eval_chunk)
     groups = analysis.sequential_groups(params)
-    return _prune_all(config, model, params, groups, xtr, ytr, acc, seed)
+    return _prune_all(config, model, params, groups, xtr, ytr, acc, seed, c.eval_chunk)
 
 
 def stability_cell(config: Any, teacher: str, d: int, width: int, n: int) -> dict:
