@@ -5,6 +5,9 @@
   ``steps`` steps (``prune_iteratively``, scores recomputed on the current masked model, no
   fine-tuning); test accuracy after every step. Every criterion sees the same number of scoring
   examples (``num_batches × batch_size``; exact TPV: ``tpv_examples``).
+* ``pruning_cnn``: the same pruning study on a small CNN (``lowrank_jax.models.CNN``: conv
+  channels and dense units pruned by the same criteria code, one global ranking) trained on a
+  subset of real MNIST, test accuracy on the MNIST test split.
 * ``stability``: one-hidden-layer students on synthetic teachers (the paper's setting is
   synthetic here); TPV_train / TPV_test for quantisation and label noise.
 * ``selection``: digits with noisy training labels, a weight-decay × label-smoothing grid;
@@ -29,9 +32,9 @@ import tqdm
 from experiments import common
 from experiments.common import sweep
 from lowrank_jax import analysis, data
-from lowrank_jax.models import MLP
+from lowrank_jax.models import CNN, MLP
 
-PARTS = ("pruning", "stability", "selection")
+PARTS = ("pruning", "pruning_cnn", "stability", "selection")
 CRITERIA = ("random", "l1", "taylor", "jacobian", "jbr", "exact_tpv")
 
 
@@ -44,7 +47,9 @@ def check_config(config: Any) -> None:
     for k in config.pruning.criteria:
         if k not in CRITERIA:
             raise c.ConfigError(f"config.pruning.criteria holds {k!r}: use {', '.join(CRITERIA)}")
-    for key in ("schedule.num_steps", "data.batch_size", "pruning.num_seeds", "pruning.steps"):
+    keys = ("schedule.num_steps", "data.batch_size", "pruning.num_seeds", "pruning.steps")
+    keys += ("cnn.num_train", "cnn.num_test", "cnn.num_steps", "cnn.eval_chunk")
+    for key in keys:
         c.check_positive(config, key, integer=True)
     if not 0 < config.pruning.target_ratio < 1:
         raise c.ConfigError("config.pruning.target_ratio must lie in (0, 1)")
@@ -57,7 +62,7 @@ def _tx(lr: float, wd: float) -> optax.GradientTransformation:
 
 
 @functools.cache
-def _loss(model: MLP, kind: str):
+def _loss(model: Any, kind: str):
     def loss(params, _, batch):
         out = model.apply(params, batch["x"])
         if kind == "mse":
@@ -94,26 +99,37 @@ _score_jac = jax.jit(analysis.score_jacobian, static_argnums=(0, 4))
 _score_tpv = jax.jit(analysis.score_exact_tpv, static_argnums=(0, 3), static_argnames="chunk")
 
 
-def pruning_cell(config: Any, seed: int) -> dict:
-    """Trains one MLP and prunes it with every criterion; test accuracy after each step."""
+@functools.cache
+def _batched_apply(model: Any, chunk: int):
+    """Jitted ``(params, x (n, ...)) -> logits (n, K)``, ``chunk`` inputs per forward pass."""
+
+    @jax.jit
+    def apply(q, x):
+        n, pad = x.shape[0], (-x.shape[0]) % chunk
+        xs = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1)).reshape(-1, chunk, *x.shape[1:])
+        out = jax.lax.map(lambda b: model.apply(q, b), xs)
+        return out.reshape(-1, out.shape[-1])[:n]
+
+    return apply
+
+
+def _accuracy_fn(model, x, y, chunk: int):
+    """``params -> test accuracy`` (jitted, ``chunk`` test inputs per forward pass)."""
+    apply, x, y = _batched_apply(model, chunk), jnp.asarray(x), jnp.asarray(y)
+    return lambda q: jnp.mean(jnp.argmax(apply(q, x), -1) == y)
+
+
+def _prune_all(config, model, params, groups, xtr, ytr, acc, seed, chunk) -> dict:
+    """Every criterion of ``config.pruning`` prunes ``params``; accuracy after each step."""
     p = config.pruning
-    (xtr, ytr), (xte, yte) = _digits_split(seed, config.data.num_test)
-    model = MLP(tuple(config.model.features), 10)
     key = jax.random.key(seed)
-    train = {"x": jnp.asarray(xtr), "t": jax.nn.one_hot(ytr, 10)}
-    params = _train(
-        model, key, train, kind="ce", steps=config.schedule.num_steps,
-        batch_size=config.data.batch_size, lr=config.optim.learning_rate, seed=seed,
-    )  # fmt: skip
-    groups = analysis.mlp_groups(params)
-    acc = jax.jit(lambda q: jnp.mean(jnp.argmax(model.apply(q, xte), -1) == yte))
     bs, nb = config.data.batch_size, p.num_batches
     rng = np.random.default_rng([seed, 9])
     pick = rng.choice(len(ytr), nb * bs, replace=False)
     xb = jnp.asarray(xtr[pick]).reshape(nb, bs, *xtr.shape[1:])
     yb = jnp.asarray(ytr[pick]).reshape(nb, bs)
     xj, yj = analysis.confident_pseudo_labels(
-        model.apply, params, jnp.asarray(xtr), key=jax.random.fold_in(key, 1),
+        _batched_apply(model, chunk), params, jnp.asarray(xtr), key=jax.random.fold_in(key, 1),
         num_batches=nb, batch_size=bs, threshold=p.confidence,
     )  # fmt: skip
     xt = jnp.asarray(xtr[pick[: p.tpv_examples]])
@@ -125,7 +141,7 @@ def pruning_cell(config: Any, seed: int) -> dict:
         ),
         "jacobian": lambda q, m, s: _score_jac(model.apply, q, xb, yb, groups),
         "jbr": lambda q, m, s: _score_jac(model.apply, q, xj, yj, groups),
-        "exact_tpv": lambda q, m, s: _score_tpv(model.apply, q, xt, groups, chunk=32),
+        "exact_tpv": lambda q, m, s: _score_tpv(model.apply, q, xt, groups, chunk=p.tpv_chunk),
     }
     out = {"acc_dense": float(acc(params))}
     for name in p.criteria:
@@ -133,7 +149,39 @@ def pruning_cell(config: Any, seed: int) -> dict:
             params, groups, fns[name], target_ratio=p.target_ratio, steps=p.steps
         )
         out[name] = [float(acc(analysis.apply_masks(params, m, groups))) for m in hist]
+        out[f"alive_{name}"] = {k: int(v.sum()) for k, v in hist[-1].items()}
     return out
+
+
+def pruning_cell(config: Any, seed: int) -> dict:
+    """Trains one MLP on digits and prunes it with every criterion; test accuracy per step."""
+    (xtr, ytr), (xte, yte) = _digits_split(seed, config.data.num_test)
+    model = MLP(tuple(config.model.features), 10)
+    train = {"x": jnp.asarray(xtr), "t": jax.nn.one_hot(ytr, 10)}
+    params = _train(
+        model, jax.random.key(seed), train, kind="ce", steps=config.schedule.num_steps,
+        batch_size=config.data.batch_size, lr=config.optim.learning_rate, seed=seed,
+    )  # fmt: skip
+    acc = _accuracy_fn(model, xte, yte, len(yte))
+    groups = analysis.mlp_groups(params)
+    return _prune_all(config, model, params, groups, xtr, ytr, acc, seed, len(xtr))
+
+
+def pruning_cnn_cell(config: Any, seed: int) -> dict:
+    """Trains one CNN on an MNIST subset and prunes channels and units with every criterion."""
+    c = config.cnn
+    tr, te = data.load_mnist("train"), data.load_mnist("test")
+    idx = np.random.default_rng([seed, 11]).permutation(len(tr.y))[: c.num_train]
+    xtr, ytr = tr.x[idx], tr.y[idx]
+    model = CNN(tuple(c.channels), tuple(c.features), 10)
+    train = {"x": jnp.asarray(xtr), "t": jax.nn.one_hot(ytr, 10)}
+    params = _train(
+        model, jax.random.key(seed), train, kind="ce", steps=c.num_steps,
+        batch_size=config.data.batch_size, lr=config.optim.learning_rate, seed=seed,
+    )  # fmt: skip
+    acc = _accuracy_fn(model, te.x[: c.num_test], te.y[: c.num_test], c.eval_chunk)
+    groups = analysis.sequential_groups(params)
+    return _prune_all(config, model, params, groups, xtr, ytr, acc, seed, c.eval_chunk)
 
 
 def stability_cell(config: Any, teacher: str, d: int, width: int, n: int) -> dict:
@@ -218,31 +266,34 @@ def selection_cell(config: Any, wd: float, smoothing: float) -> dict:
     }
 
 
-def _pruning_report(workdir, cells, p):
+def _pruning_report(workdir, cells, p, part, title):
     sparsity = [p.target_ratio * s / p.steps for s in range(1, p.steps + 1)]
+    cols = sorted(
+        {min(max(round(r * p.steps / p.target_ratio), 1), p.steps) - 1 for r in p.report_at}
+    )
     curves, rows = {}, []
     for name in p.criteria:
         acc = np.array([c[name] for c in cells])  # (seeds, steps)
         curves[name] = (sparsity, acc.mean(0).tolist())
         row = {"criterion": name}
-        for j in sorted({p.steps // 2, (3 * p.steps) // 4, p.steps - 1}):
+        for j in cols:
             row[f"acc@{sparsity[j]:.0%}"] = sweep.format_mean_sd(acc[:, j] * 100, 1)
         rows.append(row)
     common.plot_curves(
-        os.path.join(workdir, "pruning_accuracy.png"), curves, title="digits MLP: pruning without fine-tuning",
-        xlabel="fraction of hidden neurons pruned", ylabel="test accuracy",
+        os.path.join(workdir, f"{part}_accuracy.png"), curves, title=f"{title}: pruning without fine-tuning",
+        xlabel="fraction of prunable units pruned", ylabel="test accuracy",
     )  # fmt: skip
     final = {n: float(np.mean([c[n][-1] for c in cells])) * 100 for n in p.criteria}
     checks = []
     if {"jbr", "jacobian"} <= set(final):
-        checks.append(sweep.check("JBR within 1 point of Jacobian-with-labels at the target", abs(final["jbr"] - final["jacobian"]) <= 1.0, f"{final['jbr']:.1f} vs {final['jacobian']:.1f}"))  # fmt: skip
+        checks.append(sweep.check(f"{part}: JBR within 1 point of Jacobian-with-labels at the target", abs(final["jbr"] - final["jacobian"]) <= 1.0, f"{final['jbr']:.1f} vs {final['jacobian']:.1f}"))  # fmt: skip
     base = [k for k in ("l1", "taylor", "random") if k in final]
     if "jbr" in final and base:
-        checks.append(sweep.check("JBR at least as good as L1/Taylor/random at the target", all(final["jbr"] >= final[k] for k in base), ", ".join(f"{k}: {final[k]:.1f}" for k in base)))  # fmt: skip
+        checks.append(sweep.check(f"{part}: JBR at least as good as L1/Taylor/random at the target", all(final["jbr"] >= final[k] for k in base), ", ".join(f"{k}: {final[k]:.1f}" for k in base)))  # fmt: skip
     if {"jbr", "exact_tpv"} <= set(final):
-        checks.append(sweep.check("JBR close to exact TPV (within 2 points)", abs(final["jbr"] - final["exact_tpv"]) <= 2.0, f"{final['jbr']:.1f} vs {final['exact_tpv']:.1f}"))  # fmt: skip
+        checks.append(sweep.check(f"{part}: JBR close to exact TPV (within 2 points)", abs(final["jbr"] - final["exact_tpv"]) <= 2.0, f"{final['jbr']:.1f} vs {final['exact_tpv']:.1f}"))  # fmt: skip
     dense = sweep.format_mean_sd([c["acc_dense"] * 100 for c in cells], 1)
-    return rows, checks, {"dense_accuracy": dense}
+    return rows, checks, {f"{part}: dense accuracy": dense}
 
 
 def run(config: Any, workdir: str) -> dict:
@@ -252,16 +303,20 @@ def run(config: Any, workdir: str) -> dict:
     store = sweep.CellStore(workdir, resume=config.ckpt.resume)
     bar = not config.log.progress
     rows, checks, extra = [], [], {}
-    if "pruning" in config.parts:
+    cells_of = {
+        "pruning": (pruning_cell, "digits MLP"),
+        "pruning_cnn": (pruning_cnn_cell, "MNIST CNN"),
+    }
+    for part, (cell_fn, title) in cells_of.items():
+        if part not in config.parts:
+            continue
         p = config.pruning
         cells = [
-            store.get(f"pruning/seed={s}", lambda s=s: pruning_cell(config, s))
-            for s in tqdm.trange(
-                config.seed, config.seed + p.num_seeds, disable=bar, desc="pruning"
-            )
+            store.get(f"{part}/seed={s}", lambda s=s, f=cell_fn: f(config, s))
+            for s in tqdm.trange(config.seed, config.seed + p.num_seeds, disable=bar, desc=part)
         ]
-        r, c, e = _pruning_report(workdir, cells, p)
-        rows += [{"part": "pruning", **x} for x in r]
+        r, c, e = _pruning_report(workdir, cells, p, part, title)
+        rows += [{"part": part, **x} for x in r]
         checks += c
         extra.update(e)
     if "stability" in config.parts:

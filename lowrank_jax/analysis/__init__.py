@@ -63,6 +63,7 @@ from lowrank_jax.analysis.pruning import (
     score_l1,
     score_random,
     score_taylor,
+    sequential_groups,
 )
 from lowrank_jax.analysis.tpv import (
     hutchinson_trace_heff,
@@ -101,6 +102,7 @@ __all__ = [
     "score_l1",
     "score_random",
     "score_taylor",
+    "sequential_groups",
     "hutchinson_trace_heff",
     "per_example_jacobians",
     "quantization_variance",

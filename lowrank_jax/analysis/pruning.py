@@ -1,17 +1,27 @@
 r"""P19 JBR: label-free Jacobian-based structured pruning, and the baseline criteria.
 
-Units are hidden neurons of a Dense stack (Flax ``MLP``: ``params/dense_i/{kernel,bias}``, then
-``head``). Pruning unit ``c`` of layer ``l`` removes its *group*: the kernel column
-``W_l[:, c]``, the bias ``b_l[c]`` and the next layer's kernel row ``W_{l+1}[c, :]`` (with ReLU a
-zeroed unit outputs 0, so masking is exact structured pruning). Scores (higher = keep):
+Units are the hidden neurons of Dense layers and the output channels of conv layers of a
+sequential Flax net (``lowrank_jax.models.MLP``: ``params/dense_i``, then ``head``;
+``lowrank_jax.models.CNN``: ``params/conv_j``, ``params/dense_i``, ``head``). Pruning unit ``c``
+of layer ``l`` removes its *group*: the outgoing weights ``W_l[..., c]`` (a Dense kernel column
+or a conv filter ``(k, k, c_in)``), the bias ``b_l[c]`` and the weights of the next layer that
+read unit ``c`` (a Dense kernel row; a conv kernel's input slice ``W_{l+1}[:, :, c, :]``; after
+a flatten of an NHWC map, the Dense kernel rows ``i`` with ``i mod C = c``). With ReLU (and max-
+pooling) a zeroed unit outputs 0, so masking is exact structured pruning.
 
-* ``random``; ``l1``: ``Σ|W_l[:, c]| + Σ|W_{l+1}[c, :]|`` (torch-pruning's
+Every criterion works on two views of a group, the same for both layer kinds:
+``W_out = W_l.reshape(R, C)`` (``R`` = fan-in of one unit, ``C`` units) and
+``W_in = W_{l+1}.reshape(S, C, O)`` (``S`` = spatial positions that read one unit: ``k·k`` for a
+conv, ``h·w`` after a flatten, 1 for a Dense; ``O`` = the next layer's outputs). Scores (higher =
+keep):
+
+* ``random``; ``l1``: ``Σ|W_out[:, c]| + Σ|W_in[:, c, :]|`` (torch-pruning's
   ``MagnitudeImportance(p=1)``, no bias); ``taylor``: ``Σ|W ⊙ ∇L|`` over the same entries
   (torch-pruning's ``TaylorImportance``), gradient of the mean cross-entropy with true labels;
 * ``jacobian`` (true labels) and ``jbr`` (pseudo-labels ``y* = argmax f_{w*}(x)`` of the
   *unpruned* model on confident inputs, max softmax > 0.9): for every batch ``B``,
   ``g = ∇_w CE(f_w(x_B), y_B)`` on the *current* model and
-  ``s_c += (⟨g_{W_l[:, c]}, W_l[:, c]⟩ + g_{b_c} b_c)² + ⟨g_{W_{l+1}[c, :]}, W_{l+1}[c, :]⟩²``;
+  ``s_c += (⟨g_{W_out[:, c]}, W_out[:, c]⟩ + g_{b_c} b_c)² + ⟨g_{W_in[:, c, :]}, W_in[:, c, :]⟩²``;
 * ``exact_tpv``: ``E_x ‖J(x) u_c‖²`` with ``u_c`` the group's weights (pruning is
   ``δu = −u_c``), from per-example Jacobians (``vmap(jacrev)``, chunked) — the quantity JBR's
   batch-gradient inner products stand in for.
@@ -23,7 +33,7 @@ alive units, as torch-pruning's default ``normalizer="mean"``) and masks the low
 References:
   D. Arpit, arXiv 2512.11089 and github.com/devansharpit/TPV (``applications/benchmark_pruning.py``,
   ``pruning_utils/Selfmake_Importance.py``); Molchanov et al. (2019) for Taylor. BN/LN groups are
-  not covered (the MLP has none).
+  not covered (the models have none).
 """
 
 from __future__ import annotations
@@ -50,6 +60,7 @@ __all__ = [
     "score_l1",
     "score_random",
     "score_taylor",
+    "sequential_groups",
 ]
 
 
@@ -60,39 +71,95 @@ class PruneGroup(NamedTuple):
     next: str
 
 
+def sequential_groups(
+    params: Any, *, prefixes: Sequence[str] = ("conv_", "dense_"), head: str = "head"
+) -> tuple[PruneGroup, ...]:
+    """The prunable groups of a sequential net: layers ``<prefix><i>`` in order, then ``head``.
+
+    Layers are ordered by the position of their prefix in ``prefixes``, then by ``i``; each
+    feeds the next (the last one feeds ``head``). ``lowrank_jax.models.CNN`` gives
+    ``conv_0 -> conv_1 -> ... -> dense_0 -> ... -> head``.
+
+    Raises:
+      ValueError: if no layer matches, ``head`` is missing, or a layer has no ``kernel``/``bias``.
+    """
+    p = params.get("params", {}) if hasattr(params, "get") else {}
+    names = []
+    for pre in prefixes:
+        mine = {int(k[len(pre) :]): k for k in p if k.startswith(pre) and k[len(pre) :].isdigit()}
+        names += [mine[i] for i in sorted(mine)]
+    if not names or head not in p:
+        raise ValueError(
+            f"sequential_groups expects variables {{'params': {{<{'|'.join(prefixes)}><i>, ..., "
+            f"{head!r}}}}} with at least one hidden layer; got keys {list(p)}"
+        )
+    for k in names:
+        if not {"kernel", "bias"} <= set(p[k]):
+            raise ValueError(f"layer {k!r} needs a kernel and a bias; has {list(p[k])}")
+    return tuple(PruneGroup(a, b) for a, b in zip(names, [*names[1:], head], strict=True))
+
+
 def mlp_groups(params: Any) -> tuple[PruneGroup, ...]:
     """The prunable groups of a Flax ``MLP``: ``dense_i -> dense_{i+1}`` (the last -> ``head``).
 
     Raises:
       ValueError: if ``params`` is not an MLP's variables (``{"params": {"dense_0": ...}}``).
     """
-    p = params.get("params", {}) if hasattr(params, "get") else {}
-    names = sorted((k for k in p if k.startswith("dense_")), key=lambda k: int(k.split("_")[1]))
-    if not names or "head" not in p:
+    try:
+        return sequential_groups(params, prefixes=("dense_",))
+    except ValueError as e:
         raise ValueError(
             "mlp_groups expects the variables of lowrank_jax.models.MLP with at least one hidden "
-            f"layer ({{'params': {{'dense_0', ..., 'head'}}}}); got keys {list(p)}"
+            f"layer ({{'params': {{'dense_0', ..., 'head'}}}}): {e}"
+        ) from None
+
+
+def _out_view(kernel: jax.Array) -> jax.Array:
+    """``(..., C) -> (R, C)``: the fan-in of each unit (Dense column, flattened conv filter)."""
+    return kernel.reshape(-1, kernel.shape[-1])
+
+
+def _in_view(kernel: jax.Array, units: int, name: str = "next layer") -> jax.Array:
+    """``(..., C·?, O) -> (S, C, O)``: the weights of the next layer that read each unit.
+
+    A Dense ``(S·C, O)`` read from a flattened NHWC map (channel fastest), a conv ``(k, k, C, O)``
+    or a Dense ``(C, O)`` all reshape to ``(S, C, O)``.
+    """
+    out = kernel.shape[-1]
+    ok = kernel.shape[-2] == units if kernel.ndim > 2 else kernel.shape[0] % units == 0
+    if not ok:
+        raise ValueError(
+            f"{name} kernel {kernel.shape} cannot read {units} units: a conv needs c_in = "
+            f"{units}, a Dense a fan-in that is a multiple of {units} (flattened NHWC)"
         )
-    return tuple(PruneGroup(a, b) for a, b in zip(names, [*names[1:], "head"], strict=True))
+    return kernel.reshape(-1, units, out)
+
+
+def _views(params: Any, g: PruneGroup) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(W_out (R, C), b (C,), W_in (S, C, O))`` of group ``g`` in ``params`` (or its gradient)."""
+    lay, nxt = params["params"][g.layer], params["params"][g.next]
+    units = lay["kernel"].shape[-1]
+    return _out_view(lay["kernel"]), lay["bias"], _in_view(nxt["kernel"], units, g.next)
 
 
 def init_masks(params: Any, groups: Sequence[PruneGroup]) -> dict[str, jax.Array]:
-    """All-ones float masks ``{layer: (m,)}``."""
+    """All-ones float masks ``{layer: (C,)}``."""
     return {g.layer: jnp.ones(params["params"][g.layer]["bias"].shape) for g in groups}
 
 
 def apply_masks(params: Any, masks: dict[str, jax.Array], groups: Sequence[PruneGroup]) -> Any:
-    """Zeroes every masked unit's group (kernel column, bias entry, next kernel row)."""
+    """Zeroes every masked unit's group (outgoing weights, bias entry, the next layer's reads)."""
     p = jax.tree.map(lambda a: a, params)  # a copy of the containers
     inner = dict(p["params"])
     for g in groups:
         m = masks[g.layer]
         layer = dict(inner[g.layer])
-        layer["kernel"] = layer["kernel"] * m[None, :]
+        layer["kernel"] = layer["kernel"] * m
         layer["bias"] = layer["bias"] * m
         inner[g.layer] = layer
         nxt = dict(inner[g.next])
-        nxt["kernel"] = nxt["kernel"] * masks[g.layer][:, None]
+        k = nxt["kernel"]
+        nxt["kernel"] = (_in_view(k, m.shape[0], g.next) * m[None, :, None]).reshape(k.shape)
         inner[g.next] = nxt
     return {**p, "params": inner}
 
@@ -102,13 +169,9 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, labels))
 
 
-def _group_sum(params, grads, groups, fn_out, fn_in) -> dict[str, jax.Array]:
-    out = {}
-    for g in groups:
-        lay, nxt = params["params"][g.layer], params["params"][g.next]
-        gl, gn = grads["params"][g.layer], grads["params"][g.next]
-        out[g.layer] = fn_out(lay, gl) + fn_in(nxt, gn)
-    return out
+def _group_sum(params, grads, groups, fn) -> dict[str, jax.Array]:
+    """``{layer: fn(views of params, views of grads)}`` with :func:`_views` per group."""
+    return {g.layer: fn(_views(params, g), _views(grads, g)) for g in groups}
 
 
 def score_random(key: jax.Array, masks: dict[str, jax.Array]) -> dict[str, jax.Array]:
@@ -120,13 +183,12 @@ def score_random(key: jax.Array, masks: dict[str, jax.Array]) -> dict[str, jax.A
 
 
 def score_l1(params: Any, groups: Sequence[PruneGroup]) -> dict[str, jax.Array]:
-    """``Σ|W_l[:, c]| + Σ|W_{l+1}[c, :]|`` (magnitude, torch-pruning ``p=1``, no bias)."""
+    """``Σ|W_out[:, c]| + Σ|W_in[:, c, :]|`` (magnitude, torch-pruning ``p=1``, no bias)."""
     return _group_sum(
         params,
         params,
         groups,
-        lambda lay, _: jnp.sum(jnp.abs(lay["kernel"]), 0),
-        lambda nxt, _: jnp.sum(jnp.abs(nxt["kernel"]), 1),
+        lambda w, _: jnp.sum(jnp.abs(w[0]), 0) + jnp.sum(jnp.abs(w[2]), (0, 2)),
     )
 
 
@@ -139,8 +201,7 @@ def score_taylor(
         params,
         grads,
         groups,
-        lambda lay, gl: jnp.sum(jnp.abs(lay["kernel"] * gl["kernel"]), 0),
-        lambda nxt, gn: jnp.sum(jnp.abs(nxt["kernel"] * gn["kernel"]), 1),
+        lambda w, d: jnp.sum(jnp.abs(w[0] * d[0]), 0) + jnp.sum(jnp.abs(w[2] * d[2]), (0, 2)),
     )
 
 
@@ -153,7 +214,7 @@ def score_jacobian(
 ) -> dict[str, jax.Array]:
     """JBR / Jacobian scores summed over batches ``xb (B, b, ...)``, ``yb (B, b)``.
 
-    ``s_c = Σ_B (⟨g_{W_l[:, c]}, W_l[:, c]⟩ + g_{b_c} b_c)² + ⟨g_{W_{l+1}[c, :]}, W_{l+1}[c, :]⟩²``
+    ``s_c = Σ_B (⟨g_{W_out[:, c]}, W_out[:, c]⟩ + g_{b_c} b_c)² + ⟨g_{W_in[:, c, :]}, W_in[:, c, :]⟩²``
     with ``g = ∇_w CE(f_w(x_B), y_B)``. With ``yb`` the unpruned model's confident pseudo-labels
     (:func:`confident_pseudo_labels`) this is JBR; with true labels the "Jacobian" baseline.
     """
@@ -164,10 +225,9 @@ def score_jacobian(
             params,
             grads,
             groups,
-            lambda lay, gl: (
-                (jnp.sum(lay["kernel"] * gl["kernel"], 0) + lay["bias"] * gl["bias"]) ** 2
+            lambda w, d: (
+                (jnp.sum(w[0] * d[0], 0) + w[1] * d[1]) ** 2 + jnp.sum(w[2] * d[2], (0, 2)) ** 2
             ),
-            lambda nxt, gn: jnp.sum(nxt["kernel"] * gn["kernel"], 1) ** 2,
         )
 
     per_batch = jax.lax.map(lambda b: one(*b), (xb, yb))
@@ -213,30 +273,38 @@ def score_exact_tpv(
     *,
     chunk: int = 32,
 ) -> dict[str, jax.Array]:
-    """``E_x ‖J(x) u_c‖²`` per unit, ``u_c`` = the group's weights (kernel column, bias, next row).
+    """``E_x ‖J(x) u_c‖²`` per unit, ``u_c`` = the group's weights (``W_out[:, c]``, ``b_c``,
+    ``W_in[:, c, :]``).
 
     ``apply_fn(params, x)`` maps a batch ``(b, ...)`` to ``(b, K)``; per-example Jacobians
-    ``(chunk, K, P)`` are formed by ``vmap(jacrev)`` and contracted with ``u_c`` at once.
+    ``(chunk, K, P)`` are formed by ``vmap(jacrev)`` (``lax.map`` over chunks of ``chunk``
+    inputs, so memory is ``O(chunk · K · P)``) and contracted with ``u_c`` at once.
     """
     if chunk < 1:
         raise ValueError(f"chunk={chunk} must be positive")
     jac = jax.vmap(jax.jacrev(lambda p, xi: apply_fn(p, xi[None])[0]), in_axes=(None, 0))
 
     def one(xi):
-        j = jac(params, xi[None])["params"]  # leaves (1, K, *leaf)
+        j = jac(params, xi[None])  # leaves (1, K, *leaf)
         out = {}
         for g in groups:
-            lay, nxt = params["params"][g.layer], params["params"][g.next]
-            ju = (
-                jnp.einsum("bkic,ic->bkc", j[g.layer]["kernel"], lay["kernel"])
-                + j[g.layer]["bias"] * lay["bias"]
-                + jnp.einsum("bkcj,cj->bkc", j[g.next]["kernel"], nxt["kernel"])
+            wo, b, wi = _views(params, g)
+            jo, jb, ji = (
+                a.reshape(*a.shape[:2], *v.shape)
+                for a, v in zip(_views_j(j, g), (wo, b, wi), strict=True)
             )
+            ju = jnp.einsum("bkrc,rc->bkc", jo, wo) + jb * b + jnp.einsum("bksco,sco->bkc", ji, wi)
             out[g.layer] = jnp.sum(ju**2, axis=(0, 1))
         return out
 
     per = jax.lax.map(one, x, batch_size=min(chunk, x.shape[0]))
     return jax.tree.map(lambda s: jnp.mean(s, 0), per)
+
+
+def _views_j(jac: Any, g: PruneGroup) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The raw Jacobian leaves ``(b, K, *leaf)`` of group ``g`` (reshaped by the caller)."""
+    lay, nxt = jac["params"][g.layer], jac["params"][g.next]
+    return lay["kernel"], lay["bias"], nxt["kernel"]
 
 
 def prune_step(

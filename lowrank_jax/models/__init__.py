@@ -14,6 +14,7 @@ from lowrank_jax.models.bert import classifier_variables as classifier_variables
 from lowrank_jax.models.bert import mean_pool as mean_pool
 from lowrank_jax.models.bert import sentence_embedding as sentence_embedding
 from lowrank_jax.models.bert import split_encoder as split_encoder
+from lowrank_jax.models.cnn import CNN as CNN
 from lowrank_jax.models.fp8_transformer import Fp8SelfAttention as Fp8SelfAttention
 from lowrank_jax.models.fp8_transformer import Fp8Transformer as Fp8Transformer
 from lowrank_jax.models.fp8_transformer import fp8_attention_geometry as fp8_attention_geometry
@@ -36,6 +37,7 @@ from lowrank_jax.models.vit import ViT as ViT
 
 __all__ = [
     "MINILM_NAME",
+    "CNN",
     "MLP",
     "BertClassifier",
     "BertConfig",

@@ -74,6 +74,27 @@ def test_tpv_tiny_runs(tmp_path):
     assert (tmp_path / "pruning_accuracy.png").exists() and (tmp_path / "stability.md").exists()
 
 
+def test_tpv_cnn_tiny_runs(tmp_path):
+    # Conv channels and dense units of a CNN on real MNIST, every criterion, through run().
+    c = tpv_config.get_config("smoke,parts=pruning_cnn")
+    with c.unlocked():
+        c.cnn.channels, c.cnn.features = (2, 3), (4,)
+        c.cnn.num_train, c.cnn.num_test, c.cnn.num_steps, c.cnn.eval_chunk = 700, 100, 10, 50
+        c.pruning.num_seeds = 1
+        c.pruning.steps = 2
+        c.pruning.num_batches = 2
+        c.pruning.tpv_examples = 8
+        c.pruning.confidence = 0.0
+        c.pruning.target_ratio = 0.5  # 9 units: 90% would leave fewer than one per layer
+    m = tpv_exp.run(c, str(tmp_path))
+    assert m["rows"] == len(c.pruning.criteria)
+    cell = json.loads((tmp_path / "cells" / "pruning_cnn%2Fseed=0.json").read_text())
+    for k in c.pruning.criteria:
+        assert len(cell[k]) == 2
+        assert sum(cell[f"alive_{k}"].values()) == 5  # 4 of 2 + 3 + 4 units pruned
+    assert (tmp_path / "pruning_cnn_accuracy.png").exists()
+
+
 def test_bad_configs_are_rejected():
     c = _tiny_p9()
     with c.unlocked():
@@ -84,4 +105,9 @@ def test_bad_configs_are_rejected():
     with t.unlocked():
         t.pruning.criteria = ("snip",)
     with pytest.raises(ConfigError, match="criteria"):
+        tpv_exp.check_config(t)
+    t = tpv_config.get_config("smoke,parts=pruning_cnn")
+    with t.unlocked():
+        t.cnn.num_train = 0
+    with pytest.raises(ConfigError, match="num_train"):
         tpv_exp.check_config(t)
