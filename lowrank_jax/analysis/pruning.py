@@ -317,7 +317,10 @@ def prune_step(
     """
     total = sum(int(m.size) for m in masks.values())
     if not 0 <= num_pruned <= total - len(masks):
-        raise ValueError(f"num_pruned={num_pruned} must lie in [0, {total - len(masks)}]")
+        raise ValueError(
+            f"num_pruned={num_pruned} must lie in [0, {total - len(masks)}]: every layer keeps at "
+            "least one unit; prune fewer units (a lower target ratio) or prune more layers."
+        )
     names = list(masks)
     alive = {k: np.asarray(masks[k]) > 0 for k in names}
     norm = []
