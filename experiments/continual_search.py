@@ -244,9 +244,11 @@ def search_markdown(chosen: Mapping[str, Mapping[str, Any]], workdir: str) -> st
 
 def heads_markdown(chosen: Mapping[str, Mapping[str, Any]]) -> str:
     """Validation final accuracy of every method × head (the best trial of each), as Markdown."""
-    heads: list[str] = []
-    for c in chosen.values():
-        heads += [t["values"]["head"] for t in c["trials"] if t["values"].get("head") not in heads]
+    heads = list(
+        dict.fromkeys(
+            t["values"]["head"] for c in chosen.values() for t in c["trials"] if "head" in t["values"]
+        )
+    )
     rows = []
     for method, c in chosen.items():
         row: dict[str, Any] = {"method": method}
