@@ -246,7 +246,10 @@ def heads_markdown(chosen: Mapping[str, Mapping[str, Any]]) -> str:
     """Validation final accuracy of every method × head (the best trial of each), as Markdown."""
     heads = list(
         dict.fromkeys(
-            t["values"]["head"] for c in chosen.values() for t in c["trials"] if "head" in t["values"]
+            t["values"]["head"]
+            for c in chosen.values()
+            for t in c["trials"]
+            if "head" in t["values"]
         )
     )
     rows = []
