@@ -170,11 +170,13 @@ def head_inputs(
 ) -> np.ndarray:
     r"""The features ``f: (N, d)`` that ``state.head`` reads on ``x``, through ``method.predict``.
 
-    The head is affine, ``z = f W + b``, so ``predict`` with a probe head ``W = [e_j … e_{j+C−1}]``,
-    ``b = 0`` returns the coordinates ``f_j … f_{j+C−1}``; ``⌈d/C⌉`` probes recover ``f`` for
-    any method (GR-LoRA's modules included, via ``task_id``) without a method-specific feature
-    hook. Exact in float32 on CPU (products with 1 and sums of zeros); matmuls in reduced
-    precision (TF32 on some GPUs) make it approximate.
+    The head is affine, ``z = f W + b``; with ``b = 0`` and ``W = w e_0ᵀ`` the first logit is
+    linear in ``w``, ``z_{:,0}(w) = f w``, and its transpose maps the cotangent ``e_n`` to
+    ``f_n``; one ``jax.vjp`` through ``predict`` (a single forward pass) and the transpose
+    vmapped over the batch's rows therefore recover ``f`` for any method (GR-LoRA's modules
+    included, via ``task_id``) without a method-specific feature hook. ``predict`` must be
+    traceable in ``state.head`` when ``task_id`` is given (every method here is). The transpose
+    multiplies by one-hot vectors, so ``f`` is exactly the forward pass's features.
 
     Args:
       method: the method whose ``predict`` defines the features.
@@ -192,18 +194,20 @@ def head_inputs(
         model's last, affine layer).
     """
     d, c = _check_head(state.head)
-    dtype = np.asarray(state.head["kernel"]).dtype
+    kernel = jnp.zeros((d, c), jnp.asarray(state.head["kernel"]).dtype)
+    bias = jnp.zeros((c,), kernel.dtype)
+
+    def first_logit(w, xb):  # z_{:,0} with the head's column 0 = w, the rest 0: f w
+        head = {"kernel": kernel.at[:, 0].set(w), "bias": bias}
+        logits, _ = method.predict(state._replace(head=head), xb, task_id=task_id)
+        return logits[:, 0]
+
     out = []
     for i in range(0, len(x), batch_size):
-        xb, cols = x[i : i + batch_size], []
-        for j in range(0, d, c):
-            k = min(c, d - j)
-            kernel = np.zeros((d, c), dtype)
-            kernel[j + np.arange(k), np.arange(k)] = 1
-            probe = {"kernel": kernel, "bias": np.zeros(c, dtype)}
-            logits, _ = method.predict(state._replace(head=probe), xb, task_id=task_id)
-            cols.append(np.asarray(logits, np.float32)[:, :k])
-        out.append(np.concatenate(cols, axis=1))
+        xb = x[i : i + batch_size]
+        _, transpose = jax.vjp(functools.partial(first_logit, xb=xb), kernel[:, 0])
+        (rows,) = jax.vmap(transpose)(jnp.eye(len(xb), dtype=kernel.dtype))  # row n: f_n
+        out.append(np.asarray(rows, np.float32))
     f = np.concatenate(out)
     if check and len(x):
         logits, _ = method.predict(state, x[:batch_size], task_id=task_id)
