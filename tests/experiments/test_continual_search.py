@@ -126,6 +126,8 @@ def test_compare_heads_crosses_every_trial_with_every_head():
     assert config.head == "aligned" and config.search.trials == 0
     assert saber_config.get_config("benchmark=split_digits,head=prototype").head == "prototype"
     assert saber_config.get_config("benchmark=split_digits").head == "masked"
+    assert config.search.heads == ("masked", "aligned")
+    config.search.heads = ("masked", "aligned", "prototype")
     alone = continual_search.candidates(config, "saber")  # the configured values, one per head
     assert [v for _, _, v in alone] == [{"head": h} for h in ("masked", "aligned", "prototype")]
     assert len({k for k, _, _ in alone}) == len({d for _, d, _ in alone}) == 3
