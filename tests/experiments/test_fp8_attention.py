@@ -56,9 +56,14 @@ def test_smoke_run_writes_results_and_shows_the_trend(tmp_path):
     # The trend of P14 on this config (measured, not guaranteed): no geometry-aware overflow.
     assert result["geometry_overflows"] == 0
     assert 0 < result["max_bound_ratio"] < 1
-    # the warm-started power tracker (one step per training step) stays within 10% of the exact
-    # thin-QR σ, even through the LR spike (measured: 6.5% there, 0.5% median)
-    assert 0 < result["max_sigma_track_err"] < 0.1
+    # the warm-started power tracker (one step per training step) stays within a few % of the exact
+    # thin-QR σ while the weights drift slowly, lags during the LR spike (weights move ~10x faster
+    # than one power step follows) and catches up after it (measured with jax 0.10.2: median 1.2%,
+    # max 11.6% at step 73, 0.9% twenty steps after the spike began)
+    track = series("rank_aware:auto/sigma_track_err")
+    assert 0 < result["max_sigma_track_err"] == np.nanmax(track) < 0.2
+    assert np.nanmax(track[: t.lr_spike_step]) < 0.05
+    assert track[t.lr_spike_step + 20] < 0.03
     err = result["steady_softmax_error"]
     assert err["rank_aware:auto"] <= 1.5 * err["delayed:16"]
     assert all(math.isfinite(v) for v in result["final_loss"].values())
