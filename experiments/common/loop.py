@@ -426,6 +426,8 @@ def fit(
     key = sharding_lib.put_global(key, rep)
     run_step = jitted  # with several processes: its executable, compiled before the first step
 
+    saved_timing = {}  # step -> the (timed steps, seconds) written with its checkpoint
+
     def meta():
         jax.block_until_ready(state)  # (the window may be empty) the step's time counts below
         host_window = _host_window(window)
@@ -436,6 +438,11 @@ def fit(
             "window": host_window,
             "timing": [timing_before[0] + timed_steps, timing_before[1] + elapsed],
         }
+
+    def save(step):
+        step_meta = meta()
+        if ckpt_lib.save(manager, step, state, meta=step_meta, force=True):
+            saved_timing[step] = tuple(step_meta["timing"])
 
     def check_finite(step):
         """Raises NonFiniteError if a step of the window (ending at ``step``) was not finite."""
@@ -511,7 +518,7 @@ def fit(
                 if sigint.raised or manager.should_save(step):  # (meta() waits for the step)
                     check_finite(step)
                     t_save = time.perf_counter()
-                    ckpt_lib.save(manager, step, state, meta=meta(), force=True)
+                    save(step)
                     if t_last is not None:  # saving is not a training step's time
                         t_last += time.perf_counter() - t_save
                 if bar is not None:
@@ -531,7 +538,7 @@ def fit(
             timed_s = time.perf_counter() - t_last
         end = int(jax.device_get(state["step"]))
         if not interrupted:
-            ckpt_lib.save(manager, end, state, meta=meta(), force=True)
+            save(end)
             if eval_fn is not None and last_eval_step != end:
                 last_eval = evaluate(end)
     finally:
@@ -542,6 +549,8 @@ def fit(
         manager.close()
         writer.close()
     total_steps, total_s = timing_before[0] + timed_steps, timing_before[1] + timed_s
+    if end in saved_timing:  # what a rerun reads back from the last checkpoint
+        total_steps, total_s = saved_timing[end]
     step_time = total_s / total_steps if total_steps else math.nan
     return FitResult(
         state=state,
