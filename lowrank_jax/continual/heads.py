@@ -40,6 +40,7 @@ import optax
 from lowrank_jax.continual.protocol import (
     ContinualMethod,
     ContinualState,
+    get_path,
     masked_cross_entropy,
     set_path,
 )
@@ -65,10 +66,47 @@ HEADS = ("masked", "aligned", "prototype")
 PROTOTYPE_METRICS = ("euclidean", "cosine", "lda")
 
 
-@functools.partial(jax.jit, static_argnames=("apply_fn", "head_path", "learning_rate"))
-def _refit_step(params, head, opt_state, x, y, mask, *, apply_fn, head_path, learning_rate):
-    def loss_fn(h):
-        return masked_cross_entropy(apply_fn(set_path(params, head_path, h), x), y, mask)
+def _transpose_features(logits_of_head: Callable[[Any], jax.Array], head: Any) -> jax.Array:
+    """``f: (n, d)`` with ``logits_of_head(h) = f h['kernel'] + h['bias']`` (a dense last layer).
+
+    With ``b = 0`` and ``W = w e_0ᵀ`` the first logit is linear in ``w``, ``z_{:,0}(w) = f w``;
+    its transpose maps the cotangent ``e_n`` to ``f_n``, so one ``jax.vjp`` (one forward pass)
+    and the transpose vmapped over the rows give ``f`` exactly (one-hot cotangents)."""
+    kernel, bias = jnp.zeros_like(head["kernel"]), jnp.zeros_like(head["bias"])
+
+    def first_logit(w):
+        return logits_of_head({"kernel": kernel.at[:, 0].set(w), "bias": bias})[:, 0]
+
+    first, transpose = jax.vjp(first_logit, kernel[:, 0])
+    (f,) = jax.vmap(transpose)(jnp.eye(first.shape[0], dtype=kernel.dtype))  # row n: f_n
+    return f
+
+
+def _in_batches(
+    fn: Callable[[np.ndarray], jax.Array], x: np.ndarray, batch_size: int
+) -> np.ndarray:
+    """``concatenate([fn(batch)])`` over equal batches of at most ``batch_size`` rows of ``x`` (one
+    compiled shape; the last batch padded with the first rows, whose outputs are dropped)."""
+    size = -(-len(x) // max(1, -(-len(x) // batch_size))) if len(x) else 1
+    out = []
+    for i in range(0, len(x), size):
+        xb = x[i : i + size]
+        pad = np.concatenate([xb, x[: size - len(xb)]]) if len(xb) < size else xb
+        out.append(np.asarray(fn(pad), np.float32)[: len(xb)])
+    return np.concatenate(out)
+
+
+@functools.partial(jax.jit, static_argnames=("apply_fn", "head_path"))
+def _model_head_inputs(params, x, *, apply_fn, head_path):
+    return _transpose_features(
+        lambda h: apply_fn(set_path(params, head_path, h), x), get_path(params, head_path)
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("learning_rate",))
+def _refit_step(head, opt_state, f, y, mask, *, learning_rate):
+    def loss_fn(h):  # the model's logits: its frozen backbone's features through the head
+        return masked_cross_entropy(f @ h["kernel"] + h["bias"], y, mask)
 
     grads = jax.grad(loss_fn)(head)
     updates, opt_state = optax.adam(learning_rate).update(grads, opt_state, head)
@@ -120,9 +158,10 @@ def refit_head(
         raise ValueError(f"steps must be >= 0 and batch_size >= 1, got {steps}, {batch_size}.")
     if not steps:
         return head
-    step = functools.partial(
-        _refit_step, apply_fn=apply_fn, head_path=head_path, learning_rate=float(learning_rate)
-    )
+    # the backbone is frozen: its features (the head's inputs) are computed once
+    features = functools.partial(_model_head_inputs, apply_fn=apply_fn, head_path=head_path)
+    f = _in_batches(lambda xb: features(params, xb), np.asarray(x), _FEATURE_BATCH)
+    step = functools.partial(_refit_step, learning_rate=float(learning_rate))
     head = jax.tree.map(jnp.asarray, head)
     opt_state = optax.adam(learning_rate).init(head)
     mask = np.zeros((len(y), num_classes), bool)
@@ -131,7 +170,7 @@ def refit_head(
     n, bs = len(y), min(batch_size, len(y))
     for _ in range(steps):
         idx = rng.choice(n, bs, replace=False)
-        head, opt_state = step(params, head, opt_state, x[idx], y[idx], mask[idx])
+        head, opt_state = step(head, opt_state, f[idx], y[idx], mask[idx])
     return jax.device_get(head)
 
 
@@ -157,6 +196,23 @@ def _seen(classes: Any, num_classes: int) -> np.ndarray:
     if not classes.size or classes.min() < 0 or classes.max() >= num_classes:
         raise ValueError(f"classes must be a non-empty set of ids in [0, {num_classes}).")
     return classes
+
+
+_CHECK_ROWS = 16  # as _reads_task_id: one compiled shape
+_FEATURE_BATCH = 256  # rows per forward pass when features are read
+
+
+@functools.lru_cache(maxsize=64)
+def _feature_rows(predict: Callable[..., Any], task_id: int | None) -> Callable[..., jax.Array]:
+    """``jit((state, xb) -> f)``: the head inputs of one batch by the transpose of ``predict``."""
+
+    def rows(state, xb):
+        def logits_of_head(head):
+            return predict(state._replace(head=head), xb, task_id=task_id)[0]
+
+        return _transpose_features(logits_of_head, state.head)
+
+    return jax.jit(rows)
 
 
 def head_inputs(
@@ -193,26 +249,15 @@ def head_inputs(
       TypeError/ValueError: the head is not a dense layer; ``check`` fails (the head is not the
         model's last, affine layer).
     """
-    d, c = _check_head(state.head)
-    kernel = jnp.zeros((d, c), jnp.asarray(state.head["kernel"]).dtype)
-    bias = jnp.zeros((c,), kernel.dtype)
-
-    def first_logit(w, xb):  # z_{:,0} with the head's column 0 = w, the rest 0: f w
-        head = {"kernel": kernel.at[:, 0].set(w), "bias": bias}
-        logits, _ = method.predict(state._replace(head=head), xb, task_id=task_id)
-        return logits[:, 0]
-
-    out = []
-    for i in range(0, len(x), batch_size):
-        xb = x[i : i + batch_size]
-        _, transpose = jax.vjp(functools.partial(first_logit, xb=xb), kernel[:, 0])
-        (rows,) = jax.vmap(transpose)(jnp.eye(len(xb), dtype=kernel.dtype))  # row n: f_n
-        out.append(np.asarray(rows, np.float32))
-    f = np.concatenate(out)
-    if check and len(x):
-        logits, _ = method.predict(state, x[:batch_size], task_id=task_id)
+    d, _ = _check_head(state.head)
+    if not len(x):
+        return np.zeros((0, d), np.float32)
+    rows = _feature_rows(method.predict, task_id)
+    f = _in_batches(lambda xb: rows(state, xb), np.asarray(x), batch_size)
+    if check and len(x):  # on a few rows: a forward pass costs as much as the features
+        logits, _ = method.predict(state, x[:_CHECK_ROWS], task_id=task_id)
         head = jax.tree.map(np.asarray, state.head)
-        want = f[:batch_size] @ head["kernel"] + head["bias"]
+        want = f[:_CHECK_ROWS] @ head["kernel"] + head["bias"]
         scale = 1e-3 * (1.0 + np.abs(want).max())
         if np.abs(np.asarray(logits) - want).max() > scale:
             raise ValueError(
@@ -461,12 +506,13 @@ def _reads_task_id(method, state, x, task_ids) -> bool:
     """Whether ``predict`` depends on ``task_id`` (GR-LoRA's modules) on a few rows."""
     if len(set(task_ids)) < 2:
         return False
-    z = [np.asarray(method.predict(state, x[:16], task_id=t)[0]) for t in task_ids[:2]]
+    z = [np.asarray(method.predict(state, x[:_CHECK_ROWS], task_id=t)[0]) for t in task_ids[:2]]
     return not np.array_equal(*z)
 
 
-def _drift(method, old_state, new_state, task, stats, task_of, bandwidth):
-    """``stats`` with the old classes' means moved by :func:`compensate_drift` on ``task.x``."""
+def _drift(method, old_state, new_state, task, stats, task_of, bandwidth, new_features):
+    """``stats`` with the old classes' means moved by :func:`compensate_drift` on ``task.x``
+    (``new_features``: ``head_inputs`` of ``new_state`` on it with ``task_id=task.index``)."""
     x = np.asarray(task.x)
     old_tasks = sorted({int(t) for t in task_of[task_of >= 0]})
     if not old_tasks:
@@ -477,7 +523,11 @@ def _drift(method, old_state, new_state, task, stats, task_of, bandwidth):
         classes = np.flatnonzero(task_of == j) if per_task else np.flatnonzero(task_of >= 0)
         tid = j if per_task else task.index
         old = head_inputs(method, old_state, x, task_id=tid, check=False)
-        new = head_inputs(method, new_state, x, task_id=tid, check=False)
+        new = (
+            head_inputs(method, new_state, x, task_id=tid, check=False)
+            if per_task
+            else new_features
+        )
         mean = compensate_drift(mean, old, new, classes, bandwidth=bandwidth)
     return stats._replace(mean=mean)
 
@@ -560,9 +610,9 @@ def with_head(
     def end_task(state, trainable, frozen, task):
         stats, task_of = state.extra.stats, state.extra.task_of
         new = method.end_task(inner(state), trainable, frozen, task)
-        if drift and stats is not None:
-            stats = _drift(method, inner(state), new, task, stats, task_of, drift_bandwidth)
         feats = head_inputs(method, new, np.asarray(task.x), task_id=task.index)
+        if drift and stats is not None:
+            stats = _drift(method, inner(state), new, task, stats, task_of, drift_bandwidth, feats)
         stats = class_statistics(
             feats, task.y, task.num_classes, shrinkage=shrinkage, covariance=True, previous=stats
         )
