@@ -132,7 +132,9 @@ def refit_head(
 
     Minimises the cross-entropy over ``classes`` (the other logits masked out) of
     ``apply_fn(params with head at head_path, x)``; batches of ``min(batch_size, N)`` rows drawn
-    without replacement by ``numpy.random.default_rng(seed)`` (deterministic).
+    without replacement by ``numpy.random.default_rng(seed)`` (deterministic). The head must be
+    the model's last, dense layer (``logits = f W + b``): the frozen backbone's features ``f``
+    are computed once (one forward pass over ``x``) and every step reads them.
 
     Args:
       apply_fn: the plain model ``apply(variables, x) -> logits (b, C)`` (hashable: a linen
@@ -152,7 +154,8 @@ def refit_head(
       The refitted head (host arrays).
 
     Raises:
-      ValueError: ``steps < 0`` or ``batch_size < 1``.
+      ValueError: ``steps < 0`` or ``batch_size < 1``; the logits are not ``f W + b`` of the
+        recovered features.
     """
     if steps < 0 or batch_size < 1:
         raise ValueError(f"steps must be >= 0 and batch_size >= 1, got {steps}, {batch_size}.")
@@ -161,6 +164,8 @@ def refit_head(
     # the backbone is frozen: its features (the head's inputs) are computed once
     features = functools.partial(_model_head_inputs, apply_fn=apply_fn, head_path=head_path)
     f = _in_batches(lambda xb: features(params, xb), np.asarray(x), _FEATURE_BATCH)
+    logits = apply_fn(set_path(params, head_path, head), np.asarray(x[:_CHECK_ROWS]))
+    _check_affine(logits, f[:_CHECK_ROWS], head)
     step = functools.partial(_refit_step, learning_rate=float(learning_rate))
     head = jax.tree.map(jnp.asarray, head)
     opt_state = optax.adam(learning_rate).init(head)
@@ -231,8 +236,10 @@ def head_inputs(
     ``f_n``; one ``jax.vjp`` through ``predict`` (a single forward pass) and the transpose
     vmapped over the batch's rows therefore recover ``f`` for any method (GR-LoRA's modules
     included, via ``task_id``) without a method-specific feature hook. ``predict`` must be
-    traceable in ``state.head`` when ``task_id`` is given (every method here is). The transpose
-    multiplies by one-hot vectors, so ``f`` is exactly the forward pass's features.
+    traceable under ``jax.jit`` with the whole ``state`` as a traced argument when ``task_id`` is
+    given (every method here is); one compilation per ``(predict, task_id)``, state structure
+    and batch shape (batches are equal, the last one padded). The transpose multiplies by one-hot
+    vectors, so ``f`` is exactly the forward pass's features.
 
     Args:
       method: the method whose ``predict`` defines the features.
@@ -254,17 +261,21 @@ def head_inputs(
         return np.zeros((0, d), np.float32)
     rows = _feature_rows(method.predict, task_id)
     f = _in_batches(lambda xb: rows(state, xb), np.asarray(x), batch_size)
-    if check and len(x):  # on a few rows: a forward pass costs as much as the features
+    if check:  # on a few rows: a forward pass costs as much as the features
         logits, _ = method.predict(state, x[:_CHECK_ROWS], task_id=task_id)
-        head = jax.tree.map(np.asarray, state.head)
-        want = f[:_CHECK_ROWS] @ head["kernel"] + head["bias"]
-        scale = 1e-3 * (1.0 + np.abs(want).max())
-        if np.abs(np.asarray(logits) - want).max() > scale:
-            raise ValueError(
-                "predict's logits are not an affine function of the recovered head inputs: the "
-                "head must be the model's last layer, a dense {'kernel', 'bias'}."
-            )
+        _check_affine(logits, f[:_CHECK_ROWS], state.head)
     return f
+
+
+def _check_affine(logits: Any, f: np.ndarray, head: Any) -> None:
+    """Raises ValueError unless ``logits ≈ f W + b`` (the head is the model's last dense layer)."""
+    head = jax.tree.map(np.asarray, head)
+    want = f @ head["kernel"] + head["bias"]
+    if np.abs(np.asarray(logits) - want).max() > 1e-3 * (1.0 + np.abs(want).max()):
+        raise ValueError(
+            "the logits are not an affine function of the recovered head inputs: the head must "
+            "be the model's last layer, a dense {'kernel', 'bias'}."
+        )
 
 
 @functools.partial(jax.jit, static_argnames=("steps", "num_per_class"))

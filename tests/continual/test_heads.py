@@ -193,3 +193,51 @@ def test_aligned_head_keeps_old_classes_better_than_masked():
     np.testing.assert_allclose(feats, np.asarray(inputs["params/head/kernel"]), rtol=0, atol=1e-6)
     assert isinstance(state.extra, continual.HeadState)
     np.testing.assert_array_equal(state.extra.task_of, [0] * 5 + [1] * 5)
+
+
+def _mlp_apply(variables, x):  # module-level: refit_head's apply_fn is a static jit argument
+    p = variables["params"]
+    h = jax.numpy.tanh(x @ p["hidden"]["kernel"])
+    return h @ p["head"]["kernel"] + p["head"]["bias"]
+
+
+def _squared_head_apply(variables, x):  # not affine in the head
+    p = variables["params"]
+    h = jax.numpy.tanh(x @ p["hidden"]["kernel"])
+    return (h @ p["head"]["kernel"]) ** 2 + p["head"]["bias"]
+
+
+def test_refit_head_equals_adam_through_the_frozen_model():
+    """refit_head reads the frozen backbone's features once; the reference runs every step's
+    forward pass through the model: the same Adam steps, the same batches, the same head."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 6)).astype(np.float32)
+    y = rng.integers(0, 3, 300)
+    params = {
+        "hidden": {"kernel": rng.normal(size=(6, 5)).astype(np.float32)},
+        "head": {"kernel": np.zeros((5, 4), np.float32), "bias": np.zeros(4, np.float32)},
+    }
+    head0 = {"kernel": rng.normal(size=(5, 4)).astype(np.float32), "bias": np.zeros(4, np.float32)}
+    kw = dict(num_classes=4, steps=25, learning_rate=0.05, batch_size=32, seed=[1, 2])
+    got = continual.refit_head(_mlp_apply, {"params": params}, head0, x, y, np.arange(3), **kw)
+
+    tx, head = optax.adam(0.05), jax.tree.map(jax.numpy.asarray, head0)
+    opt_state, draws = tx.init(head), np.random.default_rng([1, 2])
+    mask = np.zeros((32, 4), bool)
+    mask[:, :3] = True
+    for _ in range(25):
+        idx = draws.choice(300, 32, replace=False)
+
+        def loss(h, idx=idx):
+            logits = _mlp_apply({"params": {**params, "head": h}}, x[idx])
+            return continual.masked_cross_entropy(logits, y[idx], mask)
+
+        updates, opt_state = tx.update(jax.grad(loss)(head), opt_state, head)
+        head = optax.apply_updates(head, updates)
+    for k in ("kernel", "bias"):
+        np.testing.assert_allclose(got[k], head[k], rtol=1e-4, atol=1e-5)
+    assert np.abs(got["kernel"] - head0["kernel"]).max() > 1e-2  # it did move
+    with pytest.raises(ValueError, match="not an affine function"):
+        continual.refit_head(
+            _squared_head_apply, {"params": params}, head0, x, y, np.arange(3), **kw
+        )
