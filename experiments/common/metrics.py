@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -38,6 +39,24 @@ METRICS_FILE = "metrics.jsonl"
 
 def _is_writer() -> bool:
     return jax.process_index() == 0
+
+
+def _summary_writer_class() -> type:
+    """``tensorboardX.SummaryWriter``, imported without PyTorch.
+
+    tensorboardX imports torch, when it is installed (the ``peers`` extra), only to accept torch
+    tensors; we write Python floats, and importing torch costs seconds and ~0.5 GB in every run.
+    """
+    if "tensorboardX" in sys.modules or "torch" in sys.modules:
+        from tensorboardX import SummaryWriter
+
+        return SummaryWriter
+    sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` -> ImportError
+    try:
+        from tensorboardX import SummaryWriter
+    finally:
+        del sys.modules["torch"]
+    return SummaryWriter
 
 
 def to_scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
@@ -89,9 +108,7 @@ class MetricWriter:
             f.writelines(json.dumps(r) + "\n" for r in kept)
         os.replace(tmp, self.path)
         if tensorboard:
-            from tensorboardX import SummaryWriter
-
-            self._tb = SummaryWriter(
+            self._tb = _summary_writer_class()(
                 logdir=os.path.join(self.workdir, "tensorboard"),
                 purge_step=start_step + 1 if start_step else None,
                 flush_secs=30,

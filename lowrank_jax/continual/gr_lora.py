@@ -388,23 +388,27 @@ def gr_lora(
         return state._replace(memory=memory, extra=extra)
 
     @jax.jit
-    def module_logits(params, modules, x):
-        return jnp.stack([adapted(params, {"module": md}, x) for md in modules])
+    def module_logits(params, module, x):
+        return adapted(params, {"module": module}, x)
+
+    @jax.jit
+    def selected_logits(params, modules, x, masks):
+        all_logits = jnp.stack([module_logits(params, md, x) for md in modules])
+        weights, _ = select_module(all_logits, masks)
+        pick = jnp.argmax(weights, -1)
+        return jnp.take_along_axis(all_logits, pick[None, :, None], axis=0)[0], pick
 
     def predict(state, x, task_id=None):
         ex = state.extra
         if not ex.modules:
             raise ValueError("GR-LoRA predicts with its task modules: call end_task first.")
-        all_logits = module_logits(base.full(state.params, state.head), ex.modules, jnp.asarray(x))
+        params = base.full(state.params, state.head)
         if task_id is not None:
-            return all_logits[task_id], None
-        num_classes = all_logits.shape[-1]
-        masks = np.zeros((len(ex.classes), num_classes), bool)
+            return module_logits(params, ex.modules[task_id], jnp.asarray(x)), None
+        masks = np.zeros((len(ex.classes), len(ex.stats.count)), bool)  # (T, C)
         for j, classes in enumerate(ex.classes):
             masks[j, np.asarray(classes)] = True
-        weights, _ = select_module(all_logits, masks)
-        pick = np.asarray(jnp.argmax(weights, -1))
-        return np.asarray(all_logits)[pick, np.arange(len(pick))], pick
+        return selected_logits(params, ex.modules, jnp.asarray(x), masks)
 
     return ContinualMethod(
         init=init,
