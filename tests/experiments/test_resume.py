@@ -122,3 +122,22 @@ def test_metric_writer_drops_records_after_the_restored_step(tmp_path):
     writer.write(4, {"train/loss": 0.5})
     writer.close()
     assert common.read_metrics(tmp_path)[-1] == {"step": 4, "train/loss": 0.5}
+
+
+def test_tensorboard_events_are_written_without_importing_torch(tmp_path):
+    # tensorboardX imports torch when it is installed (the peers extra is, here); the writer keeps
+    # it out of every run process. In a fresh interpreter: pytest's may have imported torch.
+    pytest.importorskip("torch")
+    code = (
+        "import sys, glob\n"
+        "from experiments import common\n"
+        f"w = common.MetricWriter({str(tmp_path)!r})\n"
+        "w.write(1, {'train/loss': 0.5}); w.close()\n"
+        f"assert glob.glob({str(tmp_path / 'tensorboard' / 'events.out.tfevents.*')!r})\n"
+        "assert 'torch' not in sys.modules\n"
+        "import torch  # still importable afterwards\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
