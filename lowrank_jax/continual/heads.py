@@ -154,13 +154,17 @@ def refit_head(
       The refitted head (host arrays).
 
     Raises:
-      ValueError: ``steps < 0`` or ``batch_size < 1``; the logits are not ``f W + b`` of the
-        recovered features.
+      ValueError: ``steps < 0`` or ``batch_size < 1``; no examples, or as many labels as inputs
+        not given; the logits are not ``f W + b`` of the recovered features.
     """
     if steps < 0 or batch_size < 1:
         raise ValueError(f"steps must be >= 0 and batch_size >= 1, got {steps}, {batch_size}.")
     if not steps:
         return head
+    if not len(y) or len(x) != len(y):
+        raise ValueError(
+            f"refit_head needs examples with one label each: got {len(x)} inputs, {len(y)} labels."
+        )
     # the backbone is frozen: its features (the head's inputs) are computed once
     features = functools.partial(_model_head_inputs, apply_fn=apply_fn, head_path=head_path)
     f = _in_batches(lambda xb: features(params, xb), np.asarray(x), _FEATURE_BATCH)

@@ -241,3 +241,5 @@ def test_refit_head_equals_adam_through_the_frozen_model():
         continual.refit_head(
             _squared_head_apply, {"params": params}, head0, x, y, np.arange(3), **kw
         )
+    with pytest.raises(ValueError, match="one label each"):
+        continual.refit_head(_mlp_apply, {"params": params}, head0, x[:0], y[:0], [0], **kw)
