@@ -21,7 +21,9 @@ search (:mod:`experiments.continual_search`; the choice goes into ``results.md``
 
 Every task's training lives in ``<workdir>/<method>/seed_<s>/task_<t>``: an interrupted run
 resumes inside the task where it stopped, and the finished tasks are replayed from their final
-checkpoints (consolidation is deterministic). Outputs in the workdir: ``results.md`` (the table of
+checkpoints (consolidation is deterministic). A finished method × seed is stored as JSON in
+``<workdir>/cells/`` (:class:`~experiments.common.sweep.CellStore`) and read back by a rerun
+without replaying its tasks (delete the file to replay them). Outputs in the workdir: ``results.md`` (the table of
 all methods, mean ± sd over seeds), ``accuracy_matrices.json``, ``acc_matrix_<method>.png``,
 ``plasticity.png``, ``memory_fill.png`` (:mod:`experiments.common.continual_report`).
 """
@@ -42,6 +44,7 @@ from absl import logging
 from experiments import common
 from experiments import continual_search as search
 from experiments.common import continual_report as report
+from experiments.common import sweep
 from experiments.continual_setup import (
     PROTOCOLS,
     Stream,
@@ -332,6 +335,19 @@ def run_method(
     return {"R": r, "interrupted": False, **out}
 
 
+def _finished(cells: sweep.CellStore, key: str, compute: Any) -> dict[str, Any]:
+    """The output of ``compute()`` (a :func:`run_method`), stored in ``cells`` under ``key`` once
+    finished and read back from there by a rerun; an interrupted output is returned, not stored."""
+    if key not in cells:
+        out = compute()
+        if out["interrupted"]:
+            return out
+        cells.get(key, lambda: jax.tree.map(lambda v: np.asarray(v).tolist(), out))
+    out = dict(cells.get(key, dict))  # what a rerun reads back, the first run too
+    out["R"] = np.asarray(out["R"], np.float64)
+    return out
+
+
 # ----------------------------------------------------------------------------------------------
 # The run.
 
@@ -346,6 +362,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
     bench = config.data.benchmark
     records: dict[str, list[dict[str, Any]]] = {m: [] for m in config.methods}
     chosen: dict[str, dict[str, Any]] = {}  # the validation search's choice per method
+    finished = sweep.CellStore(workdir, log_metrics=False)
     for seed in config.seeds:
         stream = load_stream(config, seed)
         model, variables = build_backbone(
@@ -365,14 +382,19 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
             if chosen[name] is None:
                 return {"benchmark": bench, "interrupted": True}
         for name in config.methods:
-            out = run_method(
-                search.apply_values(config, chosen.get(name, {}).get("values", {})),
-                name,
-                seed,
-                stream,
-                model,
-                variables,
-                os.path.join(workdir, name, f"seed_{seed}"),
+            out = _finished(
+                finished,
+                f"{name}/seed={seed}",
+                functools.partial(
+                    run_method,
+                    search.apply_values(config, chosen.get(name, {}).get("values", {})),
+                    name,
+                    seed,
+                    stream,
+                    model,
+                    variables,
+                    os.path.join(workdir, name, f"seed_{seed}"),
+                ),
             )
             if out["interrupted"]:
                 return {"benchmark": bench, "interrupted": True}
