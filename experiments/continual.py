@@ -23,9 +23,10 @@ Every task's training lives in ``<workdir>/<method>/seed_<s>/task_<t>``: an inte
 resumes inside the task where it stopped, and the finished tasks are replayed from their final
 checkpoints (consolidation is deterministic). A finished method × seed is stored as JSON in
 ``<workdir>/cells/`` (:class:`~experiments.common.sweep.CellStore`) and read back by a rerun
-without replaying its tasks (delete the file to replay them). Outputs in the workdir: ``results.md`` (the table of
-all methods, mean ± sd over seeds), ``accuracy_matrices.json``, ``acc_matrix_<method>.png``,
-``plasticity.png``, ``memory_fill.png`` (:mod:`experiments.common.continual_report`).
+without replaying its tasks (delete the file to replay them). Outputs in the workdir:
+``results.md`` (the table of all methods, mean ± sd over seeds), ``accuracy_matrices.json``,
+``acc_matrix_<method>.png``, ``plasticity.png``, ``memory_fill.png``
+(:mod:`experiments.common.continual_report`).
 """
 
 from __future__ import annotations
