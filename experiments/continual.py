@@ -23,7 +23,9 @@ Every task's training lives in ``<workdir>/<method>/seed_<s>/task_<t>``: an inte
 resumes inside the task where it stopped, and the finished tasks are replayed from their final
 checkpoints (consolidation is deterministic). A finished method × seed is stored as JSON in
 ``<workdir>/cells/`` (:class:`~experiments.common.sweep.CellStore`) and read back by a rerun
-without replaying its tasks (delete the file to replay them). Outputs in the workdir:
+without replaying its tasks (delete the file to replay them); so a finished workdir grows in place
+when a rerun appends seeds or methods (``seeds=1`` then ``seeds=3``: only seeds 1 and 2 run; any
+other config change is refused). Outputs in the workdir:
 ``results.md`` (the table of all methods, mean ± sd over seeds), ``accuracy_matrices.json``,
 ``acc_matrix_<method>.png``, ``plasticity.png``, ``memory_fill.png``
 (:mod:`experiments.common.continual_report`).
@@ -351,6 +353,11 @@ def _finished(cells: sweep.CellStore, key: str, compute: Any) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------------------------
 # The run.
+
+# Config keys a finished workdir may grow by appending entries (experiments.train checks it):
+# every method x seed is its own run, stored in cells/, and the validation search runs on the
+# first seed only, which appending keeps.
+GROWABLE = ("seeds", "methods")
 
 
 def run(config: Any, workdir: str) -> dict[str, Any]:

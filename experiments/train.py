@@ -23,6 +23,7 @@ import os
 import re
 import sys
 from contextlib import nullcontext
+from typing import Any
 
 import jax
 from absl import app, flags, logging
@@ -177,14 +178,21 @@ def _has_checkpoint(workdir: str) -> bool:
     return False
 
 
-def _check_workdir(workdir: str, config) -> None:
+def _extends(old: Any, new: Any) -> bool:
+    """Whether the list ``new`` is the list ``old`` with entries appended."""
+    return isinstance(old, list) and isinstance(new, list) and new[: len(old)] == old
+
+
+def _check_workdir(workdir: str, config, growable: tuple[str, ...] = ()) -> None:
     """Refuses to resume a workdir that holds a run of a different config.
 
     Differences in the ``log``, ``ckpt``, ``parallel`` and ``train`` sections are allowed: they
     change how a run is logged, saved, laid out over devices, and whether it stops or skips a
-    non-finite step, not what it computes otherwise. A workdir without any
-    checkpoint holds nothing to resume (e.g. a run that failed while starting), so its
-    ``config.json`` is simply replaced.
+    non-finite step, not what it computes otherwise. So are the top-level keys in ``growable``
+    (an experiment's ``GROWABLE``, e.g. the continual ``seeds`` and ``methods``) when the new value
+    only appends entries to the old one: the finished runs stay valid and the new ones are added.
+    A workdir without any checkpoint holds nothing to resume (e.g. a run that failed while
+    starting), so its ``config.json`` is simply replaced.
     """
     path = os.path.join(workdir, "config.json")
     if not os.path.exists(path) or not _has_checkpoint(workdir):
@@ -193,7 +201,11 @@ def _check_workdir(workdir: str, config) -> None:
         old = json.load(f)
     new = json.loads(json.dumps(config.to_dict(), default=str))
     # Logging, checkpoints, device layout and the NaN policy may change between runs; nothing else.
-    diff = [k for k in config_checks.config_differences(old, new) if k.split(".")[0] not in _FREE]
+    diff = [
+        k
+        for k in config_checks.config_differences(old, new)
+        if k.split(".")[0] not in _FREE and not (k in growable and _extends(old.get(k), new.get(k)))
+    ]
     if diff:
         raise config_checks.ConfigError(
             f"{workdir} holds a run of a different config (keys {', '.join(diff)} differ), so it "
@@ -223,7 +235,7 @@ def _run(config, workdir: str) -> dict:
     sharding.initialize_distributed(config)
     lock = workdir_lock.lock_workdir(workdir) if jax.process_index() == 0 else nullcontext()
     with lock:
-        _check_workdir(workdir, config)
+        _check_workdir(workdir, config, getattr(module, "GROWABLE", ()))
         logging.info("Experiment %s, workdir %s", config.experiment, workdir)
 
         # config.json once the model and adapters are built (a failed start leaves none behind)

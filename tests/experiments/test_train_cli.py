@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from configs import digits_mlp, lora_finetune
-from experiments import common, train
+from configs import saber as saber_config
+from experiments import common, continual, train
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SMOKE = "--config=configs/digits_mlp.py:smoke"
@@ -166,6 +167,31 @@ def test_default_workdir_and_mismatched_resume(tmp_path):
     (deep / "saber" / "seed_0" / "task_1" / "checkpoints" / "30").mkdir(parents=True)
     with pytest.raises(common.ConfigError, match=r"holds a run of a different config"):
         train._check_workdir(str(deep), digits_mlp.get_config())
+
+
+def test_a_continual_workdir_grows_by_appended_seeds_and_methods_only(tmp_path):
+    def config(**overrides):
+        c = saber_config.get_config("smoke")
+        for key, value in {"seeds": (0,), "methods": ("saber", "joint"), **overrides}.items():
+            setattr(c, key, value)
+        return c
+
+    common.write_config_json(tmp_path, config())
+    (tmp_path / "saber" / "seed_0" / "task_0" / "checkpoints" / "30").mkdir(parents=True)
+    grows = continual.GROWABLE
+    train._check_workdir(str(tmp_path), config(seeds=(0, 1, 2)), grows)
+    train._check_workdir(str(tmp_path), config(methods=("saber", "joint", "inflora")), grows)
+    refused = [
+        config(seeds=(1, 2)),  # the validation search ran on seed 0, the first seed
+        config(seeds=(1, 0)),
+        config(methods=("joint", "saber")),
+        config(seeds=(0, 1), head="masked"),
+    ]
+    for c in refused:
+        with pytest.raises(common.ConfigError, match=r"holds a run of a different config"):
+            train._check_workdir(str(tmp_path), c, grows)
+    with pytest.raises(common.ConfigError, match=r"keys seeds differ"):
+        train._check_workdir(str(tmp_path), config(seeds=(0, 1)))  # growth is opt-in
 
 
 def test_configs_import_no_experiment_code():
