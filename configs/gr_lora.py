@@ -8,7 +8,7 @@ SD-LoRA, sequential LoRA and joint training.
 Commands::
 
     python -m experiments.train --config=configs/gr_lora.py              # the default table
-    python -m experiments.train --config=configs/gr_lora.py:smoke        # < 1 min check
+    python -m experiments.train --config=configs/gr_lora.py:smoke        # ~1.5 min check
     python -m experiments.train --config=configs/gr_lora.py:benchmark=digits_cil
     # ablation: entropy selection without mismatch suppression
     python -m experiments.train --config=configs/gr_lora.py:method=gr_lora \
@@ -18,13 +18,16 @@ Options as in ``configs/saber.py`` (``method=all`` here: GR-LoRA, GPM-LoRA, InfL
 SD-LoRA, sequential LoRA, joint; benchmarks also ``shakespeare_plays`` and ``split_mnist``).
 
 Default: ``long_stream`` (specs §2 (4)): 20 tasks × 5 Gaussian classes with means in a shared
-32-d subspace of R^64; frozen random-feature MLP 64→256→256; LoRA rank 4; 200 Adam steps/task.
+32-d subspace of R^64; frozen random-feature MLP 64→256→256; LoRA rank 4; 200 Adam steps/task;
+the aligned head (SLCA re-alignment after each task), which won on validation for every method.
 
-Runtime: about 15 minutes on a 2-core CPU (5.5 min CPU time). Expected result (2 seeds): final
-accuracy GR-LoRA 0.70 vs InfLoRA 0.61, GPM-LoRA 0.48, sequential 0.48, joint 0.96; GPM-LoRA's
-new-task accuracy falls from 0.80 (tasks 1–5) to 0.44 (tasks 16–20) while GR-LoRA's stays about
-0.66–0.77; entropy selection picks the right module for 85% of test inputs. Details:
-``.notes/continual.md``.
+Runtime: about 20 minutes on a 2-core CPU (3–4 min per continual method, joint about 1 min,
+measured one at a time). Expected result (seed 0): final accuracy GR-LoRA 0.841, GPM-LoRA 0.747,
+O-LoRA 0.687, InfLoRA 0.658, SD-LoRA 0.596, sequential 0.595, joint 0.969; GPM-LoRA's new-task
+accuracy stays at 0.99 → 0.95 (tasks 1–5 → 16–20) while GR-LoRA's falls 0.94 → 0.38 as entropy
+selection errs more (84% right after task 20): the P2 plasticity trend holds only with
+``head=masked`` (GR-LoRA 0.70, InfLoRA 0.61, GPM-LoRA 0.48 over 2 seeds; GPM-LoRA's new-task
+accuracy 0.80 → 0.44). 3 seeds with SABER: the README; details: ``.notes/continual.md``.
 """
 
 from configs.continual_base import build

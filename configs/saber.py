@@ -20,7 +20,7 @@ mnist_cil``; ``seeds=<count>``; ``search=<trials>``: choose every method's learn
 by that many random-search trials on a validation split carved from the training tasks
 (``experiments/continual_search.py``; default 0: the configured values);
 ``head=masked|aligned|prototype`` (default: the benchmark's: ``aligned``, chosen on validation,
-except ``masked`` on the task-incremental split_digits and on long_stream); ``compare_heads``: the
+except ``masked`` on the task-incremental split_digits); ``compare_heads``: the
 head becomes a dimension of that validation search (masked and aligned; with ``search=0`` at the
 configured values).
 
