@@ -19,7 +19,8 @@ SD-LoRA, sequential LoRA, joint; benchmarks also ``shakespeare_plays`` and ``spl
 
 Default: ``long_stream`` (specs §2 (4)): 20 tasks × 5 Gaussian classes with means in a shared
 32-d subspace of R^64; frozen random-feature MLP 64→256→256; LoRA rank 4; 200 Adam steps/task;
-the aligned head (SLCA re-alignment after each task), which won on validation for every method.
+the aligned head (SLCA re-alignment after each task), which won on validation for every
+continual method.
 
 Runtime: about 20 minutes on a 2-core CPU (3–4 min per continual method, joint about 1 min,
 measured one at a time). Expected result (seed 0): final accuracy GR-LoRA 0.841, GPM-LoRA 0.747,

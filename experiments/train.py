@@ -200,7 +200,8 @@ def _check_workdir(workdir: str, config, growable: tuple[str, ...] = ()) -> None
     with open(path) as f:
         old = json.load(f)
     new = json.loads(json.dumps(config.to_dict(), default=str))
-    # Logging, checkpoints, device layout and the NaN policy may change between runs; nothing else.
+    # Logging, checkpoints, device layout and the NaN policy may change between runs, and the
+    # growable keys grow; nothing else.
     diff = [
         k
         for k in config_checks.config_differences(old, new)
