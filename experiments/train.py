@@ -208,9 +208,11 @@ def _check_workdir(workdir: str, config, growable: tuple[str, ...] = ()) -> None
         if k.split(".")[0] not in _FREE and not (k in growable and _extends(old.get(k), new.get(k)))
     ]
     if diff:
+        grow = [k for k in diff if k in growable]
+        hint = f" ({', '.join(grow)} may only grow by appending entries)" if grow else ""
         raise config_checks.ConfigError(
-            f"{workdir} holds a run of a different config (keys {', '.join(diff)} differ), so it "
-            "cannot be resumed: pass another --workdir or delete that directory"
+            f"{workdir} holds a run of a different config (keys {', '.join(diff)} differ{hint}), "
+            "so it cannot be resumed: pass another --workdir or delete that directory"
         )
 
 

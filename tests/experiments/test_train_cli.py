@@ -190,7 +190,9 @@ def test_a_continual_workdir_grows_by_appended_seeds_and_methods_only(tmp_path):
     for c in refused:
         with pytest.raises(common.ConfigError, match=r"holds a run of a different config"):
             train._check_workdir(str(tmp_path), c, grows)
-    with pytest.raises(common.ConfigError, match=r"keys seeds differ"):
+    with pytest.raises(common.ConfigError, match=r"seeds may only grow by appending entries"):
+        train._check_workdir(str(tmp_path), config(seeds=(1, 2)), grows)
+    with pytest.raises(common.ConfigError, match=r"keys seeds differ\)"):
         train._check_workdir(str(tmp_path), config(seeds=(0, 1)))  # growth is opt-in
 
 
