@@ -29,24 +29,28 @@ def test_wheel_holds_only_lowrank_jax_and_the_api_tour_runs_from_it(tmp_path):
     tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
     assert {t for t in tops if not t.endswith(".dist-info")} == {"lowrank_jax"}
 
-    # A fresh venv that sees this environment's dependencies but not the checkout.
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
-    python = venv / "bin" / "python"
+    # The wheel installed into a directory of its own, first on PYTHONPATH, run by this
+    # interpreter from outside the checkout: it sees the active environment's dependencies
+    # (a virtualenv's or a global install's alike; a nested `venv --system-site-packages` would
+    # see the *base* interpreter's instead) and imports lowrank_jax from the wheel.
+    target = tmp_path / "site"
     subprocess.run(
-        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+         "--target", str(target), str(wheel)],
         check=True, capture_output=True, text=True,
     )  # fmt: skip
     work = tmp_path / "elsewhere"
     work.mkdir()
     script = (
         "import lowrank_jax, pathlib, sys\n"
-        f"assert pathlib.Path(lowrank_jax.__file__).is_relative_to({str(venv)!r}), "
-        "lowrank_jax.__file__\n" + _api_tour() + "\nprint('api tour ok')\n"
+        f"assert pathlib.Path(lowrank_jax.__file__).is_relative_to({str(target)!r}), "
+        "lowrank_jax.__file__\n"
+        f"assert not any(pathlib.Path(p or '.').resolve() == pathlib.Path({str(REPO)!r}) "
+        "for p in sys.path), sys.path\n" + _api_tour() + "\nprint('api tour ok')\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = {**os.environ, "PYTHONPATH": str(target), "JAX_PLATFORMS": "cpu"}
     out = subprocess.run(
-        [str(python), "-c", script], cwd=work, env={**env, "JAX_PLATFORMS": "cpu"},
+        [sys.executable, "-c", script], cwd=work, env=env,
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]

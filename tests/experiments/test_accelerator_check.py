@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 
 from tests.experiments.test_train_cli import REPO
 
 
 def test_accelerator_check_runs_on_cpu_in_smoke_form(tmp_path):
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    # The script calls $PYTHON (default: `python` on PATH), which is not this interpreter when the
+    # tests run from a virtualenv that is not activated: pass ours.
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHON": sys.executable}
     proc = subprocess.run(
         ["bash", "experiments/bench/accelerator_check.sh", "--smoke"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
