@@ -10,7 +10,9 @@ Examples::
 ``check_config(config)`` (if any) validates the config before anything is computed and its
 ``run(config, workdir)`` trains and returns the final metrics. ``--workdir`` defaults to
 ``runs/<config-name>[_<arg>]``; rerunning the same command resumes from the latest checkpoint
-there, and Ctrl-C saves a checkpoint before exiting (exit status 130).
+there. Ctrl-C, SIGTERM and SIGUSR1 (a scheduler's preemption notice) save a checkpoint of the
+current step, print one line saying so, release the workdir and exit with ``128 + signal``
+(130, 143, 138); see :mod:`experiments.common.signals`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import json
 import logging as stdlib_logging
 import os
 import re
+import signal
 import sys
 from contextlib import nullcontext
 from typing import Any
@@ -29,7 +32,15 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from experiments.common import checkpoint, config_checks, loop, metrics, sharding, supervisor
+from experiments.common import (
+    checkpoint,
+    config_checks,
+    loop,
+    metrics,
+    sharding,
+    signals,
+    supervisor,
+)
 from experiments.common import workdir as workdir_lock
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -264,7 +275,16 @@ def main(argv: list[str]) -> None:
         # JAX aborts from C++ when a peer dies: a parent process turns that into one line.
         supervisor.watch_peers(workdir)
     try:
-        result = _run(config, workdir)
+        with signals.raise_on_stop_signals():
+            result = _run(config, workdir)
+    except KeyboardInterrupt as e:  # a stop signal where no training step could save first
+        signum = e.signum if isinstance(e, signals.Stopped) else signal.SIGINT
+        print(
+            f"Stopped by {signals.describe(signum)}; what finished is kept in {workdir} "
+            "(checkpoints, finished cells). Rerun the same command to resume.",
+            file=sys.stderr,
+        )
+        sys.exit(signals.exit_code(signum))
     except config_checks.ConfigError as e:
         sys.exit(f"FATAL Invalid config: {e}")
     except _USER_ERRORS as e:
@@ -277,8 +297,8 @@ def main(argv: list[str]) -> None:
             raise
         sys.exit(message)
     print(json.dumps(metrics.json_safe({"workdir": workdir, **result}), indent=2, default=str))
-    if result.get("interrupted"):
-        sys.exit(130)
+    if result.get("interrupted"):  # fit logged the signal, the step saved and how to resume
+        sys.exit(signals.exit_code(signals.last_stop_signal() or signal.SIGINT))
 
 
 if __name__ == "__main__":

@@ -25,8 +25,10 @@ What ``fit`` does:
 * **resume**: if ``<workdir>/checkpoints`` holds a checkpoint, the state, the data position
   (``batches.state()``) and the key are restored and training continues from that step; rerunning
   a finished run only re-evaluates;
-* **checkpoints** every ``ckpt_every`` steps and at the end; **Ctrl-C** (SIGINT) finishes the
-  current step, saves, and returns with ``interrupted=True`` (a second Ctrl-C aborts at once);
+* **checkpoints** every ``ckpt_every`` steps and at the end; **Ctrl-C, SIGTERM or SIGUSR1** (a
+  scheduler's preemption) finishes the current step, saves, and returns with ``interrupted=True``
+  (a second signal aborts at once); in a multi-process job every process saves the same step
+  (see :mod:`~experiments.common.signals`);
 * **numerical faults**: the jitted step also reports whether its metrics and the new state are
   finite (no extra host round-trip: the flags are read at the logging and checkpoint cadence). A
   non-finite step stops the run with :class:`NonFiniteError`, naming the step, the metric and the
@@ -49,7 +51,6 @@ import contextvars
 import dataclasses
 import math
 import os
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -63,6 +64,7 @@ from absl import logging
 from experiments.common import checkpoint as ckpt_lib
 from experiments.common import metrics as metrics_lib
 from experiments.common import sharding as sharding_lib
+from experiments.common import signals
 
 __all__ = [
     "FitResult",
@@ -187,7 +189,8 @@ class FitResult:
       last_eval: the latest ``eval_fn`` result (empty without ``eval_fn`` or when interrupted
         before any evaluation).
       start_step: the step this process started from (> 0 when resumed).
-      interrupted: true if Ctrl-C stopped training early (a checkpoint was saved).
+      interrupted: true if a stop signal (Ctrl-C, SIGTERM, SIGUSR1) stopped training early (a
+        checkpoint of the step it stopped at was saved).
       step_time_s: mean wall time of a training step over the whole run (resumed processes
         included, as recorded in the checkpoints), excluding each process's first
         (compilation) step and evaluation; NaN if no step was timed.
@@ -199,31 +202,6 @@ class FitResult:
     start_step: int
     interrupted: bool
     step_time_s: float
-
-
-class _SigintFlag:
-    """Turns the first Ctrl-C into a flag; a second one raises KeyboardInterrupt as usual."""
-
-    def __init__(self) -> None:
-        self.raised = False
-        self._previous = None
-
-    def _handler(self, signum, frame):
-        del signum, frame
-        if self.raised:
-            raise KeyboardInterrupt
-        self.raised = True
-        logging.warning("Ctrl-C: finishing this step and saving a checkpoint (again to abort).")
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handler)
-        return self
-
-    def __exit__(self, *exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-        return False
 
 
 def padded_batches(
@@ -479,8 +457,9 @@ def fit(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=num_steps, initial=start, desc=description, dynamic_ncols=True)
+    multiprocess = jax.process_count() > 1
     try:
-        with _SigintFlag() as sigint:
+        with signals.StopFlag(multiprocess=multiprocess) as stop:
             for step in range(start + 1, num_steps + 1):
                 try:
                     batch = sharding_lib.shard_batch(mesh, next(batches))
@@ -515,7 +494,11 @@ def fit(
                     t_eval = time.perf_counter()
                     last_eval, last_eval_step = evaluate(step), step
                     t_last += time.perf_counter() - t_eval
-                if sigint.raised or manager.should_save(step):  # (meta() waits for the step)
+                # Several processes stop at the step JAX's preemption service agrees on (asked
+                # every step, by every process); one process stops at once.
+                preempted = manager.reached_preemption(step)
+                stopping = preempted if multiprocess else stop.signum is not None
+                if stopping or manager.should_save(step):  # (meta() waits for the step)
                     check_finite(step)
                     t_save = time.perf_counter()
                     save(step)
@@ -523,11 +506,13 @@ def fit(
                         t_last += time.perf_counter() - t_save
                 if bar is not None:
                     bar.update(1)
-                if sigint.raised:
+                if stopping:
                     interrupted = True
+                    stop.stopped(stop.signum)
                     logging.warning(
-                        "Interrupted at step %d of %d; checkpoint saved in %s. Rerun the same "
+                        "Stopped by %s at step %d of %d: checkpoint saved in %s. Rerun the same "
                         "command to resume.",
+                        signals.describe(stop.signum),
                         step,
                         num_steps,
                         manager.directory,

@@ -13,9 +13,10 @@ as usual (its stdout is inherited; its stderr passes through the parent, which k
 few kilobytes). The parent only waits; when the child dies by a signal (``abort()`` included),
 the parent reads the errors above in its stderr and prints one line that says which process died
 (when JAX named it) and how to resume, and exits with status 1; otherwise it exits with the
-child's status (0, 130 after Ctrl-C, 1 after a ``FATAL`` user error). Signals: Ctrl-C reaches
-both (the child saves a checkpoint and exits 130; the parent ignores it); SIGTERM and SIGHUP sent
-to the parent are passed on to the child; on Linux the child is killed when the parent is (``PR_SET_PDEATHSIG``),
+child's status (0, 130 after Ctrl-C, 143 after SIGTERM, 1 after a ``FATAL`` user error). Signals:
+Ctrl-C reaches both (the child saves a checkpoint and exits 130; the parent ignores it); SIGTERM,
+SIGUSR1 and SIGHUP sent to the parent are passed on to the child (see
+:mod:`~experiments.common.signals` for how it stops); on Linux the child is killed when the parent is (``PR_SET_PDEATHSIG``),
 so killing the command a user started kills its training too. Example (what
 ``python -m experiments.train`` does when ``config.parallel.distributed`` is true)::
 
@@ -174,7 +175,7 @@ def watch_peers(workdir: str) -> None:
         return
     os.close(write_fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the child directly
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP):
         signal.signal(sig, lambda signum, frame: os.kill(child, signum))
     tail = bytearray()
     pump = threading.Thread(target=_pump, args=(read_fd, tail), daemon=True)

@@ -9,8 +9,10 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +23,7 @@ import pytest
 
 from configs import digits_mlp
 from experiments import common, train
+from experiments.common import signals
 from tests.experiments.test_train_cli import REPO, SMOKE, final_metrics, run_cli
 
 
@@ -65,6 +68,63 @@ def _fit(workdir, batches, **kw):
     return common.fit(
         _state(), None, step_fn, batches, key=jax.random.key(0), workdir=workdir, **kw
     )
+
+
+class SignalAt(Batches):
+    """Sends this process ``signums`` while fetching the batch of step ``step``."""
+
+    def __init__(self, step: int, *signums: int):
+        super().__init__()
+        self.step, self.signums = step, signums
+
+    def __next__(self):
+        batch = super().__next__()
+        if self.i == self.step:
+            for signum in self.signums:
+                os.kill(os.getpid(), signum)
+        return batch
+
+
+needs_main_thread = pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(),
+    reason="signal handlers can only be installed from the main thread",
+)
+
+
+@needs_main_thread
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1])
+def test_a_stop_signal_saves_the_current_step_and_the_rerun_ends_as_an_uninterrupted_run(
+    tmp_path, signum
+):
+    before = {s: signal.getsignal(s) for s in signals.STOP_SIGNALS}
+    stopped = _fit(tmp_path / "run", SignalAt(7, signum))
+    assert stopped.interrupted and int(stopped.state["step"]) == 7
+    assert signals.last_stop_signal() == signum
+    assert {s: signal.getsignal(s) for s in signals.STOP_SIGNALS} == before  # restored
+    manager = common.make_manager(tmp_path / "run" / "checkpoints", every=5)
+    assert manager.all_steps() == [5, 7]  # the periodic one and the step it stopped at
+    resumed = _fit(tmp_path / "run", Batches())
+    reference = _fit(tmp_path / "reference", Batches())
+    assert not resumed.interrupted and resumed.start_step == 7
+    np.testing.assert_array_equal(resumed.state["w"], reference.state["w"])
+    assert resumed.history == reference.history
+
+
+@needs_main_thread
+def test_a_second_stop_signal_aborts_at_once(tmp_path):
+    with pytest.raises(signals.Stopped) as err:
+        _fit(tmp_path, SignalAt(3, signal.SIGTERM, signal.SIGTERM))
+    assert err.value.signum == signal.SIGTERM and isinstance(err.value, KeyboardInterrupt)
+
+
+@needs_main_thread
+@pytest.mark.parametrize("signum", signals.STOP_SIGNALS)
+def test_outside_fit_a_stop_signal_raises_stopped(signum):
+    before = signal.getsignal(signum)
+    with pytest.raises(signals.Stopped) as err, signals.raise_on_stop_signals():
+        os.kill(os.getpid(), signum)
+    assert err.value.signum == signum and signals.exit_code(signum) == 128 + signum
+    assert signal.getsignal(signum) == before
 
 
 def test_nonfinite_loss_stops_naming_step_metric_and_last_good_checkpoint(tmp_path):

@@ -1,5 +1,6 @@
 """Two processes on one machine (4 fake CPU devices each, gloo collectives) train like one process
-with 8 devices, write one checkpoint, stop with a clear message when a peer dies, and resume.
+with 8 devices, write one checkpoint, stop with a clear message when a peer dies, stop together
+at one step when one of them gets SIGTERM (a preemption notice), and resume.
 
 Cases: ``digits_mlp`` (the fast config of the machinery tests; killed at step 20, resumed), a
 continual stream (sequential LoRA on ``digits_cil``: one ``fit`` per task, host-side
@@ -205,6 +206,36 @@ def test_a_killed_peer_stops_the_other_with_one_line_and_both_resume(tmp_path, s
     assert _checkpoints(tmp_path) == _checkpoints(single[2])
     assert max(_checkpoints(tmp_path)["checkpoints"]) == 60
     assert _writers(tmp_path)["checkpoints/60/state"] == ["process_0", "process_1"]
+
+
+def test_sigterm_to_one_process_stops_both_at_one_step_and_both_resume(tmp_path, single):
+    # A scheduler's preemption notice reaching one process: JAX's preemption service tells the
+    # other, both save the same step (each its shards) and exit 143; the rerun resumes there.
+    procs = _launch(DIGITS, tmp_path)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not common.read_metrics(tmp_path):  # the first record: training has started
+            assert time.monotonic() < deadline and procs[0].poll() is None, "no training"
+            time.sleep(0.05)
+        procs[1].send_signal(signal.SIGTERM)
+        results = _finish(procs, timeout=240)
+    finally:
+        _finish(procs, timeout=60)
+    steps = set()
+    for code, out, err in results:
+        assert code == 143, err[-3000:]
+        stopped = final_metrics(out)
+        assert stopped["interrupted"], out
+        steps.add(stopped["steps"])
+        assert "Stopped by SIGTERM (a preemption notice to the job) at step" in err, err[-3000:]
+    (step,) = steps  # the same step in both processes
+    assert step < 60 and not (tmp_path / ".lock").exists()
+    assert _writers(tmp_path)[f"checkpoints/{step}/state"] == ["process_0", "process_1"]
+    results = _finish(_launch(DIGITS, tmp_path))
+    for code, _, err in results:
+        assert code == 0, err[-3000:]
+    _close(common.read_metrics(tmp_path), single[1])
+    assert _checkpoints(tmp_path) == _checkpoints(single[2])
 
 
 @pytest.mark.parametrize(

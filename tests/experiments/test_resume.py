@@ -1,4 +1,4 @@
-"""Kill-and-resume: a run stopped by SIGKILL or Ctrl-C and rerun ends exactly where an uninterrupted
+"""Kill-and-resume: a run stopped by SIGKILL, Ctrl-C, SIGTERM or SIGUSR1 and rerun ends exactly where an uninterrupted
 run does (same final metrics, same metrics.jsonl), through the real CLI in subprocesses."""
 
 from __future__ import annotations
@@ -88,21 +88,32 @@ def test_sigkill_then_rerun_equals_uninterrupted_run(tmp_path, reference):
     _assert_same_run(final_metrics(rerun.stdout), common.read_metrics(tmp_path), reference)
 
 
-def test_ctrl_c_saves_and_exits_cleanly_then_rerun_resumes(tmp_path, reference):
+@pytest.mark.parametrize(
+    "signum", [signal.SIGINT, signal.SIGTERM, signal.SIGUSR1], ids=lambda s: s.name
+)
+def test_a_stop_signal_saves_and_exits_cleanly_then_rerun_resumes(tmp_path, reference, signum):
+    # Ctrl-C, a scheduler's SIGTERM (preemptible VMs, Slurm, Kubernetes, timeout) and SIGUSR1.
     proc = _start(tmp_path)
     _wait_for_checkpoint(proc, tmp_path, 20)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130, stderr[-4000:]
+    assert proc.returncode == 128 + signum, stderr[-4000:]
     assert "Traceback" not in stderr
     stopped = final_metrics(stdout)
     assert stopped["interrupted"] and 20 <= stopped["steps"] < NUM_STEPS
+    # One line says which signal, the step saved and how to resume; the workdir is released.
+    said = [line for line in stderr.splitlines() if f"Stopped by {signum.name} at step" in line]
+    assert len(said) == 1 and said[0].endswith("Rerun the same command to resume."), stderr
+    assert f"at step {stopped['steps']} of {NUM_STEPS}" in said[0]
+    assert not (tmp_path / ".lock").exists()
     # The checkpoint is of the step it stopped at, not only of the last periodic one.
     assert max(_checkpoint_steps(tmp_path)) == stopped["steps"]
 
     rerun = run_cli(*ARGS, workdir=tmp_path)
     assert rerun.returncode == 0, rerun.stderr[-4000:]
     _assert_same_run(final_metrics(rerun.stdout), common.read_metrics(tmp_path), reference)
+    if signum != signal.SIGINT:
+        return
 
     # Rerunning a finished run trains nothing and reports the same metrics again.
     again = run_cli(*ARGS, workdir=tmp_path)
