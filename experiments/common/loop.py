@@ -51,7 +51,6 @@ import contextvars
 import dataclasses
 import math
 import os
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol

@@ -59,7 +59,11 @@ def exit_code(signum: int) -> int:
 def describe(signum: int | None) -> str:
     """``"SIGTERM"`` for a signal number; for None (a multi-process job's preemption notice, which
     JAX's preemption service received) ``"SIGTERM (a preemption notice to the job)"``."""
-    return "SIGTERM (a preemption notice to the job)" if signum is None else signal.Signals(signum).name
+    return (
+        "SIGTERM (a preemption notice to the job)"
+        if signum is None
+        else signal.Signals(signum).name
+    )
 
 
 def last_stop_signal() -> int | None:
