@@ -36,11 +36,11 @@ def test_notebook_is_clean_and_starts_right(path):
         in (title.split("\n")[2])
     )
     lines = install.splitlines()
-    assert 'if os.environ.get("LOWRANK_JAX_INSTALLED") != "1" and not in_checkout:' in lines
-    assert f"        !git clone -q --depth=1 {url}" in lines
-    assert "    %cd lowrank_jax" in lines
-    packages = " ".join(colab_cells.PACKAGES.get(path.name, ()))
-    assert lines[-1] == f"    !python experiments/tools/colab_install.py {packages}".rstrip()
+    assert f'repository = "{url}"' in lines
+    assert '        shell("git", "clone", "-q", "--depth=1", repository, str(checkout))' in lines
+    packages = tuple(colab_cells.PACKAGES.get(path.name, ()))
+    assert f"data_packages = {packages!r}".replace("'", '"') in install
+    assert "!" not in install.replace("!=", "") and "%" not in install  # no magics: errors raise
     assert "jax.devices()" in devices and "jax.default_backend()" in devices
 
 
@@ -54,20 +54,23 @@ def test_notebook_executes_in_smoke_mode(path, monkeypatch):
     from nbclient import NotebookClient
 
     monkeypatch.setenv("LOWRANK_JAX_SMOKE", "1")
-    monkeypatch.setenv("LOWRANK_JAX_INSTALLED", "1")  # the install cell does nothing here
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     # Several devices, so that the sharded code paths run: 2 rather than a Colab TPU's 8, which on
     # a 2-core CPU made the notebooks about a quarter slower (more SPMD partitions and threads).
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
     monkeypatch.setenv("MPLBACKEND", "Agg")
     nb = nbformat.read(path, as_version=4)
+    # Started in colabs/, as Jupyter starts a notebook's kernel: the install cell finds the
+    # checkout above it, changes into it and installs nothing.
     client = NotebookClient(
-        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
     )
     client.execute()
     errors = [
         o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"
     ]
     assert not errors, errors[0]["evalue"] if errors else ""
+    install = "".join(o.get("text", "") for o in nb.cells[1].outputs)
+    assert install == f"working directory: {REPO}\n", install
     devices = "".join(o.get("text", "") for o in nb.cells[2].outputs)
     assert devices.startswith("backend: cpu | 2 devices:"), devices

