@@ -107,6 +107,29 @@ def _config_arg(argv: list[str]) -> str | None:
     return None
 
 
+def _load_config_file(spec: str):
+    """``get_config(arg)`` of the config file of ``--config=<path>[:<arg>]`` (may raise)."""
+    path, _, arg = spec.partition(":")
+    module_spec = importlib.util.spec_from_file_location("_config_for_errors", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.get_config(arg) if arg else module.get_config()
+
+
+def _explain_config_file_error(argv: list[str]) -> str | None:
+    """The error that ``get_config`` raised for ``--config=<path>:<arg>``, in one line, or None."""
+    spec = _config_arg(argv)
+    if spec is None:
+        return None
+    try:
+        _load_config_file(spec)
+    except config_checks.ConfigError as e:  # an unknown or invalid :arg (configs.common)
+        return f"--config={spec}: {e}"
+    except Exception as e:  # noqa: BLE001 - any failure of the user's config file, in one line
+        return f"--config={spec}: {type(e).__name__}: {e}"
+    return None
+
+
 def _explain_override_error(argv: list[str]) -> str | None:
     """Names the bad ``--config.<key>`` override and the keys that exist, or None."""
     spec = _config_arg(argv)
@@ -115,10 +138,7 @@ def _explain_override_error(argv: list[str]) -> str | None:
     path, _, arg = spec.partition(":")
     if not os.path.exists(path):
         return f"--config={spec}: no such file {path!r}"
-    module_spec = importlib.util.spec_from_file_location("_config_for_errors", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    config = module.get_config(arg) if arg else module.get_config()
+    config = _load_config_file(spec)
     for a in argv:
         if a.startswith("--config."):
             key = a[len("--config.") :].split("=", 1)[0]
@@ -139,6 +159,10 @@ def _parse_flags(argv: list[str]) -> list[str]:
     try:
         return flags.FLAGS(argv)
     except flags.Error as e:
+        if "Error whilst parsing config file" in str(e):  # get_config raised (a bad :arg)
+            reason = _explain_config_file_error(argv)
+            if reason is not None and not os.environ.get("LOWRANK_JAX_TRACEBACK"):
+                sys.exit(f"FATAL {reason} (LOWRANK_JAX_TRACEBACK=1 shows the traceback)")
         sys.exit(
             f"FATAL Flags parsing error: {e}\nPass --helpshort or --helpfull to see help on flags."
         )

@@ -137,7 +137,7 @@ def restore_latest(manager: ocp.CheckpointManager, target: Any) -> tuple[Any, di
                 ),
             )
         except Exception as e:  # orbax/TensorStore raise many types for unreadable files
-            reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            reason = _reason(e)
             failures.append(f"{os.path.join(manager.directory, str(step))} ({reason})")
             logging.warning(
                 "Checkpoint step %d in %s cannot be read (%s); trying the previous one.",
@@ -153,6 +153,15 @@ def restore_latest(manager: ocp.CheckpointManager, target: Any) -> tuple[Any, di
         "no checkpoint can be read: " + "; ".join(failures) + ". Delete these step directories "
         "to start over from step 0 (or restore them from a backup)."
     )
+
+
+def _reason(error: BaseException) -> str:
+    """The first line of ``error``, without TensorStore's pointer to a bound method, ≤ 200 chars."""
+    text = str(error).strip()
+    if not text:
+        return type(error).__name__
+    first = text.splitlines()[0].split(" See full TensorStore details")[0]
+    return first[:200]
 
 
 def _set_aside(manager: ocp.CheckpointManager, steps: list[int]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -75,6 +76,34 @@ def check_threshold(name: str, value: float) -> None:
         raise ValueError(f"{name} must lie in (0, 1], got {value!r}.")
 
 
+def check_head_path(variables: Any, head_path: str) -> None:
+    """Raises a ValueError naming the paths there are if ``head_path`` is not a subtree."""
+    tree, walked = variables, []
+    for part in head_path.split("/"):
+        if not isinstance(tree, Mapping) or part not in tree:
+            where = "/".join(walked) or "the model's variables"
+            there = sorted(tree) if isinstance(tree, Mapping) else []
+            raise ValueError(
+                f"head_path={head_path!r} is not in the model: {where} holds "
+                f"{', '.join(repr('/'.join([*walked, k])) for k in there) or 'no subtree'}; "
+                "pass head_path= the path of the classifier head's parameters."
+            )
+        tree = tree[part]
+        walked.append(part)
+
+
+def check_rank(rank: int, shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """Raises a ValueError if ``rank`` exceeds ``min(n, m)`` of a targeted ``(n, ...)`` kernel."""
+    for path, shape in shapes.items():
+        n, m = shape[0], math.prod(shape[1:])
+        if rank > min(n, m):
+            raise ValueError(
+                f"rank={rank} exceeds min(n, m) = {min(n, m)} of the targeted kernel {path!r} "
+                f"(a {n}x{m} matrix): use a rank of at most {min(n, m)}, or target larger "
+                "kernels."
+            )
+
+
 class MethodBase(NamedTuple):
     """What every factory shares: the model, its targets and the optimiser's knobs."""
 
@@ -89,8 +118,10 @@ class MethodBase(NamedTuple):
     jitted: dict[Any, Callable[..., Any]]  # compiled helpers, one per kernel tuple
 
     def init(self, variables: Any, *, memory: bool, extra: Callable[[dict], Any]) -> ContinualState:
+        check_head_path(variables, self.head_path)
         kernels = kernel_paths(variables, self.targets)
         w0 = {k: jnp.asarray(get_path(variables, k)) for k in kernels}
+        check_rank(self.rank, {k: w.shape for k, w in w0.items()})
         mem = {k: init_subspace_memory(w0[k].shape[0]) for k in kernels} if memory else {}
         return ContinualState(
             params=drop_path(variables, self.head_path),

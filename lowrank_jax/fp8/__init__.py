@@ -66,7 +66,12 @@ from lowrank_jax.fp8.policies import (
     online_calibration_factor,
     update_geometry_scaling,
 )
-from lowrank_jax.fp8.sigma import attention_scales, attention_sigma_max, attention_top_singular
+from lowrank_jax.fp8.sigma import (
+    attention_scales,
+    attention_sigma_max,
+    attention_top_singular,
+    split_heads,
+)
 
 __all__ = [
     # bounds and scales
@@ -100,6 +105,7 @@ __all__ = [
     "attention_scales",
     "attention_sigma_max",
     "attention_top_singular",
+    "split_heads",
     # policies
     "GeometryScalingState",
     "OnlineCalibrationState",

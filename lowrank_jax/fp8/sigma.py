@@ -30,7 +30,55 @@ import jax.numpy as jnp
 
 from lowrank_jax.fp8.bounds import geometry_aware_scale, rank_agnostic_scale
 
-__all__ = ["attention_scales", "attention_sigma_max", "attention_top_singular"]
+__all__ = ["attention_scales", "attention_sigma_max", "attention_top_singular", "split_heads"]
+
+
+def split_heads(
+    w_q: jax.typing.ArrayLike,
+    w_k: jax.typing.ArrayLike,
+    *,
+    num_heads: int,
+    num_kv_heads: int | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """Per-head views ``(..., d, H, d_h)``, ``(..., d, G, d_h)`` of ordinary 2-D Q/K kernels.
+
+    An ordinary model's query and key projections are ``Dense`` kernels ``(..., d, H·d_h)`` and
+    ``(..., d, G·d_h)`` whose output columns are grouped by head (flax ``Dense``, BERT's
+    ``query``/``key``, Hugging Face's ``q_proj``/``k_proj`` weights transposed): column
+    ``h·d_h + j`` is entry ``j`` of head ``h``.
+
+    Args:
+      w_q: ``(..., d, H·d_h)`` query kernel (leading axes: layers).
+      w_k: ``(..., d, G·d_h)`` key kernel.
+      num_heads: ``H``.
+      num_kv_heads: ``G`` (default ``H``; fewer for grouped-query attention).
+
+    Returns:
+      ``(w_q (..., d, H, d_h), w_k (..., d, G, d_h))``.
+
+    Raises:
+      ValueError: the widths are not ``H·d_h`` and ``G·d_h`` for one ``d_h``.
+    """
+    w_q, w_k = jnp.asarray(w_q), jnp.asarray(w_k)
+    g = num_heads if num_kv_heads is None else num_kv_heads
+    for name, n in (("num_heads", num_heads), ("num_kv_heads", g)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"{name} must be a positive int, got {n!r}.")
+    if w_q.ndim < 2 or w_k.ndim != w_q.ndim or w_q.shape[-1] % num_heads:
+        raise ValueError(
+            f"w_q must be (..., d, H*d_h) with H={num_heads} dividing its last axis and w_k "
+            f"(..., d, G*d_h) of the same rank; got {w_q.shape} and {w_k.shape}."
+        )
+    dh = w_q.shape[-1] // num_heads
+    if w_k.shape[-1] != g * dh:
+        raise ValueError(
+            f"w_k's last axis must be G*d_h = {g}*{dh} = {g * dh} (num_kv_heads={g}, d_h from "
+            f"w_q {w_q.shape} and num_heads={num_heads}); got {w_k.shape}."
+        )
+    return (
+        w_q.reshape(*w_q.shape[:-1], num_heads, dh),
+        w_k.reshape(*w_k.shape[:-1], g, dh),
+    )
 
 
 def _check(w_q, w_k) -> tuple[jax.Array, jax.Array, int, int]:
@@ -126,6 +174,8 @@ def attention_scales(
     rank_aware: bool = True,
     fmt: str = "e4m3",
     calibration: float = 1.0,
+    num_heads: int | None = None,
+    num_kv_heads: int | None = None,
 ) -> jax.Array:
     """Offline geometry-aware FP8 scales ``(..., H)`` from exact ``σ`` (the default offline route).
 
@@ -134,8 +184,9 @@ def attention_scales(
     :func:`~lowrank_jax.fp8.policies.geometry_scaling_policy` (one power step per step).
 
     Args:
-        w_q: ``(..., d, H, d_h)`` query kernels.
-        w_k: ``(..., d, G, d_h)`` key kernels.
+        w_q: ``(..., d, H, d_h)`` query kernels, or an ordinary model's ``(..., d, H·d_h)`` with
+            ``num_heads`` (see :func:`split_heads`).
+        w_k: ``(..., d, G, d_h)`` key kernels, or ``(..., d, G·d_h)`` with ``num_heads``.
         norm_gain: effective gain of the norm feeding each layer, broadcastable to ``(..., 1)``
             (e.g. ``gains[:, None]`` for ``(L,)`` gains) or to ``(..., H)``.
         seq_len: sequence length ``n``.
@@ -144,6 +195,8 @@ def attention_scales(
         rank_aware: rank-aware (default) or rank-agnostic bound.
         fmt: FP8 format.
         calibration: calibration factor ``c``.
+        num_heads: ``H`` when the kernels are 2-D per layer (``Dense``/``q_proj``-style).
+        num_kv_heads: ``G`` for such kernels (default ``num_heads``).
 
     Returns:
         float32 scales ``(..., H)``.
@@ -154,6 +207,10 @@ def attention_scales(
     References:
         P14 (arXiv 2602.18851); reconstruction of the scale rule in specs.md §14.
     """
+    if num_heads is not None:
+        w_q, w_k = split_heads(w_q, w_k, num_heads=num_heads, num_kv_heads=num_kv_heads)
+    elif num_kv_heads is not None:
+        raise ValueError("num_kv_heads needs num_heads (for 2-D kernels (..., d, H*d_h)).")
     sigma = attention_sigma_max(w_q, w_k)
     d, _, dh = jnp.shape(w_q)[-3:]
     kw = dict(d=d, head_dim=dh, seq_len=seq_len, norm_gain=norm_gain, delta=delta, fmt=fmt)

@@ -58,6 +58,7 @@ __all__ = [
     "captured_energy",
     "check_projection_order",
     "extend_subspace_memory",
+    "fill_memories",
     "init_subspace_memory",
     "project_off",
     "project_onto",
@@ -348,7 +349,7 @@ def scale_by_orthogonal_projection(
       memory: ``{path: SubspaceMemory}`` keyed by '/'-joined parameter paths (the memories of
         earlier tasks, an explicit argument); stored in the state by ``init``. ``None``: ``init``
         creates empty memories for the leaves matching ``targets``, to be filled between tasks
-        with :func:`extend_subspace_memory` and ``optax.tree_utils.tree_set(state, memory=...)``.
+        with :func:`fill_memories` from the layer inputs of the adapted kernels.
       targets: full-match regexes over parameter paths used when ``memory`` is None (default: the
         ``a`` factor of every LoRA adapter, ``.../factors/a``).
       capacity: basis columns per empty memory (default: ``n``).
@@ -383,15 +384,97 @@ def scale_by_orthogonal_projection(
     return optax.GradientTransformation(init_fn, update_fn)
 
 
+def _is_memory_state(node: Any) -> bool:
+    """A transform state that holds ``{path: SubspaceMemory}`` in a ``memory`` field."""
+    fields = getattr(node, "_fields", None)
+    return (
+        fields is not None
+        and "memory" in fields
+        and "count" in fields
+        and isinstance(node.memory, Mapping)
+        and all(isinstance(m, SubspaceMemory) for m in node.memory.values())
+    )
+
+
+def _map_memory_states(fn: Any, node: Any) -> Any:
+    """Rebuilds an optimizer state with ``fn(state)`` in place of every memory state in it."""
+    if _is_memory_state(node):
+        return fn(node)
+    if hasattr(node, "_fields"):  # a NamedTuple state (chain, masked, multi_transform ...)
+        return type(node)(*(_map_memory_states(fn, c) for c in node))
+    if isinstance(node, tuple | list):
+        return type(node)(_map_memory_states(fn, c) for c in node)
+    if isinstance(node, Mapping):
+        return {k: _map_memory_states(fn, v) for k, v in node.items()}
+    return node
+
+
+def _kernel_of(path: str, kernels: Sequence[str]) -> str | None:
+    """The longest of ``kernels`` that ``path`` (a factor's path) lies under, e.g. ``k`` for
+    ``k + "/factors/a"`` or ``"shared/" + k + "/factors/a"``."""
+    under = [k for k in kernels if path.startswith(k + "/") or f"/{k}/" in path]
+    return max(under, key=len) if under else None
+
+
+def fill_memories(
+    opt_state: Any, inputs: Mapping[str, jax.typing.ArrayLike], *, threshold: float
+) -> Any:
+    r"""Extends every subspace memory in an optimizer state with the layer inputs of its kernel.
+
+    The memories of :func:`scale_by_orthogonal_projection` and
+    :func:`~lowrank_jax.optim.scale_by_gradient_recycling` are keyed by the path of the adapter
+    factor they protect (``"params/dense_0/kernel/factors/a"``, ``"shared/params/.../factors/a"``);
+    :func:`lowrank_jax.continual.layer_inputs` returns inputs keyed by kernel path
+    (``"params/dense_0/kernel"``). This matches the two (a memory belongs to the kernel whose
+    path its own path contains), applies :func:`extend_subspace_memory` to each, and puts the
+    result back wherever the state sits in a chain (``optax.chain``, ``masked``,
+    ``multi_transform``), so a loop between tasks reads::
+
+        _, inputs = continual.layer_inputs(model.apply, kernels, variables, task_x)
+        opt_state = optim.fill_memories(opt_state, inputs, threshold=0.97)
+
+    Args:
+      opt_state: an optimizer state holding one or more memory states.
+      inputs: ``{kernel path: (b, n)}`` layer inputs of the task just learned.
+      threshold: GPM energy ``τ`` in ``(0, 1]``.
+
+    Returns:
+      ``opt_state`` with every memory extended (other entries unchanged).
+
+    Raises:
+      ValueError: the state holds no memory, or a memory has no inputs for its kernel (the
+        message lists both key sets).
+    """
+    kernels = list(inputs)
+    found = []
+
+    def fill(state):
+        memory = {}
+        for path, mem in state.memory.items():
+            kernel = _kernel_of(path, kernels)
+            if kernel is None:
+                raise ValueError(
+                    f"the memory of {path!r} has no layer inputs: inputs holds {kernels}; record "
+                    "the kernel that this factor adapts (continual.layer_inputs)."
+                )
+            memory[path] = extend_subspace_memory(mem, inputs[kernel], threshold=threshold)
+        found.append(len(memory))
+        return state._replace(memory=memory)
+
+    out = _map_memory_states(fill, opt_state)
+    if not found:
+        raise ValueError(
+            "opt_state holds no subspace memory: chain scale_by_orthogonal_projection or "
+            "scale_by_gradient_recycling into the optimizer."
+        )
+    return out
+
+
 def _order(node: Any, out: list[tuple[str, str]]) -> None:
     fields = getattr(node, "_fields", None)
-    if fields is not None and "memory" in fields and "count" in fields:
-        memory = node.memory
-        if isinstance(memory, Mapping) and all(
-            isinstance(m, SubspaceMemory) for m in memory.values()
-        ):
-            out.append(("projection", type(node).__name__))
-            return
+    if _is_memory_state(node):
+        out.append(("projection", type(node).__name__))
+        return
     if fields is not None and "nu" in fields:
         out.append(("moments", type(node).__name__))
         return

@@ -103,8 +103,8 @@ def scale_by_gradient_recycling(
     Args:
       memory: ``{path: SubspaceMemory}`` for shared leaves (full '/'-joined paths starting with
         ``shared``), an explicit argument stored in the state; ``None`` creates empty memories
-        for the targeted leaves (fill them with :func:`~lowrank_jax.optim.extend_subspace_memory`
-        and ``optax.tree_utils.tree_set``).
+        for the targeted leaves (fill them between tasks with
+        :func:`~lowrank_jax.optim.fill_memories`).
       shared: top-level key of the shared adapter in the params/updates dict.
       module: top-level key of the current task's module; must hold, for every targeted shared
         leaf, a leaf of the same shape at the same sub-path.

@@ -243,3 +243,26 @@ def test_factories_reject_bad_hyper_parameters():
         continual.sequential_lora(f, targets=("params/nope",)).init(
             models.MLP((4,), 2).init(jax.random.key(0), jnp.zeros((1, 3)))
         )
+
+
+@pytest.mark.parametrize("name", sorted(FACTORIES))
+def test_every_method_checks_rank_and_head_path_at_init_naming_what_was_typed(stream, name):
+    _, variables, _ = stream  # kernels (64, 16) and (16, 16): a rank above 16 fits none
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(KW, "rank", 20)
+        big = FACTORIES[name](models.MLP((16, 16), 10).apply)
+    with pytest.raises(ValueError) as err:
+        big.init(variables)
+    assert str(err.value).startswith(
+        "rank=20 exceeds min(n, m) = 16 of the targeted kernel 'params/dense_0/kernel' (a 64x16"
+    ), str(err.value)
+    # A model whose classifier is not at params/head: init names head_path and what there is.
+    renamed = {"params": {**variables["params"]}}
+    renamed["params"]["classifier"] = renamed["params"].pop("head")
+    with pytest.raises(ValueError) as err:
+        FACTORIES[name](models.MLP((16, 16), 10).apply).init(renamed)
+    assert str(err.value) == (
+        "head_path='params/head' is not in the model: params holds 'params/classifier', "
+        "'params/dense_0', 'params/dense_1'; pass head_path= the path of the classifier head's "
+        "parameters."
+    )

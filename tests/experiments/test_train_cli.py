@@ -220,3 +220,14 @@ def test_help_lists_configs_with_options_and_a_missing_config_lists_them(tmp_pat
     assert "  configs/saber.py" in proc.stderr
     for path, _ in train.available_configs():  # every listed config loads
         assert os.path.isfile(REPO / path)
+
+
+def test_an_unknown_config_arg_is_one_line_without_traceback(tmp_path):
+    proc = run_cli("--config=configs/saber.py:smoke,bogus=3", workdir=tmp_path / "run")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    (line,) = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert line.startswith(
+        "FATAL --config=configs/saber.py:smoke,bogus=3: unknown config arg 'bogus' in "
+        "'smoke,bogus=3': allowed are smoke=False, method='all', "
+    ), line
+    assert not (tmp_path / "run").exists()

@@ -61,3 +61,30 @@ def test_shape_errors():
         fp8.attention_sigma_max(np.zeros((8, 4, 2)), np.zeros((8, 3, 2)))
     with pytest.raises(ValueError, match="leading"):
         fp8.attention_sigma_max(np.zeros((2, 8, 4, 2)), np.zeros((8, 4, 2)))
+
+
+def test_scales_from_an_ordinary_models_2d_query_and_key_kernels():
+    # BERT/MiniLM-style Dense kernels (layers, d, H*d_h), GQA keys (layers, d, G*d_h).
+    rng = np.random.default_rng(2)
+    layers, d, h, g, dh = 2, 32, 4, 2, 8
+    wq = (rng.standard_normal((layers, d, h * dh)) / np.sqrt(d)).astype(np.float32)
+    wk = (rng.standard_normal((layers, d, g * dh)) / np.sqrt(d)).astype(np.float32)
+    # Column h*d_h + j is entry j of head h: the float64 reference slices columns per head.
+    ref = np.zeros((layers, h))
+    for i in range(layers):
+        for j in range(h):
+            q = wq[i][:, j * dh : (j + 1) * dh].astype(np.float64)
+            kh = j // (h // g)
+            k = wk[i][:, kh * dh : (kh + 1) * dh].astype(np.float64)
+            ref[i, j] = np.linalg.svd(q @ k.T, compute_uv=False)[0]
+    q4, k4 = fp8.split_heads(wq, wk, num_heads=h, num_kv_heads=g)
+    assert q4.shape == (layers, d, h, dh) and k4.shape == (layers, d, g, dh)
+    np.testing.assert_allclose(np.asarray(fp8.attention_sigma_max(q4, k4)), ref, rtol=2e-6)
+    scales = fp8.attention_scales(wq, wk, seq_len=128, num_heads=h, num_kv_heads=g)
+    np.testing.assert_array_equal(scales, fp8.attention_scales(q4, k4, seq_len=128))
+    with pytest.raises(ValueError, match=r"H=3 dividing its last axis"):
+        fp8.split_heads(wq, wk, num_heads=3)
+    with pytest.raises(ValueError, match=r"w_k's last axis must be G\*d_h = 4\*8 = 32"):
+        fp8.attention_scales(wq, wk, seq_len=128, num_heads=h)  # G defaults to H: 32 != 16
+    with pytest.raises(ValueError, match="num_kv_heads needs num_heads"):
+        fp8.attention_scales(wq, wk, seq_len=128, num_kv_heads=g)

@@ -221,3 +221,42 @@ def test_left_singular_falls_back_to_the_gram_matrix_when_svd_fails(monkeypatch)
     u, s = left_singular(r)
     np.testing.assert_allclose(s, s_ref, rtol=1e-4)
     np.testing.assert_allclose(np.abs(np.sum(np.asarray(u) * np.asarray(u_ref), 0)), 1.0, atol=1e-4)
+
+
+def test_fill_memories_from_layer_inputs_keyed_by_kernel_path():
+    from lowrank_jax import continual, optim
+
+    model = models.MLP((16, 16), 4)
+    x = jax.random.normal(jax.random.key(1), (40, 8))
+    variables = model.init(jax.random.key(0), x[:1])
+    ads = adapters.init(jax.random.key(2), variables, [(r".*dense_\d+/kernel", adapters.lora(2))])
+    kernels = ["params/dense_0/kernel", "params/dense_1/kernel"]
+    _, inputs = continual.layer_inputs(model.apply, kernels, variables, x)
+    # The projection inside an optax chain, and gradient recycling under masked: both filled.
+    tx = optax.chain(optax.scale_by_adam(), scale_by_orthogonal_projection(), optax.scale(-0.1))
+    filled = optim.fill_memories(tx.init(ads), inputs, threshold=0.9)
+    memory = filled[1].memory
+    for kernel in kernels:
+        want = extend_subspace_memory(
+            init_subspace_memory(inputs[kernel].shape[1]), inputs[kernel], threshold=0.9
+        )
+        got = memory[f"{kernel}/factors/a"]
+        np.testing.assert_array_equal(got.basis, want.basis)
+        assert int(got.size) == int(want.size) > 0
+    # The filled state projects: an update of A leaves the recorded inputs' outputs unchanged.
+    g = jax.tree.map(jnp.ones_like, ads)
+    updates, _ = tx.update(g, filled, ads)
+    a0 = np.asarray(updates["params/dense_0/kernel"].factors["a"])
+    basis = np.asarray(memory["params/dense_0/kernel/factors/a"].basis)
+    np.testing.assert_allclose(basis.T @ a0, 0.0, atol=1e-5)
+    shared = {"shared": ads, "module": ads}
+    recycle = optax.masked(optim.scale_by_gradient_recycling(), {"shared": True, "module": True})
+    state = optim.fill_memories(recycle.init(shared), inputs, threshold=0.9)
+    inner = state.inner_state  # optax.masked's state around the recycling state
+    assert sorted(inner.memory) == [f"shared/{k}/factors/a" for k in kernels]
+    assert all(int(m.size) > 0 for m in inner.memory.values())
+    # Errors name what is missing.
+    with pytest.raises(ValueError, match="'params/dense_1/kernel/factors/a' has no layer inputs"):
+        optim.fill_memories(tx.init(ads), {kernels[0]: inputs[kernels[0]]}, threshold=0.9)
+    with pytest.raises(ValueError, match="holds no subspace memory"):
+        optim.fill_memories(optax.adam(1e-3).init(ads), inputs, threshold=0.9)
