@@ -22,6 +22,8 @@ while saving leaves the previous checkpoint intact. Example::
 from __future__ import annotations
 
 import os
+import sys
+import traceback
 from typing import Any
 
 import jax
@@ -126,8 +128,9 @@ def restore_latest(manager: ocp.CheckpointManager, target: Any) -> tuple[Any, di
     steps = sorted(manager.all_steps(), reverse=True)
     if not steps:
         return None
-    failures = []
+    failures = {}
     abstract = abstract_like(target)
+    _quiet_closed_event_loop()
     for step in steps:
         try:
             restored = manager.restore(
@@ -137,22 +140,58 @@ def restore_latest(manager: ocp.CheckpointManager, target: Any) -> tuple[Any, di
                 ),
             )
         except Exception as e:  # orbax/TensorStore raise many types for unreadable files
-            reason = _reason(e)
-            failures.append(f"{os.path.join(manager.directory, str(step))} ({reason})")
-            logging.warning(
-                "Checkpoint step %d in %s cannot be read (%s); trying the previous one.",
-                step,
-                manager.directory,
-                reason,
-            )
+            failures[step] = _reason(e)
             continue
         if failures:
-            _set_aside(manager, [s for s in steps if s > step])
+            _set_aside(manager, list(failures))
+            bad = ", ".join(str(s) for s in failures)
+            logging.warning(
+                "Checkpoint step%s %s in %s cannot be read (%s): set aside as %s; restored step "
+                "%d instead.",
+                "s" if len(failures) > 1 else "",
+                bad,
+                manager.directory,
+                "; ".join(failures.values()),
+                ", ".join(f"unreadable_{s}" for s in failures),
+                step,
+            )
         return restored["state"], dict(restored["meta"])
     raise CheckpointError(
-        "no checkpoint can be read: " + "; ".join(failures) + ". Delete these step directories "
-        "to start over from step 0 (or restore them from a backup)."
+        "no checkpoint can be read: "
+        + "; ".join(f"{os.path.join(manager.directory, str(s))} ({r})" for s, r in failures.items())
+        + ". Delete these step directories to start over from step 0 (or restore them from a "
+        "backup)."
     )
+
+
+def _is_closed_loop_callback(unraisable: Any) -> bool:
+    """``RuntimeError('Event loop is closed')`` raised in ``call_soon_threadsafe``."""
+    exc = unraisable.exc_value
+    if not isinstance(exc, RuntimeError) or str(exc) != "Event loop is closed":
+        return False
+    return any(f.name == "call_soon_threadsafe" for f in traceback.extract_tb(exc.__traceback__))
+
+
+def _quiet_closed_event_loop() -> None:
+    """Silences TensorStore's late callbacks into the event loop of a failed orbax restore.
+
+    When a restore fails, orbax closes its asyncio loop while TensorStore reads of the other
+    arrays are still in flight; each of them later calls ``loop.call_soon_threadsafe`` from a
+    C++ thread, gets ``RuntimeError: Event loop is closed`` and reports it through
+    ``sys.unraisablehook`` (about a hundred lines that read as a crash, after the restore has
+    already fallen back to the previous step). This hook drops exactly those; every other
+    unraisable exception goes to the previous hook.
+    """
+    previous = sys.unraisablehook
+    if getattr(previous, "_drops_closed_loop_callbacks", False):
+        return
+
+    def hook(unraisable):
+        if not _is_closed_loop_callback(unraisable):
+            previous(unraisable)
+
+    hook._drops_closed_loop_callbacks = True
+    sys.unraisablehook = hook
 
 
 def _reason(error: BaseException) -> str:
@@ -172,7 +211,6 @@ def _set_aside(manager: ocp.CheckpointManager, steps: list[int]) -> None:
             dst = os.path.join(os.fspath(manager.directory), f"unreadable_{step}")
             if os.path.isdir(src) and not os.path.exists(dst):
                 os.rename(src, dst)
-                logging.warning("Set aside the unreadable checkpoint %s as %s.", src, dst)
     manager.reload()
 
 
