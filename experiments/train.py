@@ -320,6 +320,19 @@ def main(argv: list[str]) -> None:
         if message is None or os.environ.get("LOWRANK_JAX_TRACEBACK"):
             raise
         sys.exit(message)
+    skipped = metrics.skipped_steps_under(workdir) if jax.process_index() == 0 else 0
+    if skipped:  # said in the final JSON, in results.md and in one line
+        result = {**result, "skipped_steps": skipped}
+        said = (
+            f"{skipped} training steps were skipped (non-finite, or a loss above "
+            "train.max_loss) and kept the previous state (train.skip_nonfinite); a final loss of "
+            "null means the state kept is unusable too."
+        )
+        table = os.path.join(workdir, "results.md")
+        if os.path.exists(table):
+            with open(table, "a") as f:
+                f.write(f"\n**Warning**: {said}\n")
+        print(f"WARNING {said}", file=sys.stderr)
     print(json.dumps(metrics.json_safe({"workdir": workdir, **result}), indent=2, default=str))
     if result.get("interrupted"):  # fit logged the signal, the step saved and how to resume
         sys.exit(signals.exit_code(signals.last_stop_signal() or signal.SIGINT))

@@ -81,6 +81,8 @@ _FINITE = "_finite"  # the step's finiteness flag, carried with its metrics but 
 _SKIP_NONFINITE: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "skip_nonfinite", default=False
 )
+# fit's default for max_loss inside ``train_options(config)`` (inf: no bound).
+_MAX_LOSS: contextvars.ContextVar[float] = contextvars.ContextVar("max_loss", default=math.inf)
 
 
 @contextlib.contextmanager
@@ -95,20 +97,28 @@ def train_options(config: Any) -> Iterator[None]:
         with common.train_options(config):
             metrics = lora_finetune.run(config, workdir)
 
-    A config without a ``train`` section leaves the defaults (stop on a non-finite step).
+    A config without a ``train`` section leaves the defaults (stop on a non-finite step, no
+    bound on the loss).
 
     Raises:
       TypeError: if ``config.train.skip_nonfinite`` is not a bool.
+      ValueError: if ``config.train.max_loss`` is not a positive number.
     """
     train = config.get("train", None) if hasattr(config, "get") else None
     skip = train.get("skip_nonfinite", False) if train is not None else False
+    max_loss = train.get("max_loss", math.inf) if train is not None else math.inf
     if not isinstance(skip, bool):
         raise TypeError(f"config.train.skip_nonfinite={skip!r} is invalid: must be True or False")
-    token = _SKIP_NONFINITE.set(skip)
+    if isinstance(max_loss, bool) or not isinstance(max_loss, int | float) or not max_loss > 0:
+        raise ValueError(
+            f"config.train.max_loss={max_loss!r} is invalid: must be a positive number (inf: off)"
+        )
+    tokens = _SKIP_NONFINITE.set(skip), _MAX_LOSS.set(float(max_loss))
     try:
         yield
     finally:
-        _SKIP_NONFINITE.reset(token)
+        _SKIP_NONFINITE.reset(tokens[0])
+        _MAX_LOSS.reset(tokens[1])
 
 
 # What the runner does once the run's model is initialised (write config.json): see on_start.
@@ -193,6 +203,8 @@ class FitResult:
       step_time_s: mean wall time of a training step over the whole run (resumed processes
         included, as recorded in the checkpoints), excluding each process's first
         (compilation) step and evaluation; NaN if no step was timed.
+      skipped_steps: steps of the whole run that kept the previous state (``skip_nonfinite``)
+        because they were not finite or their loss exceeded ``max_loss``.
     """
 
     state: Any
@@ -201,6 +213,7 @@ class FitResult:
     start_step: int
     interrupted: bool
     step_time_s: float
+    skipped_steps: int = 0
 
 
 def padded_batches(
@@ -258,8 +271,11 @@ def _all_finite(tree: Any) -> jax.Array:
     return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
 
 
-def _first_nonfinite(window: list[Mapping[str, Any]], last_step: int) -> tuple[int, str] | None:
-    """``(step, what)`` of the first non-finite step in ``window`` (which ends at ``last_step``)."""
+def _first_nonfinite(
+    window: list[Mapping[str, Any]], last_step: int, max_loss: float
+) -> tuple[int, str] | None:
+    """``(step, what)`` of the first bad step in ``window`` (which ends at ``last_step``): one
+    with a non-finite metric or state, or a loss above ``max_loss``."""
     flags = jax.device_get([m[_FINITE] for m in window])
     for i, ok in enumerate(flags):
         if not ok:
@@ -267,6 +283,8 @@ def _first_nonfinite(window: list[Mapping[str, Any]], last_step: int) -> tuple[i
             bad = [
                 f"train/{k}={v}" for k, v in metrics.items() if k != _FINITE and not np.isfinite(v)
             ]
+            if not bad and metrics.get("loss", -math.inf) > max_loss:
+                bad = [f"train/loss={metrics['loss']:.4g} > train.max_loss={max_loss:g}"]
             what = bad[0] if bad else "the train state (parameters or optimizer state)"
             return last_step - len(window) + 1 + i, what
     return None
@@ -291,6 +309,7 @@ def fit(
     progress: bool = True,
     description: str = "train",
     skip_nonfinite: bool | None = None,
+    max_loss: float | None = None,
 ) -> FitResult:
     """Trains ``state`` for ``num_steps`` steps, resuming from ``<workdir>/checkpoints``.
 
@@ -323,6 +342,9 @@ def fit(
       skip_nonfinite: keep the previous state on a step whose metrics or new state are not
         finite (counted in ``train/skipped_steps``) instead of stopping; None (the default):
         ``config.train.skip_nonfinite`` inside :func:`train_options`, else False.
+      max_loss: a step whose ``metrics["loss"]`` exceeds it counts as non-finite (it stops the
+        run, or is skipped with ``skip_nonfinite``): catches a finite divergence. None (the
+        default): ``config.train.max_loss`` inside :func:`train_options`, else ``inf`` (off).
 
     Returns:
       A :class:`FitResult`.
@@ -346,6 +368,7 @@ def fit(
     training_started()  # the state exists: the model and its adapters are initialised
     if skip_nonfinite is None:
         skip_nonfinite = _SKIP_NONFINITE.get()
+    max_loss = _MAX_LOSS.get() if max_loss is None else float(max_loss)
     mesh = sharding_lib.make_mesh() if mesh is None else mesh
     state = {**state, "step": jnp.asarray(state["step"], jnp.int32)}
     state_sh = sharding_lib.param_sharding(mesh, state, fsdp=fsdp)
@@ -382,6 +405,13 @@ def fit(
     def wrapped(state, frozen, batch, key):
         new_state, metrics = step_fn(state, frozen, batch, jax.random.fold_in(key, state["step"]))
         finite = _all_finite((metrics, new_state))
+        if max_loss < math.inf:
+            if "loss" not in metrics:
+                raise ValueError(
+                    f"max_loss={max_loss:g} bounds metrics['loss'], but the step returns only "
+                    f"{sorted(metrics)}: return the loss as 'loss' or leave max_loss at inf"
+                )
+            finite = finite & (metrics["loss"] <= max_loss)
         if skip_nonfinite:
             new_state = jax.tree.map(
                 lambda new, old: (
@@ -425,7 +455,7 @@ def fit(
         """Raises NonFiniteError if a step of the window (ending at ``step``) was not finite."""
         if skip_nonfinite or not window:
             return
-        bad = _first_nonfinite(window, step)
+        bad = _first_nonfinite(window, step, max_loss)
         if bad is None:
             return
         good = [s for s in manager.all_steps() if s < bad[0]]
@@ -536,11 +566,22 @@ def fit(
     if end in saved_timing:  # what a rerun reads back from the last checkpoint
         total_steps, total_s = saved_timing[end]
     step_time = total_s / total_steps if total_steps else math.nan
+    history = metrics_lib.read_metrics(workdir)
+    skipped = metrics_lib.skipped_steps(history)
+    if skipped:
+        logging.warning(
+            "%d of %d training steps were skipped (non-finite, or a loss above max_loss) and kept "
+            "the previous state; a final loss of NaN (null in JSON) means the state kept is "
+            "unusable too.",
+            skipped,
+            end,
+        )
     return FitResult(
         state=state,
-        history=metrics_lib.read_metrics(workdir),
+        history=history,
         last_eval=last_eval,
         start_step=start,
         interrupted=interrupted,
         step_time_s=step_time,
+        skipped_steps=skipped,
     )

@@ -140,6 +140,21 @@ class MetricWriter:
             self._tb = None
 
 
+def skipped_steps(records: Sequence[Mapping[str, Any]]) -> int:
+    """The steps that ``fit`` skipped (``train/skipped_steps``) over ``metrics.jsonl`` records."""
+    return int(sum(r.get("train/skipped_steps", 0) for r in records))
+
+
+def skipped_steps_under(workdir: str | os.PathLike) -> int:
+    """:func:`skipped_steps` summed over every ``metrics.jsonl`` in ``workdir`` and below it
+    (a continual run keeps one per method, seed and task)."""
+    return sum(
+        skipped_steps(read_metrics(root))
+        for root, _, files in os.walk(os.fspath(workdir))
+        if METRICS_FILE in files
+    )
+
+
 def json_safe(obj: Any) -> Any:
     """``obj`` with NaN/Inf floats replaced by None, so ``json.dumps`` writes valid JSON."""
     if isinstance(obj, float):

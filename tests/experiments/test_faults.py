@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,12 +31,12 @@ from tests.experiments.test_train_cli import REPO, SMOKE, final_metrics, run_cli
 class Batches:
     """A resumable iterator of scalar batches; ``bad_step`` yields an Inf (a poisoned batch)."""
 
-    def __init__(self, bad_step: int | None = None):
-        self.i, self.bad_step = 0, bad_step
+    def __init__(self, bad_step: int | None = None, bad_value: float = np.inf):
+        self.i, self.bad_step, self.bad_value = 0, bad_step, bad_value
 
     def __next__(self):
         self.i += 1
-        value = np.inf if self.i == self.bad_step else 1.0
+        value = self.bad_value if self.i == self.bad_step else 1.0
         return {"x": np.full((2,), value, np.float32)}
 
     def state(self):
@@ -162,6 +163,23 @@ def test_skip_nonfinite_keeps_the_previous_state_and_counts_skips(tmp_path):
     assert skipped[7] == 1 and sum(skipped.values()) == 1
 
 
+def test_a_loss_above_max_loss_stops_like_a_nan_or_is_skipped(tmp_path):
+    # A finite divergence: a batch of 1e3 gives a loss of ~1e6, finite, so only max_loss sees it.
+    with pytest.raises(common.NonFiniteError) as err:
+        _fit(tmp_path / "stop", Batches(bad_step=7, bad_value=1e3), max_loss=100.0)
+    assert re.match(r"train/loss=2\.\d+e\+06 > train\.max_loss=100 at step 7: ", str(err.value))
+    result = _fit(
+        tmp_path / "skip", Batches(bad_step=7, bad_value=1e3), max_loss=100.0, skip_nonfinite=True
+    )
+    assert result.skipped_steps == 1 and np.isfinite(result.state["w"])
+    # Off by default (inf): the same run trains through the spike.
+    assert _fit(tmp_path / "off", Batches(bad_step=7, bad_value=1e3)).skipped_steps == 0
+    bad = ml_collections.ConfigDict({"train": {"skip_nonfinite": False, "max_loss": -1.0}})
+    with pytest.raises(ValueError, match="config.train.max_loss=-1.0 is invalid"):
+        with common.train_options(bad):
+            pass
+
+
 def test_config_train_skip_nonfinite_reaches_fit_through_train_options(tmp_path):
     config = digits_mlp.get_config("smoke")
     assert config.train.skip_nonfinite is False  # opt-in
@@ -197,7 +215,7 @@ def test_every_config_that_trains_through_fit_has_the_train_section(path):
         return
     config = importlib.import_module(f"configs.{path.stem}").get_config()
     if _experiment_trains_with_fit(config):
-        assert config.train.to_dict() == {"skip_nonfinite": False}, path.name
+        assert config.train.to_dict() == {"skip_nonfinite": False, "max_loss": np.inf}, path.name
     else:
         assert "train" not in config, f"{path.name}: its experiment does not call fit"
 
@@ -350,12 +368,33 @@ def test_cli_skip_nonfinite_config_trains_through_nan_steps(tmp_path):
         workdir=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    skipped = sum(r.get("train/skipped_steps", 0) for r in common.read_metrics(tmp_path))
+    skipped = int(sum(r.get("train/skipped_steps", 0) for r in common.read_metrics(tmp_path)))
     assert 0 < skipped <= 40
     # The state kept is the last finite one; with a learning rate of 1e30 its logits overflow, so
     # the test loss is NaN, reported as null (valid JSON), while the accuracy is still measured.
     metrics = final_metrics(proc.stdout)
     assert metrics["test/loss"] is None and 0.0 <= metrics["test/accuracy"] <= 1.0
+    # The run says that it skipped steps: in the final JSON, in results.md and in one line.
+    assert metrics["skipped_steps"] == skipped
+    warning = f"WARNING {skipped} training steps were skipped (non-finite, or a loss above "
+    assert warning in proc.stderr, proc.stderr[-3000:]
+    assert (
+        f"**Warning**: {skipped} training steps were skipped"
+        in (tmp_path / "results.md").read_text()
+    )
+
+
+def test_cli_finite_divergence_stops_with_max_loss(tmp_path):
+    # A learning rate of 1e9 diverges to a finite loss of ~1e32 and chance accuracy with rc 0;
+    # train.max_loss stops it as a NaN would.
+    proc = run_cli(
+        SMOKE, "--config.optim.learning_rate=1e9", "--config.train.max_loss=1e3", workdir=tmp_path
+    )
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert re.match(
+        r"FATAL NonFiniteError: train/loss=\S+ > train\.max_loss=1000 at step \d+: ", last
+    )
 
 
 @pytest.mark.parametrize(
