@@ -175,9 +175,11 @@ def test_a_loss_above_max_loss_stops_like_a_nan_or_is_skipped(tmp_path):
     # Off by default (inf): the same run trains through the spike.
     assert _fit(tmp_path / "off", Batches(bad_step=7, bad_value=1e3)).skipped_steps == 0
     bad = ml_collections.ConfigDict({"train": {"skip_nonfinite": False, "max_loss": -1.0}})
-    with pytest.raises(ValueError, match="config.train.max_loss=-1.0 is invalid"):
-        with common.train_options(bad):
-            pass
+    with (
+        pytest.raises(ValueError, match="config.train.max_loss=-1.0 is invalid"),
+        common.train_options(bad),
+    ):
+        pass
 
 
 def test_config_train_skip_nonfinite_reaches_fit_through_train_options(tmp_path):
