@@ -33,6 +33,17 @@ that differ (sliding vs full attention, Gemma-3's local vs global RoPE base) rec
 and RoPE choice as per-layer scan inputs, so the stack stays one program. A `KVCache` is explicit
 state: `DecoderLM.__call__(tokens, mask, cache=cache)` returns `(logits, new_cache)`.
 
+LoRA on the stack: rules take the stacked kernels with `lora(r, in_ndim=1, out_ndim=1)` (the
+leading axis is the layer), so the factors are stacked too (`a` (L, n, r), `b` (L, r, m)), and
+`adapters.adapt(model.apply)` (quax backend) runs under the same `nn.scan`, which slices the frozen
+kernel and the factors per layer: the base is never copied or merged (`tests/models/
+test_decoder_lora.py` checks the compiled step's memory). `adapters.save_peft(dir, lora,
+module_name=hf_module_name)` writes one PEFT module per layer (`model.layers.{i}.self_attn.q_proj`)::
+
+    rules = [(r".*_proj/kernel", adapters.lora(8, alpha=16.0, in_ndim=1, out_ndim=1))]
+    lora = adapters.init(key, variables, rules)
+    logits = adapters.adapt(DecoderLM(config).apply)(variables, lora, tokens, mask)
+
 References:
   Touvron et al. 2023 and Grattafiori et al. 2024 (Llama, Llama-3 RoPE scaling); Qwen Team 2024
   (Qwen2); Gemma Team 2024 and 2025 (Gemma-2, Gemma-3); Su et al. 2021 (RoPE); Ainslie et al.

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lowrank_jax import models
+from lowrank_jax import adapters, models
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -90,6 +90,15 @@ def _batch():
 
 def _positions(mask):
     return np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+
+
+def _lora_rules(rslora: bool):
+    """All seven projections; attention and MLP with different ranks and alphas (patterns)."""
+    kw = dict(in_ndim=1, out_ndim=1, rslora=rslora)  # kernels (L, n, m): one matrix per layer
+    return [
+        (r".*self_attn/(q|k|v|o)_proj/kernel", adapters.lora(4, alpha=8.0, **kw)),
+        (r".*mlp/(gate|up|down)_proj/kernel", adapters.lora(2, alpha=3.0, **kw)),
+    ]
 
 
 def _hf_logits(hf, tokens, mask):
@@ -194,3 +203,43 @@ def test_writer_round_trips_through_from_pretrained(family, tmp_path):
     _, again = models.load_hf_decoder(tmp_path, config=config)
     for a, b in zip(jax.tree.leaves(again), jax.tree.leaves(variables), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_stacked_lora_loads_in_pytorch_peft_and_back(family, tmp_path):
+    peft = pytest.importorskip("peft")
+    name, _, directory, config, variables = family
+    rslora = name in ("llama", "gemma3")
+    lora = adapters.init(jax.random.key(1), variables, _lora_rules(rslora))
+    assert lora["params/model/layers/mlp/down_proj/kernel"].factors["a"].shape == (3, 96, 2)
+    lora = jax.tree.map(  # non-zero B, as after training
+        lambda f: f + 0.2 * jax.random.normal(jax.random.key(2), f.shape), lora
+    )
+    adapters.save_peft(tmp_path / "ours", lora, module_name=models.hf_module_name)
+    saved = json.loads((tmp_path / "ours" / "adapter_config.json").read_text())
+    assert len(saved["target_modules"]) == 7 * 3 and saved["use_rslora"] == rslora
+    assert saved["rank_pattern"]["model.layers.1.mlp.up_proj"] == 2
+
+    tokens, mask = _batch()
+    ours = jax.jit(adapters.adapt(models.DecoderLM(config).apply))(
+        variables, lora, jnp.asarray(tokens), mask
+    )
+    base = getattr(transformers, _CLASSES[name]).from_pretrained(
+        directory, attn_implementation="eager"
+    )
+    peft_model = peft.PeftModel.from_pretrained(base, tmp_path / "ours").eval()
+    valid = mask.astype(bool)
+    theirs = _hf_logits(peft_model, tokens, mask)
+    np.testing.assert_allclose(np.asarray(ours)[valid], theirs[valid], atol=TOL, rtol=0)
+    with peft_model.disable_adapter():  # the adapter changes the logits
+        assert np.abs(theirs - _hf_logits(peft_model, tokens, mask))[valid].max() > 1e-2
+
+    # And back: PEFT's own files load into the same stacked adapters.
+    peft_model.save_pretrained(tmp_path / "theirs")
+    back = adapters.load_peft(
+        tmp_path / "theirs", variables, module_path=models.path_from_hf_module
+    )
+    assert sorted(back) == sorted(lora)
+    for path, adapter in lora.items():
+        assert back[path].kind.scale == adapter.kind.scale
+        for k in ("a", "b"):
+            np.testing.assert_array_equal(back[path].factors[k], adapter.factors[k])
