@@ -270,3 +270,12 @@ def test_forward_lowers_for_gpu_and_tpu():
         jax.jit(models.DecoderLM(config).apply), platforms=("cuda", "tpu")
     )(variables, tokens, mask)
     assert exported.platforms == ("cuda", "tpu")
+
+
+def test_bfloat16_checkpoint_reads_into_float32_params(tmp_path, llama_vars):
+    models.save_hf_decoder(tmp_path, LLAMA, llama_vars, dtype="bfloat16")
+    assert json.loads((tmp_path / "config.json").read_text())["dtype"] == "bfloat16"
+    _, back = models.load_hf_decoder(tmp_path, config=LLAMA)
+    for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(llama_vars), strict=True):
+        assert a.dtype == jnp.float32
+        np.testing.assert_array_equal(a, b.astype(jnp.bfloat16).astype(jnp.float32))

@@ -120,3 +120,18 @@ def test_qlora_nf4_base_on_the_scanned_stack(setup):
     quantised = [x for p, x in adapters.named_leaves(nf4).items() if "_proj" in p]
     entries = sum(x.qvalue.size for x in quantised)
     assert adapters.quant.base_bytes(quantised) == entries // 2 + 4 * entries // 16
+
+
+def test_sampler_with_adapters_equals_sampler_on_merged_params(setup):
+    model, variables, tokens, mask = setup
+    lora = jax.jit(lambda v: adapters.init(jax.random.key(2), v, RULES))(variables)
+    lora = jax.tree.map(lambda f: f + 0.1, lora)
+    adapted = adapters.adapt(model.apply)
+
+    def forward(state, *args, **kwargs):  # generate's `forward`: (variables, ...) -> ...
+        return adapted(state["base"], state["lora"], *args, **kwargs)
+
+    state = {"base": variables, "lora": lora}
+    ours = models.generate(model, state, tokens, mask, max_new_tokens=5, forward=forward)
+    merged = models.generate(model, adapters.merge(variables, lora), tokens, mask, max_new_tokens=5)
+    np.testing.assert_array_equal(ours, merged)
