@@ -33,7 +33,7 @@ _IGNORED = frozenset(
         "_attn_implementation_autoset", "tokenizer_class", "id2label", "label2id",
         "problem_type", "is_encoder_decoder", "torchscript", "chunk_size_feed_forward",
         "max_window_layers", "use_sliding_window", "sliding_window_pattern",
-        "_sliding_window_pattern", "final_logit_softcapping", "attn_logit_softcapping",
+        "_sliding_window_pattern",
     }
 )  # fmt: skip
 _READ = frozenset(
@@ -43,7 +43,8 @@ _READ = frozenset(
         "hidden_activation", "rms_norm_eps", "rope_parameters", "rope_theta", "rope_scaling",
         "rope_local_base_freq", "max_position_embeddings", "attention_bias", "mlp_bias",
         "tie_word_embeddings", "query_pre_attn_scalar", "sliding_window", "layer_types",
-        "bos_token_id", "eos_token_id", "pad_token_id",
+        "bos_token_id", "eos_token_id", "pad_token_id", "final_logit_softcapping",
+        "attn_logit_softcapping",
     }
 )  # fmt: skip
 # Keys that change the model; allowed only at the value shown (a neutral one).
@@ -144,6 +145,11 @@ def config_from_hf(
             "the model, pass config_from_hf(..., ignore_keys=(...)) to accept them."
         )
     gemma = family in ("gemma2", "gemma3")
+    if not gemma:
+        gemma_only = ("attn_logit_softcapping", "final_logit_softcapping", "query_pre_attn_scalar")
+        set_keys = [k for k in gemma_only if c.get(k) is not None]
+        if set_keys:
+            raise ValueError(f"{model_type} has no {set_keys}; this config.json sets them.")
     d, heads, layers = c["hidden_size"], c["num_attention_heads"], c["num_hidden_layers"]
     head_dim = c.get("head_dim") or (256 if gemma else d // heads)
     act = (

@@ -178,6 +178,8 @@ def test_config_from_hf_round_trip_and_errors():
     models.config_from_hf({**hf, "moe_experts": 8}, ignore_keys=("moe_experts",))
     with pytest.raises(ValueError, match="yarn"):
         models.config_from_hf({**hf, "rope_parameters": {"rope_type": "yarn", "factor": 4.0}})
+    with pytest.raises(ValueError, match="has no.*attn_logit_softcapping"):
+        models.config_from_hf({**hf, "attn_logit_softcapping": 50.0})
     with pytest.raises(ValueError, match="attention_dropout"):
         models.config_from_hf({**hf, "attention_dropout": 0.1})
     with pytest.raises(ValueError, match="cannot express"):
