@@ -384,7 +384,8 @@ class DecoderLM(nn.Module):
           attention_mask: (b, t), 1/True for tokens, 0/False for padding (default: all tokens).
           positions: (b, t) RoPE positions (default: from `attention_mask` and the cache).
           cache: a `KVCache`; the t tokens are written at slots `cache.index ...` and attend to
-            every earlier valid slot.
+            every earlier valid slot. Keep `cache.index + t <= S`: under `jit` an overflow cannot
+            be detected, and XLA's `dynamic_update_slice` would clamp the write position.
 
         Returns:
           (b, t, V) float32 logits; with a cache, `(logits, updated_cache)`.
