@@ -32,6 +32,7 @@ from lowrank_jax.adapters.quant import (
     dequantize_base,
     low_precision_base,
     quantize_int8,
+    quantize_nf4,
 )
 from lowrank_jax.adapters.sharding import partition_specs, shardings
 from lowrank_jax.adapters.spectral import Spectral, random_stiefel, spectral
@@ -74,6 +75,7 @@ __all__ = [
     "partition_specs",
     "pissa",
     "quantize_int8",
+    "quantize_nf4",
     "random_stiefel",
     "save_peft",
     "shardings",

@@ -5,7 +5,11 @@ PyTorch PEFT stores, for each adapted ``nn.Linear`` named ``<module>``, the tens
 ``(out, r)``, with ``ΔW_torch = (lora_alpha / r) · B_peft A_peft`` of shape ``(out, in)``. Our kernels
 are ``(in, out)`` and our factors ``a: (n, r)``, ``b: (r, m)``, so ``A_peft = aᵀ`` and ``B_peft = bᵀ``.
 Module names come from a user-supplied map (for the MiniLM BERT of :mod:`lowrank_jax.models`, its
-``peft_module_name`` / ``flax_path_from_peft``). No pickle is read or written.
+``peft_module_name`` / ``flax_path_from_peft``). A kernel stacked on a layer axis (``nn.scan``,
+``(L, n, m)``) is L PyTorch modules: the map then takes the layer index too
+(``module_name(path, layer)``, and ``module_path(name) -> (path, layer)``), as
+``models.hf_module_name`` / ``models.path_from_hf_module`` do for the decoder family, and the
+per-layer factors are stacked back on the layer axis. No pickle is read or written.
 
 Loading is strict: every tensor of the file and every setting of ``adapter_config.json`` that would
 change the adapted model is either used or refused with an error naming it (DoRA's
@@ -17,6 +21,7 @@ module name as PEFT matches them: the key is a regular expression for the name's
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -29,7 +34,7 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from lowrank_jax.adapters import paths
-from lowrank_jax.adapters.core import Adapter, AdapterSet, resolve_layout
+from lowrank_jax.adapters.core import Adapter, AdapterSet, resolve_layout, split_shape
 from lowrank_jax.adapters.kinds import LoRA
 
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -139,6 +144,17 @@ def _check_tensor_keys(tensors: dict[str, np.ndarray], file: str) -> list[str]:
     return names
 
 
+def _takes_layer(module_name: Callable[..., str]) -> bool:
+    """Whether ``module_name(path, layer)`` is a valid call (a name map for stacked layers)."""
+    try:
+        inspect.signature(module_name).bind("path", 0)
+    except TypeError:
+        return False
+    except ValueError:  # no signature (a builtin): try it
+        return True
+    return True
+
+
 def _numpy(x: jax.Array) -> np.ndarray:
     x = np.asarray(x)
     return x.astype(np.float32) if x.dtype not in (np.float16, np.float32, np.float64) else x
@@ -148,7 +164,7 @@ def save_peft(
     directory: str | os.PathLike,
     adapters: AdapterSet | dict[str, AdapterSet],
     *,
-    module_name: Callable[[str], str],
+    module_name: Callable[..., str],
     base_model: str = "",
     task_type: str | None = None,
 ) -> list[str]:
@@ -159,11 +175,13 @@ def save_peft(
         there. For named sets, one sub-directory per name (``directory/<name>/``), as PEFT's
         ``save_pretrained`` writes extra adapters; load each with ``PeftModel.from_pretrained(
         model, directory/<name>, adapter_name=<name>)``.
-      adapters: one adapter set from :func:`lowrank_jax.adapters.init` (LoRA kind, no stacked
-        layers: unstack ``nn.scan`` kernels first), or named sets ``{name: set}`` as
+      adapters: one adapter set from :func:`lowrank_jax.adapters.init` (LoRA kind; factors with
+        at most one stacked layer axis), or named sets ``{name: set}`` as
         :func:`lowrank_jax.adapters.adapt` takes them.
       module_name: maps our kernel path to the PyTorch module name, e.g. ``params/encoder/layer_0/
-        attention/query/kernel`` -> ``encoder.layer.0.attention.self.query``.
+        attention/query/kernel`` -> ``encoder.layer.0.attention.self.query``. For adapters
+        stacked on a layer axis it is called as ``module_name(path, layer)`` for each layer
+        index, e.g. ``models.hf_module_name`` (``model.layers.<layer>.self_attn.q_proj``).
       base_model: ``base_model_name_or_path`` recorded in the config (for MiniLM:
         ``models.MINILM_NAME``).
       task_type: PEFT task type (``None``, ``"SEQ_CLS"``, ...).
@@ -173,8 +191,9 @@ def save_peft(
 
     Raises:
       TypeError: an adapter is not LoRA.
-      ValueError: stacked adapters, dropout rates that differ (PEFT has one ``lora_dropout``),
-        or an empty set.
+      ValueError: stacked adapters with a ``module_name`` that takes no layer index or with more
+        than one stacked axis, dropout rates that differ (PEFT has one ``lora_dropout``), or an
+        empty set.
     """
     if adapters and all(isinstance(v, dict) for v in adapters.values()):
         return [
@@ -187,7 +206,7 @@ def save_peft(
 def _save_one(
     directory: str | os.PathLike,
     adapters: AdapterSet,
-    module_name: Callable[[str], str],
+    module_name: Callable[..., str],
     base_model: str,
     task_type: str | None,
 ) -> str:
@@ -198,16 +217,23 @@ def _save_one(
         if not isinstance(adapter, Adapter) or not isinstance(adapter.kind, LoRA):
             kind = type(getattr(adapter, "kind", adapter)).__name__
             raise TypeError(f"{path!r} is a {kind}; PEFT export is LoRA only.")
-        if adapter.factors["a"].ndim != 2:
+        a, b = _numpy(adapter.factors["a"]), _numpy(adapter.factors["b"])
+        if a.ndim == 2:
+            per_module = {module_name(path): (a, b)}
+        elif a.ndim == 3 and _takes_layer(module_name):
+            per_module = {module_name(path, i): (a[i], b[i]) for i in range(a.shape[0])}
+        else:
             raise ValueError(
-                f"{path!r} is stacked (nn.scan); unstack the layers to export to PEFT."
+                f"{path!r} is stacked (nn.scan) with factor shape {a.shape}: PEFT export needs "
+                "one stacked layer axis and a module_name(path, layer) that names each layer's "
+                "module (e.g. models.hf_module_name), or unstacked layers."
             )
-        name = module_name(path)
-        tensors[f"{_PREFIX}{name}.lora_A.weight"] = _numpy(adapter.factors["a"]).T.copy()
-        tensors[f"{_PREFIX}{name}.lora_B.weight"] = _numpy(adapter.factors["b"]).T.copy()
         kind = adapter.kind
-        ranks[name] = kind.rank
-        alphas[name] = float(kind.rank if kind.alpha is None else kind.alpha)
+        for name, (a_i, b_i) in per_module.items():
+            tensors[f"{_PREFIX}{name}.lora_A.weight"] = a_i.T.copy()
+            tensors[f"{_PREFIX}{name}.lora_B.weight"] = b_i.T.copy()
+            ranks[name] = kind.rank
+            alphas[name] = float(kind.rank if kind.alpha is None else kind.alpha)
         dropouts.add(kind.dropout)
         rslora.add(kind.rslora)
     if len(dropouts) > 1 or len(rslora) > 1:
@@ -240,11 +266,73 @@ def _save_one(
     return str(directory)
 
 
+def _adapter_from_peft(
+    path: str,
+    layers: dict[int | None, tuple],
+    kernel: Any,
+    spec: Any,
+    config: dict[str, Any],
+    dtype: Any,
+) -> Adapter:
+    """One ``Adapter`` from the PEFT modules of one kernel: a single module (``layers`` keyed by
+    ``None``) or one per layer of a stacked kernel (keyed by layer index; absent layers get zero
+    factors, i.e. no update, as PEFT's ``layers_to_transform`` leaves them)."""
+    stacked = None not in layers
+    if not stacked and len(layers) > 1:
+        raise ValueError(f"{path!r} gets both a whole-kernel module and per-layer modules.")
+    settings = {(v[3], v[4]) for v in layers.values()}
+    if len(settings) > 1:
+        raise ValueError(
+            f"the layers of {path!r} have different (rank, alpha) {sorted(settings)} in the PEFT "
+            "config; a stacked adapter has one rank and alpha for all its layers."
+        )
+    rank, alpha = settings.pop()
+    in_ndim, out_ndim = getattr(spec, "in_ndim", None), getattr(spec, "out_ndim", None)
+    if stacked and in_ndim is None and out_ndim is None:
+        in_ndim = out_ndim = 1  # (L, n, m): one matrix per layer
+    kind = LoRA(
+        rank=rank,
+        alpha=alpha,
+        rslora=bool(config.get("use_rslora", False)),
+        dropout=float(config.get("lora_dropout", 0.0)),
+        in_ndim=in_ndim,
+        out_ndim=out_ndim,
+    )
+    shape = tuple(kernel.shape)
+    i, o = resolve_layout(kind, shape, path)
+    stack, n, m = split_shape(shape, i, o)
+    if len(stack) != (1 if stacked else 0):
+        raise ValueError(
+            f"{path!r} has shape {shape} ({len(stack)} stacked axes) but the PEFT modules map to "
+            f"it {'per layer' if stacked else 'as one matrix'}; module_path must return "
+            "(path, layer) exactly for the layers of a kernel with one stacked axis."
+        )
+    for name, a, b, *_ in layers.values():
+        if a.shape != (n, rank) or b.shape != (rank, m):
+            raise ValueError(
+                f"PEFT tensors for {name!r} have shapes A{a.shape[::-1]}, B{b.shape[::-1]}; the "
+                f"kernel {path!r} {shape} needs A({rank}, {n}) and B({m}, {rank})."
+            )
+    if not stacked:
+        _, a, b, *_ = layers[None]
+    else:
+        bad = sorted(k for k in layers if not 0 <= k < stack[0])
+        if bad:
+            raise ValueError(f"layers {bad} of {path!r} do not exist (it has {stack[0]}).")
+        first = next(iter(layers.values()))
+        a = np.zeros((stack[0], n, rank), first[1].dtype)
+        b = np.zeros((stack[0], rank, m), first[2].dtype)
+        for k, (_, a_k, b_k, *_) in layers.items():
+            a[k], b[k] = a_k, b_k
+    factors = {"a": jnp.asarray(a, dtype), "b": jnp.asarray(b, dtype)}
+    return Adapter(factors=factors, kind=kind, in_ndim=i, out_ndim=o, matrix=(n, m))
+
+
 def load_peft(
     directory: str | os.PathLike,
     params: Any,
     *,
-    module_path: Callable[[str], str],
+    module_path: Callable[[str], str | tuple[str, int | None]],
     dtype: Any = None,
     rules: paths.Rules | None = None,
 ) -> AdapterSet:
@@ -254,7 +342,10 @@ def load_peft(
       directory: holds ``adapter_model.safetensors`` and ``adapter_config.json``.
       params: the parameter pytree to adapt (kernel shapes are checked against the tensors).
       module_path: maps a PyTorch module name to our kernel path: the inverse of ``save_peft``'s
-        ``module_name`` (for MiniLM: ``models.flax_path_from_peft``).
+        ``module_name`` (for MiniLM: ``models.flax_path_from_peft``). It may return ``(path,
+        layer)`` for one layer of a kernel stacked on a layer axis (``(path, None)``: a whole
+        kernel), e.g. ``models.path_from_hf_module``; the layers' factors are stacked on that
+        axis, and layers PEFT did not adapt get zero factors.
       dtype: dtype of the factors (default: as stored).
       rules: only needed for kernels that are not 2-D, to give their ``in_ndim``/``out_ndim``.
 
@@ -266,8 +357,8 @@ def load_peft(
       ValueError: not a LoRA adapter; a config that is not valid JSON, lacks ``r`` or
         ``lora_alpha``, or sets something this loader cannot honour (DoRA, bias training,
         modules to save, ...: the message names the key); a tensor that is not a LoRA factor
-        (DoRA magnitudes, embedding LoRA, biases); a module that maps to no kernel; or shapes
-        that disagree.
+        (DoRA magnitudes, embedding LoRA, biases); a module that maps to no kernel; shapes
+        that disagree; or layers of one stacked kernel with different ranks or alphas.
 
     Example:
       >>> lora = load_peft("out/", variables, module_path=models.flax_path_from_peft)  # doctest: +SKIP
@@ -282,32 +373,22 @@ def load_peft(
     layouts = (
         {p: spec for p, (_, spec) in paths.match_rules(params, rules).items()} if rules else {}
     )
-    out: AdapterSet = {}
+    found: dict[str, dict[int | None, tuple]] = {}
     for name in names:
-        path = module_path(name)
+        target = module_path(name)
+        path, layer = target if isinstance(target, tuple) else (target, None)
         if path not in kernels:
             raise ValueError(f"PEFT module {name!r} maps to {path!r}, which is not in params.")
-        a = tensors[f"{_PREFIX}{name}.lora_A.weight"].T
-        b = tensors[f"{_PREFIX}{name}.lora_B.weight"].T
+        if layer in found.get(path, {}):
+            raise ValueError(f"PEFT modules {found[path][layer][0]!r} and {name!r} both map to "
+                             f"{path!r}{'' if layer is None else f' layer {layer}'}.")  # fmt: skip
         rank = _pattern_value(config.get("rank_pattern") or {}, name, config["r"])
         alpha = _pattern_value(config.get("alpha_pattern") or {}, name, config["lora_alpha"])
+        a = tensors[f"{_PREFIX}{name}.lora_A.weight"].T
+        b = tensors[f"{_PREFIX}{name}.lora_B.weight"].T
+        found.setdefault(path, {})[layer] = (name, a, b, int(rank), float(alpha))
+    out: AdapterSet = {}
+    for path, layers in found.items():
         spec = layouts.get(path)
-        kind = LoRA(
-            rank=int(rank),
-            alpha=float(alpha),
-            rslora=bool(config.get("use_rslora", False)),
-            dropout=float(config.get("lora_dropout", 0.0)),
-            in_ndim=getattr(spec, "in_ndim", None),
-            out_ndim=getattr(spec, "out_ndim", None),
-        )
-        shape = tuple(kernels[path].shape)
-        i, o = resolve_layout(kind, shape, path)
-        n, m = int(np.prod(shape[:i])), int(np.prod(shape[i:]))
-        if a.shape != (n, kind.rank) or b.shape != (kind.rank, m):
-            raise ValueError(
-                f"PEFT tensors for {name!r} have shapes A{a.shape[::-1]}, B{b.shape[::-1]}; the "
-                f"kernel {path!r} {shape} needs A({kind.rank}, {n}) and B({m}, {kind.rank})."
-            )
-        factors = {"a": jnp.asarray(a, dtype), "b": jnp.asarray(b, dtype)}
-        out[path] = Adapter(factors=factors, kind=kind, in_ndim=i, out_ndim=o, matrix=(n, m))
+        out[path] = _adapter_from_peft(path, layers, kernels[path], spec, config, dtype)
     return out

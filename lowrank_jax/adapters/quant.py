@@ -1,4 +1,4 @@
-"""Low-precision frozen bases: bfloat16 kernels, or 8-bit weight-only quantised kernels (QLoRA-style).
+"""Low-precision frozen bases: bfloat16 kernels, or 8-bit / 4-bit NF4 weight-only quantised kernels.
 
 Adapters train in float32 while the frozen base they sit on is stored in less memory:
 
@@ -13,6 +13,14 @@ Adapters train in float32 while the frozen base they sit on is stored in less me
   scale is constant along the contracted axis, so ``x·(Q·diag(s)) = (x·Q)·diag(s)`` is one
   int8-weight matmul followed by a per-channel rescale of the output (**float32 output**).
   :func:`lowrank_jax.adapters.merge` dequantises (``W ≈ Q·diag(s)``) and returns float32 kernels.
+* ``"nf4"`` (QLoRA's base): every selected kernel ``(..., n, m)`` becomes a ``qwix.QArray`` of
+  4-bit NormalFloat codes (``uint4``: 16 levels ``q_k``, the quantiles of a standard normal scaled
+  to [-1, 1]) with one float32 absmax scale per block of ``block_size`` (default 64) consecutive
+  input rows of each output column (and of each stacked layer): ``W_ij ≈ s_{b(i)j} · q[Q_ij]``,
+  ``s = max |W| over the block``. That is 4 bits per entry plus ``32 / block_size`` (0.5 + 0.0625
+  bytes per entry at 64, 0.14 of float32). The levels are not uniform, so no ``(x·Q)·diag(s)``
+  shortcut exists: the matmul rule dequantises the kernel where it is used, i.e. one layer's
+  kernel at a time inside a scanned stack, and computes ``x·W`` in the kernel's (cast) dtype.
 
 Quantisation uses `qwix <https://github.com/google/qwix>`_ (Google's JAX quantisation library) for
 the numerics and the ``QArray`` container. Its own weight-only ``qwix.dot_general`` dequantises the
@@ -21,15 +29,23 @@ of ``W`` is formed beyond XLA's int8→float convert), and the rule is a ``quax`
 composes with the factorised adapter path of :func:`lowrank_jax.adapters.adapt` (which rewrites
 the same ``dot_general``).
 
-The absmax error bound per entry is ``|W_ij − s_j·Q_ij| ≤ s_j / 2``.
+The absmax error bound per entry is ``|W_ij − s_j·Q_ij| ≤ s_j / 2`` for int8 and half the widest
+gap between NF4 levels, ``s · (1 − 0.6962) / 2 ≈ 0.152 s``, for NF4.
+
+NF4 uses qwix's ``"nf4"`` qtype (its levels, bucketing and ``QArray``) with qwix's tiled
+(block-wise) absmax scales; what qwix lacks for this use is the matmul with a quantised
+kernel inside our factorised adapter path (qwix's ``dot_general`` is a separate interception
+mechanism), so that rule is ours, as for int8. QLoRA's double quantisation of the scales and its
+paged optimisers are not implemented.
 
 References:
-  Dettmers et al. 2022, LLM.int8(); Dettmers et al. 2023, QLoRA (4-bit NF4 there, 8-bit absmax
-  per channel here).
+  Dettmers et al. 2022, LLM.int8(); Dettmers et al. 2023, QLoRA (NF4 with blocks of 64; the
+  int8 base here is 8-bit absmax per channel).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -41,8 +57,8 @@ from jax import lax
 
 from lowrank_jax.adapters import paths
 
-BaseDtype = Literal["float32", "bfloat16", "int8"]
-BASE_DTYPES = ("float32", "bfloat16", "int8")
+BaseDtype = Literal["float32", "bfloat16", "int8", "nf4"]
+BASE_DTYPES = ("float32", "bfloat16", "int8", "nf4")
 DEFAULT_PATTERNS = (r".*kernel",)
 
 
@@ -77,17 +93,63 @@ def quantize_int8(w: jax.Array) -> Any:
     )
 
 
+def quantize_nf4(w: jax.Array, *, block_size: int = 64) -> Any:
+    """4-bit NormalFloat quantisation of one kernel with block-wise absmax scales (QLoRA).
+
+    Blocks are ``block_size`` consecutive entries along the input axis (``-2``) of each output
+    column and of each leading (stacked-layer) index.
+
+    Args:
+      w: a floating kernel ``(..., n, m)`` with ``n`` divisible by ``block_size``.
+      block_size: entries per scale (QLoRA: 64).
+
+    Returns:
+      a ``qwix.QArray`` with ``qvalue`` ``uint4`` codes of ``w``'s shape, ``qtype="nf4"`` and
+      ``scale`` float32 ``(..., n / block_size, m)``; ``qwix.dequantize`` of it is within
+      ``0.152 · scale`` of ``w`` entrywise (half the widest gap between levels).
+
+    Raises:
+      TypeError: ``w`` is not a floating array with at least two axes.
+      ValueError: ``block_size`` is not positive or does not divide ``n``.
+    """
+    import qwix
+
+    w = jnp.asarray(w)
+    if w.ndim < 2 or not jnp.issubdtype(w.dtype, jnp.floating):
+        raise TypeError(f"nf4 quantisation takes a floating kernel of >= 2 axes, got {w.dtype}.")
+    if block_size < 1 or w.shape[-2] % block_size:
+        raise ValueError(
+            f"nf4 block_size={block_size} must be positive and divide the input axis "
+            f"{w.shape[-2]} of the kernel {w.shape}; choose a divisor (e.g. 32 or 64)."
+        )
+    channels = tuple(a for a in range(w.ndim) if a != w.ndim - 2)
+    quantize = functools.partial(
+        qwix.quantize,
+        qtype="nf4",
+        channelwise_axes=channels,
+        tiled_axes={w.ndim - 2: block_size},
+        scale_dtype=jnp.float32,
+    )
+    return jax.jit(quantize)(w.astype(jnp.float32))  # one program, not op-by-op bucketing
+
+
 def low_precision_base(
-    params: Any, base_dtype: BaseDtype, *, patterns: Sequence[str] = DEFAULT_PATTERNS
+    params: Any,
+    base_dtype: BaseDtype,
+    *,
+    patterns: Sequence[str] = DEFAULT_PATTERNS,
+    block_size: int = 64,
 ) -> Any:
     """Stores the frozen kernels of ``params`` in ``base_dtype``.
 
     Args:
       params: a (frozen) parameter pytree; leaves that are ``None`` are left alone.
-      base_dtype: ``"float32"`` (unchanged), ``"bfloat16"`` (cast) or ``"int8"`` (per-channel
-        absmax ``qwix.QArray``, see the module docstring).
+      base_dtype: ``"float32"`` (unchanged), ``"bfloat16"`` (cast), ``"int8"`` (per-channel
+        absmax ``qwix.QArray``) or ``"nf4"`` (4-bit NormalFloat, block-wise scales; see the
+        module docstring).
       patterns: full-match regexes over '/'-joined paths; matching floating leaves with at least
         two axes are converted (default: every ``kernel``; embeddings, biases and norms stay).
+      block_size: entries per scale along the input axis for ``"nf4"``.
 
     Returns:
       ``params`` with the selected kernels converted. Use it with
@@ -117,6 +179,8 @@ def low_precision_base(
         hits.append(name)
         if base_dtype == "bfloat16":
             return jnp.asarray(leaf, jnp.bfloat16)
+        if base_dtype == "nf4":
+            return quantize_nf4(leaf, block_size=block_size)
         return quantize_int8(leaf)
 
     out = jax.tree_util.tree_map_with_path(convert, params, is_leaf=paths.is_param_leaf)
@@ -134,8 +198,10 @@ def dequantize_base(params: Any) -> Any:
 
 
 def base_bytes(params: Any) -> int:
-    """Bytes held by a parameter pytree (quantised kernels count their int8 values and scales)."""
-    return sum(int(x.size) * x.dtype.itemsize for x in jax.tree.leaves(params))
+    """Bytes held by a parameter pytree (quantised kernels count their codes and scales; 4-bit
+    codes count half a byte, as XLA packs them on accelerators)."""
+    bits = sum(int(x.size) * jax.dtypes.itemsize_bits(x.dtype) for x in jax.tree.leaves(params))
+    return (bits + 7) // 8
 
 
 # ----------------------------------------------------------------------------------------------
@@ -160,16 +226,19 @@ def _scale_for_output(
     return s  # output: (other free..., q free...): trailing broadcast
 
 
+_NON_UNIFORM = ("nf4",)  # levels that are not multiples of the scale: no (x·Q)·diag(s)
+
+
 def quantized_dot_general(lhs: Any, rhs: Any, q: Any, q_is_lhs: bool, params: dict) -> jax.Array:
     """``dot_general`` with one operand a ``QArray``: ``(x·Q)·diag(s)`` when the scale is free."""
     (lc, rc), (lb, rb) = params["dimension_numbers"]
     other = rhs if q_is_lhs else lhs
     contract = lc if q_is_lhs else rc
     scale = None
-    if not (lb or rb):
+    if not (lb or rb) and q.qtype not in _NON_UNIFORM:
         scale = _scale_for_output(q, q_is_lhs, contract, other.ndim, len(contract))
-    if scale is None:
-        w = dequantize(q)
+    if scale is None:  # NF4 levels, or scales along the contraction: dequantise here
+        w = dequantize(q).astype(other.dtype)
         return lax.dot_general_p.bind(*((w, rhs) if q_is_lhs else (lhs, w)), **params)
     out_dtype = jnp.result_type(other.dtype, q.scale.dtype)
     w = q.qvalue.astype(out_dtype)

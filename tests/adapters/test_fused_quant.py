@@ -149,6 +149,30 @@ def test_int8_quantisation_is_absmax_per_channel():
     assert np.all(np.abs(np.asarray(q.qvalue, np.int32)).max(axis=0) >= 127)
 
 
+NF4_LEVELS = np.array([
+    -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
+    -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
+    0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
+    0.7229568362236023, 1.0,
+])  # fmt: skip  # QLoRA, Appendix E
+
+
+def test_nf4_quantisation_is_blockwise_absmax_to_the_nearest_level():
+    w = np.asarray(jax.random.normal(jax.random.key(0), (2, 64, 5)), np.float64)  # stacked
+    q = A.quantize_nf4(jnp.asarray(w, jnp.float32), block_size=16)
+    assert q.qvalue.dtype == jnp.uint4 and q.qtype == "nf4" and q.scale.shape == (2, 4, 5)
+    scale = np.abs(w).reshape(2, 4, 16, 5).max(axis=2)  # per layer, block of rows, column
+    np.testing.assert_allclose(q.scale, scale, rtol=1e-6)
+    s = np.repeat(scale, 16, axis=1)
+    nearest = np.abs(w[..., None] / s[..., None] - NF4_LEVELS).argmin(axis=-1)
+    np.testing.assert_array_equal(np.asarray(q.qvalue, np.int32), nearest)
+    err = np.abs(np.asarray(A.dequantize(q), np.float64) - w)
+    assert np.all(err <= s * np.diff(NF4_LEVELS).max() / 2 * (1 + 1e-5) + 1e-7)
+    assert quant.base_bytes(q) == w.size // 2 + 4 * w.size // 16
+    with pytest.raises(ValueError, match="block_size=24"):
+        A.quantize_nf4(jnp.asarray(w), block_size=24)
+
+
 @pytest.mark.parametrize(
     "base_dtype, lora_matmul, backend",  # each option twice, in four combinations
     [

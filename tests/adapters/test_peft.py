@@ -86,6 +86,41 @@ def test_save_rejects_stacked(tmp_path):
         A.save_peft(tmp_path, ad, module_name=lambda p: p)
 
 
+def test_stacked_layers_round_trip_one_module_per_layer(tmp_path):
+    params = {"layers": {"w": jax.random.normal(jax.random.key(0), (3, 8, 6))}}
+    ad = perturb(
+        A.init(jax.random.key(1), params, [("layers/w", A.lora(2, in_ndim=1, out_ndim=1))]), 0.1
+    )
+    name = lambda path, layer: f"layers.{layer}.w"
+    path_of = lambda n: ("layers/w", int(n.split(".")[1]))
+    A.save_peft(tmp_path, ad, module_name=name)
+    tensors = load_file(tmp_path / "adapter_model.safetensors")
+    np.testing.assert_array_equal(
+        tensors["base_model.model.layers.2.w.lora_B.weight"],
+        np.asarray(ad["layers/w"].factors["b"][2]).T,
+    )
+    back = A.load_peft(tmp_path, params, module_path=path_of)
+    for k in ("a", "b"):
+        np.testing.assert_array_equal(back["layers/w"].factors[k], ad["layers/w"].factors[k])
+    # A layer PEFT did not adapt (layers_to_transform) loads as zero factors: no update there.
+    from safetensors.numpy import save_file
+
+    del tensors["base_model.model.layers.1.w.lora_A.weight"]
+    del tensors["base_model.model.layers.1.w.lora_B.weight"]
+    save_file(tensors, tmp_path / "adapter_model.safetensors")
+    partial = A.load_peft(tmp_path, params, module_path=path_of)
+    assert not np.any(partial["layers/w"].factors["b"][1])
+    np.testing.assert_array_equal(
+        partial["layers/w"].factors["a"][2], ad["layers/w"].factors["a"][2]
+    )
+    # Per-layer ranks or alphas cannot be one stacked adapter.
+    config = json.loads((tmp_path / "adapter_config.json").read_text())
+    config["alpha_pattern"] = {"layers.0.w": 7.0}
+    (tmp_path / "adapter_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="different \\(rank, alpha\\)"):
+        A.load_peft(tmp_path, params, module_path=path_of)
+
+
 @pytest.mark.skipif(
     importlib.util.find_spec("peft") is None or importlib.util.find_spec("torch") is None,
     reason="needs the peers extra (pip install -e '.[peers]')",
