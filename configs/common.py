@@ -99,12 +99,12 @@ def train_section() -> ml_collections.ConfigDict:
       instead of stopping the run with a message that names the step and the last good
       checkpoint. It may be switched on to resume a run that stopped that way:
       ``--config.train.skip_nonfinite=True``.
-    * ``max_loss`` (default ``inf``: off): a step whose training loss exceeds it is treated as a
+    * ``max_loss`` (default 0: off): a step whose training loss exceeds it is treated as a
       non-finite one (the run stops, or the step is skipped with ``skip_nonfinite``). A finite
       divergence (a learning rate of 1e9 gives a loss of 1e32 and chance accuracy) passes every
       NaN check; ``--config.train.max_loss=1e3`` catches it.
     """
     c = ml_collections.ConfigDict()
     c.skip_nonfinite = False
-    c.max_loss = float("inf")
+    c.max_loss = 0.0
     return c

@@ -81,8 +81,8 @@ _FINITE = "_finite"  # the step's finiteness flag, carried with its metrics but 
 _SKIP_NONFINITE: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "skip_nonfinite", default=False
 )
-# fit's default for max_loss inside ``train_options(config)`` (inf: no bound).
-_MAX_LOSS: contextvars.ContextVar[float] = contextvars.ContextVar("max_loss", default=math.inf)
+# fit's default for max_loss inside ``train_options(config)`` (0: no bound).
+_MAX_LOSS: contextvars.ContextVar[float] = contextvars.ContextVar("max_loss", default=0.0)
 
 
 @contextlib.contextmanager
@@ -102,16 +102,16 @@ def train_options(config: Any) -> Iterator[None]:
 
     Raises:
       TypeError: if ``config.train.skip_nonfinite`` is not a bool.
-      ValueError: if ``config.train.max_loss`` is not a positive number.
+      ValueError: if ``config.train.max_loss`` is not a number >= 0.
     """
     train = config.get("train", None) if hasattr(config, "get") else None
     skip = train.get("skip_nonfinite", False) if train is not None else False
-    max_loss = train.get("max_loss", math.inf) if train is not None else math.inf
+    max_loss = train.get("max_loss", 0.0) if train is not None else 0.0
     if not isinstance(skip, bool):
         raise TypeError(f"config.train.skip_nonfinite={skip!r} is invalid: must be True or False")
-    if isinstance(max_loss, bool) or not isinstance(max_loss, int | float) or not max_loss > 0:
+    if isinstance(max_loss, bool) or not isinstance(max_loss, int | float) or not max_loss >= 0:
         raise ValueError(
-            f"config.train.max_loss={max_loss!r} is invalid: must be a positive number (inf: off)"
+            f"config.train.max_loss={max_loss!r} is invalid: must be a number >= 0 (0: off)"
         )
     tokens = _SKIP_NONFINITE.set(skip), _MAX_LOSS.set(float(max_loss))
     try:
@@ -283,7 +283,7 @@ def _first_nonfinite(
             bad = [
                 f"train/{k}={v}" for k, v in metrics.items() if k != _FINITE and not np.isfinite(v)
             ]
-            if not bad and metrics.get("loss", -math.inf) > max_loss:
+            if not bad and max_loss > 0 and metrics.get("loss", -math.inf) > max_loss:
                 bad = [f"train/loss={metrics['loss']:.4g} > train.max_loss={max_loss:g}"]
             what = bad[0] if bad else "the train state (parameters or optimizer state)"
             return last_step - len(window) + 1 + i, what
@@ -344,7 +344,7 @@ def fit(
         ``config.train.skip_nonfinite`` inside :func:`train_options`, else False.
       max_loss: a step whose ``metrics["loss"]`` exceeds it counts as non-finite (it stops the
         run, or is skipped with ``skip_nonfinite``): catches a finite divergence. None (the
-        default): ``config.train.max_loss`` inside :func:`train_options`, else ``inf`` (off).
+        default): ``config.train.max_loss`` inside :func:`train_options`, else 0 (off).
 
     Returns:
       A :class:`FitResult`.
@@ -405,11 +405,11 @@ def fit(
     def wrapped(state, frozen, batch, key):
         new_state, metrics = step_fn(state, frozen, batch, jax.random.fold_in(key, state["step"]))
         finite = _all_finite((metrics, new_state))
-        if max_loss < math.inf:
+        if max_loss > 0:
             if "loss" not in metrics:
                 raise ValueError(
                     f"max_loss={max_loss:g} bounds metrics['loss'], but the step returns only "
-                    f"{sorted(metrics)}: return the loss as 'loss' or leave max_loss at inf"
+                    f"{sorted(metrics)}: return the loss as 'loss' or leave max_loss at 0 (off)"
                 )
             finite = finite & (metrics["loss"] <= max_loss)
         if skip_nonfinite:

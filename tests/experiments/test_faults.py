@@ -172,7 +172,7 @@ def test_a_loss_above_max_loss_stops_like_a_nan_or_is_skipped(tmp_path):
         tmp_path / "skip", Batches(bad_step=7, bad_value=1e3), max_loss=100.0, skip_nonfinite=True
     )
     assert result.skipped_steps == 1 and np.isfinite(result.state["w"])
-    # Off by default (inf): the same run trains through the spike.
+    # Off by default (0): the same run trains through the spike.
     assert _fit(tmp_path / "off", Batches(bad_step=7, bad_value=1e3)).skipped_steps == 0
     bad = ml_collections.ConfigDict({"train": {"skip_nonfinite": False, "max_loss": -1.0}})
     with (
@@ -217,7 +217,7 @@ def test_every_config_that_trains_through_fit_has_the_train_section(path):
         return
     config = importlib.import_module(f"configs.{path.stem}").get_config()
     if _experiment_trains_with_fit(config):
-        assert config.train.to_dict() == {"skip_nonfinite": False, "max_loss": np.inf}, path.name
+        assert config.train.to_dict() == {"skip_nonfinite": False, "max_loss": 0.0}, path.name
     else:
         assert "train" not in config, f"{path.name}: its experiment does not call fit"
 
