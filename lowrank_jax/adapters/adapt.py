@@ -172,7 +172,7 @@ def adapt(
 
     Raises:
       ValueError: unknown backend; adapters whose paths are not in ``params``.
-      NotImplementedError (at trace time): a targeted kernel reaches an operation with no
+      NotImplementedError: at trace time, a targeted kernel reaches an operation with no
         factorised rule (and ``allow_dense`` is off).
 
     Example:

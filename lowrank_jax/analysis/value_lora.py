@@ -245,7 +245,7 @@ def embeddings_from_layer(
     first_layer: int,
     value_delta: ArrayLike | None = None,
 ) -> jax.Array:
-    r"""Mean-pooled outputs of layers ``first_layer .. L-1`` of a BERT encoder on cached inputs.
+    r"""Mean-pooled outputs of layers ``first_layer..L-1`` of a BERT encoder on cached inputs.
 
     ``hidden`` is what layer ``first_layer`` receives (``models.attention_inputs(...)[l][0]``);
     ``value_delta`` is added to that layer's value kernel. With ``value_delta = None`` (or zero)

@@ -257,7 +257,7 @@ def head_inputs(
       ``(N, d)`` float32 host array.
 
     Raises:
-      TypeError/ValueError: the head is not a dense layer; ``check`` fails (the head is not the
+      TypeError or ValueError: the head is not a dense layer; ``check`` fails (the head is not the
         model's last, affine layer).
     """
     d, _ = _check_head(state.head)
@@ -341,7 +341,7 @@ def align_head(
       The aligned head (host float32 arrays).
 
     Raises:
-      TypeError/ValueError: a head that is not dense, statistics without covariances, classes
+      TypeError or ValueError: a head that is not dense, statistics without covariances, classes
         out of range or never seen, non-positive sizes.
 
     References:
@@ -407,7 +407,7 @@ def prototype_head(
       The head (host float32 arrays).
 
     Raises:
-      TypeError/ValueError: a head that is not dense, unknown ``metric``, ``lda`` without
+      TypeError or ValueError: a head that is not dense, unknown ``metric``, ``lda`` without
         covariances, classes out of range or never seen.
 
     References:

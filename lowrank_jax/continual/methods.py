@@ -180,7 +180,7 @@ def o_lora(
     head_path: str = "params/head",
     lambda_orth: float = 0.5,
 ) -> ContinualMethod:
-    r"""O-LoRA: sequential LoRA plus ``λ Σ_{i<t} ‖A_iᵀ A_t‖²_F`` (penalty in :attr:`loss`).
+    r"""O-LoRA: sequential LoRA plus ``λ Σ_{i<t} ‖A_iᵀ A_t‖²_F`` (penalty in :attr:`ContinualMethod.loss`).
 
     Args: as :func:`sequential_lora`, and ``lambda_orth`` ``λ ≥ 0``.
 

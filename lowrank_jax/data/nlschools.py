@@ -20,7 +20,7 @@ __all__ = ["NLSchools", "load_nlschools"]
 
 class NLSchools(NamedTuple):
     """One row per pupil: ``lang``, ``iq``, ``ses`` float64 ``(2287,)`` and ``group`` int32
-    ``(2287,)``, the class as an index ``0 .. 132`` (in the order of the R class ids)."""
+    ``(2287,)``, the class as an index ``0..132`` (in the order of the R class ids)."""
 
     lang: np.ndarray
     iq: np.ndarray

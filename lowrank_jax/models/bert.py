@@ -356,7 +356,7 @@ class BertTopClassifier(nn.Module):
 
     For training adapters on the top of a frozen encoder: the bottom layers run once (the
     "prefix" of `split_encoder`) and their hidden states are cached; this module runs layers
-    `first_layer .. L-1` on them. Parameter paths are `params/layer_i/...` (those of
+    `first_layer..L-1` on them. Parameter paths are `params/layer_i/...` (those of
     `params/encoder/layer_i/...` in `BertEncoder`) and `params/head/{kernel, bias}`.
 
         logits = head(mean_pool(layer_{L-1}(... layer_{first_layer}(hidden))))

@@ -10,7 +10,7 @@ __all__ = ["CNN"]
 
 
 class CNN(nn.Module):
-    """``head(act(dense_k(... flatten(pool(act(conv_j(... pool(act(conv_0(x))))))))))``.
+    """``head(act(dense_k(…flatten(pool(act(conv_j(…pool(act(conv_0(x))))))))))``.
 
     Every conv is ``kernel_size × kernel_size``, stride 1, ``SAME`` padding, followed by the
     activation and a 2×2 max-pool (stride 2); the last feature map ``(b, h, w, c)`` is flattened

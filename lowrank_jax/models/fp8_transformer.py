@@ -31,7 +31,7 @@ class Fp8SelfAttention(nn.Module):
 
     Kernels ``query``/``key``/``value`` are ``(d, H, d_h)`` (no bias), ``out`` is ``(H, d_h, d)``.
     ``__call__(x (b, n, d), scales (H,) or None) -> (y (b, n, d), stats)`` with ``stats`` entries
-    ``(H,)``: ``amax`` (max |S| over the causal positions), ``overflow`` (saturated logits),
+    ``(H,)``: ``amax`` (max ``|S|`` over the causal positions), ``overflow`` (saturated logits),
     ``utilisation`` (``amax·s/R``), ``softmax_error`` (``‖P_fp8 − P_fp32‖_F/‖P_fp32‖_F``),
     ``scale``.
 

@@ -12,7 +12,7 @@ Parameter names of one pre-LN block (`PreLNBlock`)::
     mlp/fc1/{kernel,bias}                             kernel (d, mlp_dim)
     mlp/fc2/{kernel,bias}                             kernel (mlp_dim, d)
 
-`TransformerStack` names its blocks `layer_0 ... layer_{L-1}`, or, with `scan_layers=True`, holds
+`TransformerStack` names its blocks `layer_0`, ..., `layer_{L-1}`, or, with `scan_layers=True`, holds
 one `layers` block whose parameters carry a leading layer axis (kernels (L, n, m)).
 `stack_layers` / `unstack_layers` convert between the two layouts.
 """
@@ -223,9 +223,9 @@ def _layer_index(name: str) -> int | None:
 
 
 def stack_layers(tree: Mapping[str, Any]) -> dict[str, Any]:
-    """Converts unrolled `layer_0 ... layer_{L-1}` subtrees into one stacked `layers` subtree.
+    """Converts unrolled `layer_0`, ..., `layer_{L-1}` subtrees into one stacked `layers` subtree.
 
-    Applied recursively: wherever a mapping holds children `layer_0 ... layer_{L-1}`, they are
+    Applied recursively: wherever a mapping holds children `layer_0`, ..., `layer_{L-1}`, they are
     replaced by a child `layers` whose leaves are `jnp.stack` of the L layer leaves along a new
     axis 0 (a kernel (n, m) becomes (L, n, m)). This is the layout of
     `TransformerStack(scan_layers=True)`.
@@ -276,7 +276,7 @@ def unstack_layers(tree: Mapping[str, Any]) -> dict[str, Any]:
       tree: nested mapping with stacked `layers` subtrees (leaves (L, ...)).
 
     Returns:
-      A new nested dict with children `layer_0 ... layer_{L-1}` (leaves (...)).
+      A new nested dict with children `layer_0`, ..., `layer_{L-1}` (leaves (...)).
 
     Raises:
       ValueError: if the leaves of a `layers` subtree disagree on L or are scalars, or if the

@@ -10,7 +10,7 @@ __all__ = ["MLP"]
 
 
 class MLP(nn.Module):
-    """Multilayer perceptron `head(act(dense_{k-1}(... act(dense_0(flatten(x))))))`.
+    """Multilayer perceptron `head(act(dense_{k-1}(…act(dense_0(flatten(x))))))`.
 
     Parameter paths: `params/dense_i/{kernel,bias}` with kernels (n_i, features[i]), and
     `params/head/{kernel,bias}` with kernel (features[-1], num_classes).

@@ -358,7 +358,7 @@ def scale_by_orthogonal_projection(
       An ``optax.GradientTransformation`` with state :class:`OrthogonalProjectionState`.
 
     Raises:
-      ValueError (in ``init``): ``memory`` names a path that is not a parameter or has the wrong
+      ValueError: in ``init``, ``memory`` names a path that is not a parameter or has the wrong
         shape, or ``targets`` match nothing.
 
     References:

@@ -116,7 +116,7 @@ def scale_by_gradient_recycling(
       An ``optax.GradientTransformation`` with state :class:`GradientRecyclingState`.
 
     Raises:
-      ValueError (in ``init``): params are not a dict with ``shared`` and ``module`` entries, a
+      ValueError: in ``init``, params are not a dict with ``shared`` and ``module`` entries, a
         targeted shared leaf has no module counterpart of the same shape, or a memory does not fit.
 
     References:

@@ -358,7 +358,7 @@ def bayes_opt(
       :class:`BOResult` with ``budget`` evaluations.
 
     Raises:
-      ValueError/TypeError: a bad embedding, table, or budget.
+      ValueError or TypeError: a bad embedding, table, or budget.
     """
     c = _check_embedding(embedding)
     f = search.score_function(objective, c)

@@ -87,7 +87,7 @@ def lora_grid_configurations(space: LoraSearchSpace) -> dict[str, np.ndarray]:
       ``"index"``: ``(c, 5)`` int value indices per axis (``c = prod(space.shape)``).
 
     Raises:
-      TypeError/ValueError: a malformed space.
+      TypeError or ValueError: a malformed space.
     """
     _check_space(space)
     index = np.stack(np.unravel_index(np.arange(int(np.prod(space.shape))), space.shape), -1)

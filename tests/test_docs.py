@@ -1,0 +1,81 @@
+"""Every Python example of the documentation runs: the site's pages (docs/**/*.md) and the README.
+
+The ```python blocks of one page are fragments of one example: they are concatenated in order and
+run as one script, in a fresh namespace, with a temporary directory as the working directory.
+A block whose first line is a comment starting with ``# not run:`` is skipped (the comment says
+why: hardware or hours it needs). The site build itself (``make docs``) is tested at the end, when
+Sphinx and the docs extra are installed.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs"
+SKIP_MARK = "# not run:"
+_FENCE = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+
+
+def pages() -> list[pathlib.Path]:
+    generated = ("_build", "api/generated", "notebooks", "jupyter_execute")
+    found = [
+        path
+        for path in sorted(DOCS.rglob("*.md"))
+        if not any(part in path.relative_to(DOCS).as_posix() for part in generated)
+    ]
+    return found
+
+
+def python_blocks(text: str) -> tuple[list[str], list[str]]:
+    """The page's ```python blocks: (to run, skipped with a ``# not run:`` reason)."""
+    run, skipped = [], []
+    for block in _FENCE.findall(text):
+        first = block.lstrip().splitlines()[0] if block.strip() else ""
+        (skipped if first.startswith(SKIP_MARK) else run).append(block)
+    return run, skipped
+
+
+def page_script(text: str) -> str:
+    """The blocks to run, each at its own line numbers of the page (tracebacks point at the page)."""
+    lines: list[str] = []
+    for match in _FENCE.finditer(text):
+        block = match.group(1)
+        first = block.lstrip().splitlines()[0] if block.strip() else ""
+        if first.startswith(SKIP_MARK):
+            continue
+        start = text.count("\n", 0, match.start(1))
+        lines += [""] * (start - len(lines))
+        lines += block.splitlines()
+    return "\n".join(lines) + "\n"
+
+
+def example_pages() -> list[pathlib.Path]:
+    return [path for path in pages() if python_blocks(path.read_text())[0]]
+
+
+def test_fences_are_found():
+    run, skipped = python_blocks(
+        "x\n```python\na = 1\n```\n\n```python\n# not run: needs a TPU pod\nb = 2\n```\n"
+    )
+    assert run == ["a = 1\n"] and skipped == ["# not run: needs a TPU pod\nb = 2\n"]
+    assert len(example_pages()) >= 20, "the docs should hold examples on most pages"
+
+
+def test_skipped_blocks_say_why():
+    for path in pages():
+        for block in python_blocks(path.read_text())[1]:
+            reason = block.lstrip().splitlines()[0][len(SKIP_MARK) :].strip()
+            assert len(reason) > 10, f"{path}: a skipped block must say why it cannot run"
+
+
+@pytest.mark.parametrize("path", example_pages(), ids=lambda p: p.relative_to(REPO).as_posix())
+def test_examples_run(path, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(REPO))
+    code = page_script(path.read_text())
+    namespace = {"__name__": "__docs_example__"}
+    exec(compile(code, str(path), "exec"), namespace)  # noqa: S102 - the page's own example
