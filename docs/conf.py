@@ -37,7 +37,6 @@ extensions = [
     "sphinx.ext.autosummary",
     "sphinx.ext.napoleon",
     "sphinx.ext.mathjax",
-    "sphinx.ext.viewcode",
 ]
 
 # The subpackages, in the order of the API reference.
@@ -73,10 +72,10 @@ nb_merge_streams = True
 # --- autodoc / autosummary / napoleon ------------------------------------------------------------
 autosummary_generate = True
 autosummary_imported_members = True
-autodoc_default_options = {"members": False}
 autodoc_typehints = "signature"
 autodoc_member_order = "bysource"
 autodoc_preserve_defaults = True
+autodoc_inherit_docstrings = False  # flax's Module.setup etc. are not ours to document
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_use_rtype = False
@@ -86,6 +85,9 @@ add_module_names = False
 # Broken cross-references are errors (with -W). References to objects outside lowrank_jax
 # (jax, flax, numpy, ...) cannot resolve offline (no intersphinx inventories), so they are ignored.
 nitpicky = True
+nitpick_ignore = [
+    ("py:class", "Prompts"),  # a private type alias of lowrank_jax.prompts.methods
+]
 nitpick_ignore_regex = [
     (
         r"py:.*",
@@ -113,6 +115,9 @@ html_theme_options = {
     "use_repository_button": True,
     "use_source_button": True,
     "show_toc_level": 2,
+    # The sidebar lists pages to depth 2 (guides, papers, subpackages), not the ~550 pages of the
+    # individual API names: rendering those into every page tripled the build time.
+    "max_navbar_depth": 2,
     "navigation_with_keys": False,
 }
 
@@ -254,7 +259,10 @@ def _resolve_private(app, env, node, contnode):
         return None
     target = node["reftarget"].lstrip("~.")
     contexts = [node.get("py:module") or ""]
-    source = str(node.source or "")  # "...:docstring of lowrank_jax.fp8.policies.name"
+    source, parent = node.source, node.parent  # "...:docstring of lowrank_jax.fp8.policies.name"
+    while not source and parent is not None:
+        source, parent = parent.source, parent.parent
+    source = str(source or "")
     if "docstring of " in source:
         defined = source.split("docstring of ", 1)[1].split(":")[0]
         parts = defined.split(".")
@@ -281,9 +289,31 @@ def _resolve_private(app, env, node, contnode):
         ref = domain.resolve_xref(env, node["refdoc"], app.builder, kind, name, node, contnode)
         if ref is not None:
             return ref
+    # An autosummary table has no module context: a name that ends exactly one public name.
+    ends = sorted({name for name in public.values() if name.endswith("." + target)})
+    if len(ends) == 1 and "." not in target:
+        return domain.resolve_xref(env, node["refdoc"], app.builder, "obj", ends[0], node, contnode)
+    return None
+
+
+def _skip_documented_fields(app, what, name, obj, skip, options):
+    """A NamedTuple or dataclass field that the class docstring's ``Attributes:`` already documents.
+
+    Napoleon turns that section into attribute entries; autodoc's ``:members:`` would document
+    the same fields again (duplicate object descriptions).
+    """
+    if skip or what != "class":
+        return None
+    cls = _lookup(
+        f"{app.env.temp_data.get('autodoc:module')}.{app.env.temp_data.get('autodoc:class')}"
+    )
+    fields = set(getattr(cls, "_fields", ())) | set(getattr(cls, "__dataclass_fields__", {}))
+    if name in fields and "Attributes:" in (inspect.getdoc(cls) or ""):
+        return True
     return None
 
 
 def setup(app):
     app.connect("autodoc-process-docstring", _constant_docstring)
     app.connect("missing-reference", _resolve_private)
+    app.connect("autodoc-skip-member", _skip_documented_fields)

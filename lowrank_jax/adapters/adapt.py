@@ -159,7 +159,7 @@ def adapt(
         materialised ``W + ΔW`` instead of raising.
       lora_matmul: ``"factorised"`` (default) computes ``x·W + s·(x·A)·B``; ``"fused"`` computes
         LoRA-only kernels without active dropout as ``x·(W + s·A·B)`` with the hand-written
-        backward of :func:`lowrank_jax.adapters.fused.lora_matmul`: the same values and adapter
+        backward of ``lowrank_jax.adapters.fused.lora_matmul``: the same values and adapter
         gradients, one token-sized product per projection instead of two (less XLA temp memory,
         no weight gradient; it forms the ``(n, m)`` sum ``W + sAB`` as a temporary). Other kernels
         (other kinds, dropout keys, stacked or transposed uses, linen ``DenseGeneral``, int8

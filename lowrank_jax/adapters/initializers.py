@@ -235,7 +235,7 @@ def lora_da(
     """LoRA-DA initialisation: ``s·A₀B₀ = (s/γ) a₀a₀ᵀΔ`` per kernel, ``W₀`` unchanged.
 
     ``G`` comes from the first ``S_g`` examples, ``Z`` and ``F`` from the first ``S_f`` (both capped
-    at the batch size); see :func:`lora_da_factors` for the maths. As in the authors' code the base
+    at the batch size); see ``initializers.lora_da_factors`` for the maths. As in the authors' code the base
     weights are *not* modified, so the initial model is ``W₀ + s A₀B₀``, a small step along the
     natural gradient restricted to the chosen subspace; do not unmerge.
 
@@ -248,7 +248,7 @@ def lora_da(
       loss_fn: ``loss_fn(forward, batch) -> mean loss``.
       num_train: ``N``, the whole training set's size (default: the batch's).
       num_grad_examples, num_fisher_examples: ``S_g`` and ``S_f`` (default 256 each).
-      alpha, beta, gamma, damping: as in :func:`lora_da_factors` (defaults of the paper's code).
+      alpha, beta, gamma, damping: as in ``initializers.lora_da_factors`` (defaults of the paper's code).
       chunk_size: examples per ``vmap`` chunk.
 
     Returns:
@@ -321,7 +321,7 @@ def lora_one(
 ) -> AdapterSet:
     """LoRA-One initialisation: ``s·A₀B₀ = −(s/γ)[G]_r/σ₁(G)``, ``W₀`` unchanged (do not unmerge).
 
-    See :func:`lora_one_factors`; ``G`` is the mean gradient over the first ``S_g`` examples.
+    See ``initializers.lora_one_factors``; ``G`` is the mean gradient over the first ``S_g`` examples.
     """
     del key
     return _gradient_init(
@@ -346,7 +346,7 @@ def lora_ga(
 
     LoRA-GA subtracts the initial update from the base weight (``W₀ ← W₀ − s A₀B₀``) so training
     starts at the base model: follow with ``params = adapters.unmerge(params, ad)``. See
-    :func:`lora_ga_factors`.
+    ``initializers.lora_ga_factors``.
     """
     del key
     return _gradient_init(

@@ -45,7 +45,7 @@ def is_param_leaf(x: Any) -> bool:
 
 def named_leaves(tree: Any, is_leaf: Callable[[Any], bool] | None = None) -> dict[str, Any]:
     """Maps each leaf's path to the leaf, in flattening order (``is_leaf`` as in ``jax.tree``;
-    by default a quantised kernel, :func:`is_param_leaf`, is one leaf).
+    by default a quantised kernel, ``is_param_leaf``, is one leaf).
 
     Raises:
       ValueError: two leaves share a path (e.g. keys that contain '/').

@@ -328,7 +328,7 @@ def reverse_diffusion(
     """Integrates the reverse OU process from ``times[0]`` down to ``times[-1]``.
 
     Each step freezes ``x̂₀ = denoise_fn(x, t)`` and integrates the rest exactly
-    (:func:`_exp_step`): the probability-flow ODE (``stochastic=False``) or the reverse SDE
+    (``_exp_step``): the probability-flow ODE (``stochastic=False``) or the reverse SDE
     ``dY = (Y + 2 s(Y)) dτ + √2 dW̄``. With ``tweedie`` the output is ``x̂₀(x_{t₀})``.
 
     Args:

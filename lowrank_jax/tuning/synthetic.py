@@ -8,7 +8,7 @@
   Gaussian design, same splits (the spec's "fused-lasso variant"; the exact densities are a
   reconstruction).
 * :func:`sample_signal_instances`: the same design and splits around coefficient vectors drawn
-  from a given bank of (real) signals, e.g. :func:`lowrank_jax.tuning.ridership_windows`.
+  from a given bank of (real) signals, e.g. the windows of :func:`lowrank_jax.tuning.weekly_windows`.
 """
 
 from __future__ import annotations
