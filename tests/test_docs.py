@@ -27,7 +27,7 @@ def pages() -> list[pathlib.Path]:
         for path in sorted(DOCS.rglob("*.md"))
         if not any(part in path.relative_to(DOCS).as_posix() for part in generated)
     ]
-    return found
+    return [*found, REPO / "README.md"]
 
 
 def python_blocks(text: str) -> tuple[list[str], list[str]]:
