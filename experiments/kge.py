@@ -162,7 +162,8 @@ def _train(config, g, *, scorer, output, dim, components, seed):
     t = g["targets"]
     q = len(t.queries)
     lr = config.optim.learning_rate
-    epoch_fn = _epoch_fn(lr, scorer, output, g["E"], q, config.schedule.batch_size or q)
+    batch_size = min(config.schedule.batch_size or q, q)
+    epoch_fn = _epoch_fn(lr, scorer, output, g["E"], q, batch_size)
     rng, k_init = jax.random.split(jax.random.key(seed))
     params = kge.init_kge(
         k_init, scorer=scorer, output=output, num_entities=g["E"], num_relations=g["R"],
@@ -172,6 +173,7 @@ def _train(config, g, *, scorer, output, dim, components, seed):
     params, _, curve = sweep.train_epochs(
         epoch_fn, params, sweep.adam(lr).init(params), rng, jnp.asarray(t.queries),
         jnp.asarray(t.objects), num_epochs=config.schedule.epochs, log_every=config.log.every,
+        examples_per_epoch=q, steps_per_epoch=-(-q // batch_size),
     )  # fmt: skip
     return params, n_params, curve
 

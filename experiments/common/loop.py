@@ -35,7 +35,11 @@ What ``fit`` does:
   and are counted in ``train/skipped_steps``. The runner sets the default of every ``fit`` call of
   a run from ``config.train.skip_nonfinite`` (:func:`train_options`);
 * **outputs**: ``metrics.jsonl`` and TensorBoard (train metrics averaged over ``log_every`` steps,
-  ``eval_fn`` results every ``eval_every`` steps and at the end), a tqdm bar with rate and ETA.
+  ``eval_fn`` results every ``eval_every`` steps and at the end), a tqdm bar with rate and ETA;
+* **cost** (:mod:`~experiments.common.cost`): with every train record, ``cost/examples_per_s``
+  (``tokens_per_s``) over the interval, ``cost/flops_per_step`` of the compiled step,
+  ``cost/utilisation`` and peak memory; a ``jax.profiler`` trace of the steps that
+  ``config.profile`` names.
 
 ``batches`` is an iterator of host (numpy) batch pytrees with ``state()`` and ``restore(state)``
 (JSON-serialisable), such as ``lowrank_jax.data.BatchIterator``; wrap one with
@@ -61,6 +65,7 @@ import numpy as np
 from absl import logging
 
 from experiments.common import checkpoint as ckpt_lib
+from experiments.common import cost as cost_lib
 from experiments.common import metrics as metrics_lib
 from experiments.common import sharding as sharding_lib
 
@@ -191,6 +196,8 @@ class FitResult:
       step_time_s: mean wall time of a training step over the whole run (resumed processes
         included, as recorded in the checkpoints), excluding each process's first
         (compilation) step and evaluation; NaN if no step was timed.
+      cost: this process's ``cost/*`` totals (throughput, FLOPs per step, utilisation, peak
+        memory; see :mod:`experiments.common.cost`).
     """
 
     state: Any
@@ -199,6 +206,7 @@ class FitResult:
     start_step: int
     interrupted: bool
     step_time_s: float
+    cost: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 class _SigintFlag:
@@ -425,6 +433,7 @@ def fit(
     )
     key = sharding_lib.put_global(key, rep)
     run_step = jitted  # with several processes: its executable, compiled before the first step
+    meter = cost_lib.StepMeter(description)  # throughput, FLOPs, memory; the profiler flag
 
     saved_timing = {}  # step -> the (timed steps, seconds) written with its checkpoint
 
@@ -489,11 +498,17 @@ def fit(
                         f"batches ran out before step {step} of {num_steps}: pass an iterator "
                         "that repeats (e.g. BatchIterator(..., num_epochs=None))"
                     ) from None
-                if run_step is jitted and jax.process_count() > 1:
-                    # Compile, then wait for every process before the first collective (gloo
-                    # drops a peer that joins > ~30 s late; compile times differ under load).
-                    run_step = jitted.lower(state, frozen, batch, key).compile()
-                    sharding_lib.sync_processes("fit_first_step")
+                if step == start + 1:  # compiled first (jit reuses it): its FLOPs are known
+                    compiled = jitted.lower(state, frozen, batch, key).compile()
+                    meter.compiled(compiled, batch)
+                    if jax.process_count() > 1:
+                        # Wait for every process before the first collective (gloo drops a peer
+                        # that joins > ~30 s late; compile times differ under load).
+                        run_step = compiled
+                        sharding_lib.sync_processes("fit_first_step")
+                paused = meter.profile(step, state)  # starts or stops a trace, if asked for
+                if t_last is not None:  # (that is not a training step's time)
+                    t_last += paused
                 state, step_metrics = run_step(state, frozen, batch, key)
                 window.append(step_metrics)
                 if t_last is None:
@@ -503,12 +518,12 @@ def fit(
                     timed_steps += 1
                 if step % log_every == 0 or step == num_steps:
                     check_finite(step)
-                    train = writer.write(
-                        step, {f"train/{k}": v for k, v in _mean_metrics(window).items()}
-                    )
+                    means = {f"train/{k}": v for k, v in _mean_metrics(window).items()}
+                    elapsed = time.perf_counter() - t_last if timed_steps else 0.0  # (synced)
+                    writer.write(step, {**means, **meter.log(timed_steps, elapsed)})
                     window = []
                     if bar is not None:
-                        bar.set_postfix({k.split("/")[-1]: f"{v:.4g}" for k, v in train.items()})
+                        bar.set_postfix({k.split("/")[-1]: f"{v:.4g}" for k, v in means.items()})
                 if eval_fn is not None and eval_every and step % eval_every == 0:
                     check_finite(step)  # no evaluation records of a non-finite state
                     jax.block_until_ready(state)
@@ -536,12 +551,14 @@ def fit(
         if timed_steps:
             jax.block_until_ready(state)
             timed_s = time.perf_counter() - t_last
+        meter.stop(state)  # a trace that reached the last step
         end = int(jax.device_get(state["step"]))
         if not interrupted:
             save(end)
             if eval_fn is not None and last_eval_step != end:
                 last_eval = evaluate(end)
     finally:
+        meter.stop()
         if bar is not None:
             bar.close()
         with contextlib.suppress(Exception):
@@ -559,4 +576,5 @@ def fit(
         start_step=start,
         interrupted=interrupted,
         step_time_s=step_time,
+        cost=meter.summary(timed_steps, timed_s),
     )
