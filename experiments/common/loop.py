@@ -66,6 +66,7 @@ from absl import logging
 
 from experiments.common import checkpoint as ckpt_lib
 from experiments.common import cost as cost_lib
+from experiments.common import lowering as lowering_lib
 from experiments.common import metrics as metrics_lib
 from experiments.common import sharding as sharding_lib
 
@@ -75,6 +76,7 @@ __all__ = [
     "NonFiniteError",
     "ResumableIterator",
     "fit",
+    "fit_step",
     "on_start",
     "train_options",
     "training_started",
@@ -303,6 +305,77 @@ def _first_nonfinite(window: list[Mapping[str, Any]], last_step: int) -> tuple[i
     return None
 
 
+def _jit_step(
+    step_fn: Callable[..., Any], state_sh: Any, frozen_sh: Any, mesh: Any, *, skip_nonfinite: bool
+) -> Any:
+    """The step ``fit`` runs: ``step_fn`` with the per-step key, the step count and the finiteness
+    flag, jitted with the state donated and the given shardings."""
+    rep = sharding_lib.replicated(mesh)
+
+    def wrapped(state, frozen, batch, key):
+        new_state, metrics = step_fn(state, frozen, batch, jax.random.fold_in(key, state["step"]))
+        finite = _all_finite((metrics, new_state))
+        if skip_nonfinite:
+            new_state = jax.tree.map(
+                lambda new, old: (
+                    jnp.where(finite, new, old)
+                    if jnp.issubdtype(jnp.result_type(new), jnp.inexact)
+                    else new
+                ),
+                new_state,
+                state,
+            )
+        return {**new_state, "step": state["step"] + 1}, {**metrics, _FINITE: finite}
+
+    return jax.jit(
+        wrapped,
+        donate_argnums=(0,),
+        in_shardings=(state_sh, frozen_sh, sharding_lib.batch_sharding(mesh), rep),
+        out_shardings=(state_sh, rep),
+    )
+
+
+def fit_step(
+    step_fn: Callable[[Any, Any, Any, jax.Array], tuple[Any, Mapping[str, Any]]],
+    state: Any,
+    frozen: Any,
+    batch: Any,
+    *,
+    mesh: Any,
+    key: Any = None,
+    fsdp: bool = False,
+    skip_nonfinite: bool = False,
+    name: str = "train",
+) -> lowering_lib.Step:
+    """The jitted step :func:`fit` would run, on abstract arguments (for lowering; no data).
+
+    Args:
+      step_fn: the step handed to ``fit``.
+      state, frozen, batch: the train state, frozen arrays and one batch (arrays or
+        ``jax.ShapeDtypeStruct``, e.g. from ``jax.eval_shape``); the state's ``"step"`` may be 0.
+      mesh: the mesh (a ``jax.sharding.AbstractMesh`` lowers for devices that need not exist).
+      key: the base key handed to ``fit`` (abstract is enough; default: a typed
+        ``jax.random.key``).
+      fsdp, skip_nonfinite: as in :func:`fit`.
+      name: the step's name in lowering reports.
+
+    Returns:
+      A :class:`~experiments.common.lowering.Step` whose arguments carry fit's shardings.
+    """
+    state = {**state, "step": jax.ShapeDtypeStruct((), jnp.int32)}
+    state_sh = sharding_lib.param_sharding(mesh, state, fsdp=fsdp)
+    frozen_sh = sharding_lib.param_sharding(mesh, frozen, fsdp=fsdp)
+    key = jax.eval_shape(lambda: jax.random.key(0)) if key is None else key
+    args = (
+        lowering_lib.abstract(state, state_sh),
+        lowering_lib.abstract(frozen, frozen_sh),
+        lowering_lib.sharded_batch(batch, mesh),
+        lowering_lib.abstract(key, sharding_lib.replicated(mesh)),
+    )
+    jitted = _jit_step(step_fn, state_sh, frozen_sh, mesh, skip_nonfinite=skip_nonfinite)
+    return lowering_lib.Step(name, jitted, args)
+
+
 def fit(
     state: dict[str, Any],
     frozen: Any,
@@ -410,27 +483,7 @@ def fit(
     start = int(jax.device_get(state["step"]))
     writer = metrics_lib.MetricWriter(workdir, start_step=start)
 
-    def wrapped(state, frozen, batch, key):
-        new_state, metrics = step_fn(state, frozen, batch, jax.random.fold_in(key, state["step"]))
-        finite = _all_finite((metrics, new_state))
-        if skip_nonfinite:
-            new_state = jax.tree.map(
-                lambda new, old: (
-                    jnp.where(finite, new, old)
-                    if jnp.issubdtype(jnp.result_type(new), jnp.inexact)
-                    else new
-                ),
-                new_state,
-                state,
-            )
-        return {**new_state, "step": state["step"] + 1}, {**metrics, _FINITE: finite}
-
-    jitted = jax.jit(
-        wrapped,
-        donate_argnums=(0,),
-        in_shardings=(state_sh, frozen_sh, sharding_lib.batch_sharding(mesh), rep),
-        out_shardings=(state_sh, rep),
-    )
+    jitted = _jit_step(step_fn, state_sh, frozen_sh, mesh, skip_nonfinite=skip_nonfinite)
     key = sharding_lib.put_global(key, rep)
     run_step = jitted  # with several processes: its executable, compiled before the first step
     meter = cost_lib.StepMeter(description)  # throughput, FLOPs, memory; the profiler flag
