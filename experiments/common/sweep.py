@@ -46,6 +46,7 @@ from absl import logging
 
 from experiments.common import config_checks, loop
 from experiments.common import cost as cost_lib
+from experiments.common import lowering as lowering_lib
 from experiments.common import metrics as metrics_lib
 
 __all__ = [
@@ -62,6 +63,7 @@ __all__ = [
     "mean_sd",
     "train_epochs",
     "train_scan",
+    "train_scan_step",
     "write_sweep_results",
 ]
 
@@ -256,6 +258,27 @@ def train_scan(
         steps=int(steps),
         examples=int(batch),
     )
+
+
+def train_scan_step(
+    name: str,
+    trainable: Any,
+    frozen: Any,
+    train: Any,
+    idx: Any,
+    *,
+    loss_fn: Callable[[Any, Any, Any], jax.Array],
+    tx: optax.GradientTransformation,
+    trace: bool = True,
+    opt_state: Any = None,
+) -> lowering_lib.Step:
+    """:func:`train_scan`'s jitted program on abstract arguments (arrays or
+    ``jax.ShapeDtypeStruct``; e.g. ``idx`` as ``ShapeDtypeStruct((steps, batch), int32)``), for
+    lowering without data."""
+    args = lowering_lib.abstract((trainable, frozen, train, idx))
+    kwargs = {"loss_fn": loss_fn, "tx": tx, "trace": trace}
+    kwargs["opt_state"] = None if opt_state is None else lowering_lib.abstract(opt_state)
+    return lowering_lib.Step(name, _train_scan, args, kwargs)
 
 
 @functools.partial(jax.jit, static_argnames=("loss_fn", "tx", "trace"))
