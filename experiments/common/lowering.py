@@ -203,7 +203,8 @@ def check_exported(
 
 
 def _capped(problems: list[str], per_kind: int = 4) -> list[str]:
-    """At most ``per_kind`` problems of each kind (the text before the first ':'), then a count."""
+    """At most ``per_kind`` problems of each kind (the text before the first ':': host callback,
+    float64 value, lost sharding), then a count of the rest."""
     out, counts = [], {}
     for p in problems:
         kind = p.split(":", 1)[0]
@@ -292,8 +293,11 @@ def _lost_shardings(exported: jax.export.Exported, step: Step, mesh: Any) -> lis
     leaves = [(p, x) for p, x in leaves if isinstance(x, jax.ShapeDtypeStruct)]
     if len(got) != len(leaves):
         return [f"{len(leaves)} abstract inputs but {len(got)} inputs in the exported module"]
+    kept = set(exported.module_kept_var_idx)  # inputs the program does not read are dropped
     problems = []
-    for (path, x), have, aval in zip(leaves, got, exported.in_avals, strict=True):
+    for i, ((path, x), have, aval) in enumerate(zip(leaves, got, exported.in_avals, strict=True)):
+        if i not in kept:
+            continue
         path, want = jax.tree_util.keystr(path), x.sharding
         want_spec = _spec(want, len(aval.shape))
         if all(s is None for s in want_spec):
@@ -301,7 +305,7 @@ def _lost_shardings(exported: jax.export.Exported, step: Step, mesh: Any) -> lis
         have_spec = _spec(have, len(aval.shape))
         if have_spec != want_spec:
             problems.append(
-                f"input {path} {aval.str_short()}: sharding {P(*want_spec)} became "
-                f"{P(*have_spec)} in the exported module"
+                f"lost sharding: input {path} {aval.str_short()} was {P(*want_spec)}, "
+                f"is {P(*have_spec)} in the exported module"
             )
     return problems
