@@ -4,7 +4,10 @@
 Every experiment module exposes ``steps(config, mesh=None) -> list[Step]``: the programs its run
 jits (the ``fit`` train step, evaluation, a sweep's ``train_scan``, a method's jitted update),
 built by the same functions the run uses, on ``jax.ShapeDtypeStruct`` arguments made with
-``jax.eval_shape`` (no data is loaded, no pretrained weight is read: only a model's config file).
+``jax.eval_shape`` (no data is loaded, no pretrained weight is read: only a model's config file;
+the one exception is ``kge``, which reads its small triple files because the query targets'
+shapes are the data's). Sizes that only the data fixes (a character vocabulary, a split's row
+count) are nominal where an experiment says so.
 ``mesh`` may be a ``jax.sharding.AbstractMesh``, so an 8-device data-parallel lowering needs no
 devices at all. ``tests/experiments/test_lowering.py`` exports every config's ``:smoke`` steps::
 
