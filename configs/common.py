@@ -1,5 +1,7 @@
 """What configs share: ``parse_arg`` (big_vision-style structural options for ``get_config(arg)``),
-``train_section`` (the options of the shared training loop) and ``ConfigError``.
+``train_section`` (the options of the shared training loop), ``hardware_section`` and
+``profile_section`` (what a run's cost is measured against, and a profiler trace) and
+``ConfigError``.
 
 Configs import only this module (and ``ml_collections``), so reading a config loads neither the
 experiment runner nor orbax or absl flags.
@@ -17,8 +19,16 @@ import types
 from typing import Any
 
 import ml_collections
+from ml_collections import config_dict
 
-__all__ = ["ConfigError", "parse_arg", "train_section"]
+__all__ = [
+    "PEAK_TFLOPS",
+    "ConfigError",
+    "hardware_section",
+    "parse_arg",
+    "profile_section",
+    "train_section",
+]
 
 
 class ConfigError(ValueError):
@@ -107,4 +117,50 @@ def train_section() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.skip_nonfinite = False
     c.max_loss = 0.0
+    return c
+
+
+# Peak dense bf16 TFLOP/s of one JAX device (one chip), from the vendors' data sheets: what
+# ``hardware.peak_tflops`` is, by accelerator. ``experiments.common.cost.PEAK_TFLOPS`` detects them
+# from ``jax.devices()[0].device_kind`` (a test keeps the two tables equal).
+PEAK_TFLOPS = {
+    "TPU v4": 275.0,
+    "TPU v5e": 197.0,
+    "TPU v5p": 459.0,
+    "TPU v6e": 918.0,
+    "NVIDIA A100": 312.0,
+    "NVIDIA H100 SXM": 989.0,
+    "NVIDIA H100 PCIe": 756.0,
+    "NVIDIA H200": 989.0,
+}
+
+
+def hardware_section() -> ml_collections.ConfigDict:
+    """``config.hardware``: what a run's cost (``cost/*`` in ``metrics.jsonl``) is measured against.
+
+    * ``peak_tflops`` (default None: detected from ``jax.devices()[0].device_kind``; unknown, so
+      no utilisation, on CPU): the peak dense bf16 TFLOP/s of one device, against which
+      ``cost/utilisation`` = achieved FLOP/s per device / peak is reported. Defaults
+      (:data:`PEAK_TFLOPS`): TPU v4 275, v5e 197, v5p 459, v6e 918; NVIDIA A100 312, H100 SXM
+      989 (PCIe 756), H200 989. Set it for other hardware or another precision, e.g.
+      ``--config.hardware.peak_tflops=67`` (H100 SXM, float32).
+    """
+    c = ml_collections.ConfigDict()
+    c.peak_tflops = config_dict.placeholder(float)
+    return c
+
+
+def profile_section() -> ml_collections.ConfigDict:
+    """``config.profile``: a ``jax.profiler`` trace of some training steps (default off).
+
+    ``--config.profile.start_step=N --config.profile.num_steps=K`` traces steps ``N .. N+K-1`` of
+    the run's first ``fit`` that reaches step ``N`` into ``<workdir>/profile``
+    (``plugins/profile/<session>/*.xplane.pb``); open it with ``tensorboard --logdir
+    <workdir>/profile`` (the profile plugin, ``pip install tensorboard-plugin-profile``).
+    ``num_steps = 0`` (the default) takes no trace; step 1 includes compilation, so the default
+    start is step 10.
+    """
+    c = ml_collections.ConfigDict()
+    c.start_step = 10
+    c.num_steps = 0
     return c

@@ -5,7 +5,7 @@ Not a config to run by itself: it has no ``get_config``.
 
 import ml_collections
 
-from configs.common import ConfigError, parse_arg, train_section
+from configs.common import ConfigError, hardware_section, parse_arg, profile_section, train_section
 
 METHODS = ("saber", "gr_lora", "seq_lora", "o_lora", "inflora", "gpm_lora", "sd_lora", "joint")
 
@@ -213,4 +213,6 @@ def build(arg, *, comparison, benchmark):
     c.parallel = ml_collections.ConfigDict()
     c.parallel.distributed = False  # several processes/hosts: see experiments.common.sharding
     c.train = train_section()  # options of the shared loop: skip_nonfinite
+    c.hardware = hardware_section()  # peak_tflops: what cost/utilisation is against
+    c.profile = profile_section()  # start_step, num_steps: a trace by flag
     return c

@@ -14,7 +14,7 @@ same). Expected result: test accuracy 0.955 (``method=full``; ``:smoke`` 0.80).
 
 import ml_collections
 
-from configs.common import parse_arg, train_section
+from configs.common import hardware_section, parse_arg, profile_section, train_section
 
 
 def get_config(arg=None):
@@ -68,4 +68,6 @@ def get_config(arg=None):
     c.parallel.fsdp = False
     c.parallel.distributed = False
     c.train = train_section()  # options of the shared loop: skip_nonfinite
+    c.hardware = hardware_section()  # peak_tflops: what cost/utilisation is against
+    c.profile = profile_section()  # start_step, num_steps: a trace by flag
     return c

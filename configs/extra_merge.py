@@ -24,7 +24,7 @@ Extra-Merge 1.8819 > LAWA 1.8725, EMA 1.8723, WSD 1.8504; ρ₁ 0.60 -> 0.74. So
 
 import ml_collections
 
-from configs.common import parse_arg, train_section
+from configs.common import hardware_section, parse_arg, profile_section, train_section
 
 
 def get_config(arg=None):
@@ -77,4 +77,6 @@ def get_config(arg=None):
     c.log.every = 10 if arg.smoke else 100
     c.log.progress = True
     c.train = train_section()  # options of the shared loop: skip_nonfinite
+    c.hardware = hardware_section()  # peak_tflops: what cost/utilisation is against
+    c.profile = profile_section()  # start_step, num_steps: a trace by flag
     return c

@@ -30,7 +30,7 @@ calibration): ``"--config.policies=('rank_aware:auto+online',)"`` (knobs ``polic
 
 import ml_collections
 
-from configs.common import parse_arg, train_section
+from configs.common import hardware_section, parse_arg, profile_section, train_section
 
 
 def get_config(arg=None):
@@ -111,4 +111,6 @@ def get_config(arg=None):
     c.log.progress = not arg.smoke
     c.log.tensorboard = True
     c.train = train_section()  # options of the shared loop: skip_nonfinite
+    c.hardware = hardware_section()  # peak_tflops: what cost/utilisation is against
+    c.profile = profile_section()  # start_step, num_steps: a trace by flag
     return c

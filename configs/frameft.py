@@ -24,7 +24,7 @@ budgets does not (``.notes/peft_kinds.md``).
 import ml_collections
 
 from configs import lora_finetune
-from configs.common import parse_arg
+from configs.common import hardware_section, parse_arg
 
 
 def get_config(arg=None):
@@ -81,4 +81,5 @@ def get_config(arg=None):
     c.log.progress = False
     c.parallel = ml_collections.ConfigDict()
     c.parallel.distributed = False
+    c.hardware = hardware_section()  # peak_tflops: what cost/utilisation is against
     return c

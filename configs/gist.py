@@ -40,7 +40,7 @@ d = 8192 × 4 checkpoints (ratio 0.00027).
 
 import ml_collections
 
-from configs.common import parse_arg, train_section
+from configs.common import hardware_section, parse_arg, profile_section, train_section
 
 
 def get_config(arg=None):
@@ -123,4 +123,6 @@ def get_config(arg=None):
     c.log.every = 10 if arg.smoke else 100
     c.log.progress = not arg.smoke
     c.train = train_section()  # options of the shared loop (pre-training): skip_nonfinite
+    c.hardware = hardware_section()  # peak_tflops: what cost/utilisation is against
+    c.profile = profile_section()  # start_step, num_steps: a trace by flag
     return c

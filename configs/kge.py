@@ -31,7 +31,7 @@ graph).
 
 import ml_collections
 
-from configs.common import parse_arg
+from configs.common import hardware_section, parse_arg
 
 
 def get_config(arg=None):
@@ -84,4 +84,5 @@ def get_config(arg=None):
     c.log = ml_collections.ConfigDict()
     c.log.every = 20 if arg.smoke else 50  # epochs between logged losses
     c.log.tensorboard = False
+    c.hardware = hardware_section()  # peak_tflops: what cost/utilisation is against
     return c

@@ -31,7 +31,7 @@ reproduce on this task; tables in ``.notes/readme/p15.md``).
 
 import ml_collections
 
-from configs.common import parse_arg
+from configs.common import hardware_section, parse_arg
 
 
 def get_config(arg=None):
@@ -106,4 +106,5 @@ def get_config(arg=None):
     c.ckpt.resume = True
     c.log = ml_collections.ConfigDict()
     c.log.progress = True
+    c.hardware = hardware_section()  # peak_tflops: what cost/utilisation is against
     return c

@@ -23,7 +23,7 @@ more at S = 32 than at 256. Details in ``.notes/peft_kinds.md``.
 
 import ml_collections
 
-from configs.common import parse_arg
+from configs.common import hardware_section, parse_arg
 
 
 def get_config(arg=None):
@@ -70,4 +70,5 @@ def get_config(arg=None):
     c.log.progress = False
     c.parallel = ml_collections.ConfigDict()
     c.parallel.distributed = False
+    c.hardware = hardware_section()  # peak_tflops: what cost/utilisation is against
     return c

@@ -38,7 +38,7 @@ float32 base (more seeds in ``.notes/bench.md``).
 
 import ml_collections
 
-from configs.common import parse_arg, train_section
+from configs.common import hardware_section, parse_arg, profile_section, train_section
 
 # Peak learning rates per method (small lookups only): the pretrained body needs a small one.
 LEARNING_RATES = {"lora": 1e-3, "full": 1e-4, "head": 3e-3}
@@ -106,4 +106,6 @@ def get_config(arg=None):
     c.parallel.fsdp = False
     c.parallel.distributed = False
     c.train = train_section()  # options of the shared loop: skip_nonfinite
+    c.hardware = hardware_section()  # peak_tflops: what cost/utilisation is against
+    c.profile = profile_section()  # start_step, num_steps: a trace by flag
     return c

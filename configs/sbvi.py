@@ -24,7 +24,7 @@ arm) and does not lower the MSE. Optimiser state 17,434 vs AdaLoRA's 34,404 floa
 
 import ml_collections
 
-from configs.common import parse_arg
+from configs.common import hardware_section, parse_arg
 
 
 def get_config(arg=None):
@@ -83,4 +83,5 @@ def get_config(arg=None):
     c.log.progress = False
     c.parallel = ml_collections.ConfigDict()
     c.parallel.distributed = False
+    c.hardware = hardware_section()  # peak_tflops: what cost/utilisation is against
     return c

@@ -29,7 +29,7 @@ ablations no lower, intervals ±1.5-2.5 points (``.notes/readme/p13.md``).
 
 import ml_collections
 
-from configs.common import ConfigError, parse_arg, train_section
+from configs.common import ConfigError, hardware_section, parse_arg, profile_section, train_section
 
 METHODS = ("probe", "map", "msp", "dcp", "spr", "spr-gif", "spr-lfr", "spr-cfs")
 
@@ -84,4 +84,6 @@ def get_config(arg=None):
     c.log = ml_collections.ConfigDict()
     c.log.every = 10 if smoke else 100
     c.train = train_section()  # options of the shared loop (pre-training): skip_nonfinite
+    c.hardware = hardware_section()  # peak_tflops: what cost/utilisation is against
+    c.profile = profile_section()  # start_step, num_steps: a trace by flag
     return c

@@ -37,7 +37,7 @@ n ∈ {100, 200, 400}: the measured run of the notes, made on a heavily loaded m
 
 import ml_collections
 
-from configs.common import parse_arg, train_section
+from configs.common import hardware_section, parse_arg, profile_section, train_section
 
 
 def get_config(arg=None):
@@ -102,4 +102,6 @@ def get_config(arg=None):
         c.schedule.mlp_steps = 600
         c.eval.num_samples = 300
     c.train = train_section()  # options of the shared loop: skip_nonfinite
+    c.hardware = hardware_section()  # peak_tflops: what cost/utilisation is against
+    c.profile = profile_section()  # start_step, num_steps: a trace by flag
     return c

@@ -36,7 +36,7 @@ is in ``results.md`` and the README.
 
 import ml_collections
 
-from configs.common import ConfigError, parse_arg, train_section
+from configs.common import ConfigError, hardware_section, parse_arg, profile_section, train_section
 
 SOURCES = ("ring", "mnist")
 
@@ -93,4 +93,6 @@ def get_config(arg=None):
     c.log = ml_collections.ConfigDict()
     c.log.every = 10 if smoke else 200
     c.train = train_section()  # options of the shared loop (pre-training): skip_nonfinite
+    c.hardware = hardware_section()  # peak_tflops: what cost/utilisation is against
+    c.profile = profile_section()  # start_step, num_steps: a trace by flag
     return c

@@ -39,7 +39,7 @@ too; it is not in the default).
 
 import ml_collections
 
-from configs.common import parse_arg
+from configs.common import hardware_section, parse_arg
 
 
 def get_config(arg=None):
@@ -109,4 +109,5 @@ def get_config(arg=None):
 
     c.log = ml_collections.ConfigDict()
     c.log.progress = not arg.smoke
+    c.hardware = hardware_section()  # peak_tflops: what cost/utilisation is against
     return c

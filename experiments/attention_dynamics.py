@@ -82,6 +82,37 @@ def _summaries(config, drift, ref_t, x_t, dt_rec):
     }
 
 
+def _settings(config: Any, t_max: float, sphere: bool) -> tuple[tuple[str, Any], ...]:
+    """``_drift``'s static ``kw``: step size, step count, recording interval, sphere or R^d."""
+    m = config.model
+    steps = _steps(config, t_max)
+    return (
+        ("dt", m.dt),
+        ("num_steps", steps),
+        ("record_every", m.record_every),
+        ("sphere", sphere),
+    )
+
+
+def steps(config: Any, mesh: Any = None) -> list[common.Step]:
+    """The jitted token dynamics (``_drift``) of every synthetic model at the largest dimension,
+    for value and key perturbations, on abstract inputs (the MiniLM heads run the same program on
+    their own sizes)."""
+    del mesh  # one device
+    check_config(config)
+    dd, m, spec = config.data, config.model, jax.ShapeDtypeStruct
+    d, out = max(dd.dims), []
+    mat = spec((d, d), jnp.float32)
+    beta = spec((), jnp.float32, weak_type=True)
+    for model in dd.models:
+        t_max = m.t_max if model == "sphere" else m.t_max_unnormalised
+        kw = _settings(config, t_max, model == "sphere")
+        for which, count in (("v", 4 * dd.num_eps), ("k", dd.num_eps)):
+            args = (spec((dd.num_tokens, d), jnp.float32), mat, mat, mat, spec((count, d, d), jnp.float32), beta)  # fmt: skip
+            out.append(common.Step(f"{model} d={d} {which}", _drift, args, {"which": which, "kw": kw}))  # fmt: skip
+    return out
+
+
 def synthetic_cell(config: Any, model: str, d: int, gap: float, seed: int) -> dict:
     dd, m = config.data, config.model
     key = jax.random.fold_in(jax.random.key(config.seed), seed)
@@ -102,12 +133,7 @@ def synthetic_cell(config: Any, model: str, d: int, gap: float, seed: int) -> di
     dv = jnp.concatenate([rank_one(sp.top), rank_one(sp.second), random(kr, rank), random(kf, d)])
     dk = random(kk, rank)
     t_max = m.t_max if model == "sphere" else m.t_max_unnormalised
-    kw = (
-        ("dt", m.dt),
-        ("num_steps", _steps(config, t_max)),
-        ("record_every", m.record_every),
-        ("sphere", model == "sphere"),
-    )
+    kw = _settings(config, t_max, model == "sphere")
     drift_v, ref_t, xv = _drift(x0, eye, eye, v, dv, m.beta, "v", kw)
     drift_k, _, xk = _drift(x0, eye, eye, v, dk, m.beta, "k", kw)
     drift = jnp.concatenate([drift_v, drift_k])
@@ -158,12 +184,7 @@ def minilm_cell(config: Any, x0, beta, att, width, head) -> dict:
             for u in (sp.top, sp.second)
         ]
     )
-    kw = (
-        ("dt", m.dt),
-        ("num_steps", _steps(config, mc.t_max)),
-        ("record_every", m.record_every),
-        ("sphere", True),
-    )
+    kw = _settings(config, mc.t_max, True)
     qk = (q, k, v)
     dt_rec = m.dt * m.record_every
     per, curves = [], []

@@ -24,6 +24,7 @@ import optax
 from absl import logging
 
 from experiments import common
+from experiments.common import lowering
 from lowrank_jax import adapters, data, merging, models
 
 METHODS = ("direct", "source_revert", "task_arithmetic", "ties", "dare", "casa", "oracle")
@@ -89,13 +90,18 @@ def _hidden(passage_chars: int, per_play: int, seq_len: int, first_layer: int):
     batch = models.tokenize(tokenizer, list(ds.x), max_len=seq_len)
     full = batch["attention_mask"].all(axis=1)
     prefix_config, prefix_vars, _ = models.split_encoder(bert_config, variables, first_layer)
-    encoder = models.BertEncoder(prefix_config)
-    encode = jax.jit(lambda v, i: encoder.apply(v, i, jnp.ones_like(i)))
+    encode = _prefix_encoder(prefix_config)
     ids = batch["input_ids"][full]
     hidden = np.concatenate(
         [np.asarray(encode(prefix_vars, ids[i : i + 64])) for i in range(0, len(ids), 64)]
     )
     return hidden, genre[full].astype(np.int32), ds.y[full], ds.class_names
+
+
+def _prefix_encoder(prefix_config: Any):
+    """The jitted cached lower layers: ``encode(variables, input_ids) -> hidden``."""
+    encoder = models.BertEncoder(prefix_config)
+    return jax.jit(lambda v, i: encoder.apply(v, i, jnp.ones_like(i)))
 
 
 def _task_splits(config: Any, seed: int) -> dict[str, dict[str, dict[str, np.ndarray]]]:
@@ -148,12 +154,13 @@ def _fit(config, state, frozen, step, arrays, seed, workdir, name, steps):
     return jax.device_get(result.state)
 
 
-def _train_target(config, model, feats, source, splits, seed, workdir):
-    """Full fine-tuning of the top layers + genre head: CE on noisy inputs + self-distillation."""
-    init = model.init(jax.random.key(seed), splits["genre"]["train"]["x"][:1])["params"]
+def _target_setup(config, model, feats, source, x, key, *, std):
+    """The target's train state (top layers + a fresh genre head) and its ``fit`` step:
+    cross-entropy on inputs with noise ``config.target.noise * std`` + self-distillation of the
+    source's features. ``x``: hidden states with a leading batch axis (arrays or abstract)."""
+    init = model.init(key, jnp.zeros((1, *x.shape[1:]), jnp.float32))["params"]
     params = {**source, "head": init["head"]}
     tx = optax.adamw(config.target.learning_rate, weight_decay=0.0)
-    std = float(np.std(splits["genre"]["train"]["x"]))
     noise, beta = config.target.noise * std, config.target.distill_weight
 
     def step(state, frozen, batch, key):
@@ -174,16 +181,26 @@ def _train_target(config, model, feats, source, splits, seed, workdir):
         new = optax.apply_updates(state["params"], updates)
         return {**state, "params": new, "opt_state": opt}, {"ce": ce, "distill": distill}
 
-    state = {"params": params, "opt_state": tx.init(params), "step": 0}
+    return {"params": params, "opt_state": tx.init(params), "step": 0}, step
+
+
+def _train_target(config, model, feats, source, splits, seed, workdir):
+    """Full fine-tuning of the top layers + genre head: CE on noisy inputs + self-distillation."""
+    x = splits["genre"]["train"]["x"]
+    state, step = _target_setup(
+        config, model, feats, source, x, jax.random.key(seed), std=float(np.std(x))
+    )
     steps = config.target.steps
     return _fit(
         config, state, source, step, splits["genre"]["train"], seed, workdir, "target", steps
     )["params"]
 
 
-def _train_lora(config, model, body, arrays, seed, workdir, name):
-    """LoRA (on ``config.adapter.targets``) + a fresh head on frozen ``body``; returns both."""
-    init = model.init(jax.random.key(seed + 1), arrays["x"][:1])["params"]
+def _lora_setup(config, model, body, x, seed):
+    """The train state of a LoRA (on ``config.adapter.targets``) + a fresh head on frozen ``body``,
+    and its ``fit`` step. ``x``: inputs with a leading batch axis (arrays or abstract)."""
+    init = model.init(jax.random.key(seed + 1), jnp.zeros((1, *x.shape[1:]), jnp.float32))
+    init = init["params"]
     spec = adapters.lora(rank=config.adapter.rank, alpha=config.adapter.alpha)
     variables = {"params": {**body, "head": init["head"]}}
     rules = [(t, spec) for t in config.adapter.targets]
@@ -204,7 +221,12 @@ def _train_lora(config, model, body, arrays, seed, workdir, name):
         return {**state, **optax.apply_updates(trained, updates), "opt_state": opt}, {"loss": loss}
 
     trained = {"lora": lora, "head": init["head"]}
-    state = {**trained, "opt_state": tx.init(trained), "step": 0}
+    return {**trained, "opt_state": tx.init(trained), "step": 0}, step
+
+
+def _train_lora(config, model, body, arrays, seed, workdir, name):
+    """LoRA (on ``config.adapter.targets``) + a fresh head on frozen ``body``; returns both."""
+    state, step = _lora_setup(config, model, body, arrays["x"], seed)
     out = _fit(config, state, body, step, arrays, seed, workdir, name, config.adapter.steps)
     return out["lora"], out["head"]
 
@@ -299,23 +321,65 @@ def _evaluate(fns, body, play_head, genre_head, target_genre, norm_ref, split, s
     return out
 
 
-def _run_seed(config, seed, workdir, bert_config):
-    splits = _task_splits(config, seed)
-    _, _, top = models.split_encoder(*models.load_minilm()[:2], config.model.first_layer)
-    source = jax.device_get(top)
+def _models(config, bert_config):
+    """``(genre_model, play_model, feats, logits)``: the top-layer classifiers of the two tasks,
+    ``feats(body, x)`` (pooled top-layer features) and the jitted ``logits(params, x)`` (the
+    genre or the play classifier, by the head's size)."""
     first, d = config.model.first_layer, bert_config.hidden_size
     genre_model = models.BertTopClassifier(bert_config, first, len(data.GENRES))
     play_model = models.BertTopClassifier(bert_config, first, len(config.data.lora_plays))
     feature_model = models.BertTopClassifier(bert_config, first, d)
-    identity = {"kernel": jnp.eye(d), "bias": jnp.zeros(d)}
 
     def feats(body, x):  # pooled top-layer features: the identity head's logits
+        identity = {"kernel": jnp.eye(d), "bias": jnp.zeros(d)}
         return feature_model.apply({"params": {**body, "head": identity}}, x)
 
     @jax.jit
-    def _logits(params, x):
+    def logits(params, x):
         n = params["head"]["bias"].shape[0]
         return (genre_model if n == 3 else play_model).apply({"params": params}, x)
+
+    return genre_model, play_model, feats, logits
+
+
+def steps(config: Any, mesh: Any = None) -> list[common.Step]:
+    """The jitted programs of a seed on abstract inputs (no data, no weights read): the cached
+    prefix encoder, the target's and the LoRA's ``fit`` steps, and the evaluation forwards."""
+    check_config(config)
+    mesh = common.make_mesh() if mesh is None else mesh
+    bert_config, encoder = lowering.abstract_minilm()
+    prefix_config, prefix_vars, top = models.split_encoder(
+        bert_config, encoder, config.model.first_layer
+    )
+    genre_model, play_model, feats, logits = _models(config, bert_config)
+    d, b = config.data, config.data.batch_size
+    x = jax.ShapeDtypeStruct((b, d.seq_len, bert_config.hidden_size), jnp.float32)
+    batch = {"x": x, "y": jax.ShapeDtypeStruct((b,), jnp.int32)}
+    target, target_step = common.eval_shape_with_static(
+        lambda source: _target_setup(
+            config, genre_model, feats, source, x, jax.random.key(0), std=1.0
+        ),
+        top,
+    )
+    lora, lora_step = common.eval_shape_with_static(
+        lambda body: _lora_setup(config, play_model, body, x, 0), top
+    )
+    eval_x = jax.ShapeDtypeStruct((config.eval.batch_size, *x.shape[1:]), jnp.float32)
+    ids = jax.ShapeDtypeStruct((64, d.seq_len), jnp.int32)  # _hidden's chunks of 64 passages
+    return [
+        common.Step("prefix encoder", _prefix_encoder(prefix_config), (prefix_vars, ids)),
+        common.fit_step(target_step, target, top, batch, mesh=mesh, name="target"),
+        common.fit_step(lora_step, lora, top, batch, mesh=mesh, name="lora"),
+        common.Step("logits", logits, ({**top, "head": target["params"]["head"]}, eval_x)),
+        common.Step("features", jax.jit(feats), (top, eval_x)),
+    ]
+
+
+def _run_seed(config, seed, workdir, bert_config):
+    splits = _task_splits(config, seed)
+    _, _, top = models.split_encoder(*models.load_minilm()[:2], config.model.first_layer)
+    source = jax.device_get(top)
+    genre_model, play_model, feats, _logits = _models(config, bert_config)
 
     def batched(fn):
         def run(params, x):

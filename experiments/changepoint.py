@@ -67,6 +67,23 @@ def make_detectors(reference: np.ndarray, m: Any, *, rank: int, rate_bound=None)
     }
 
 
+def steps(config: Any, mesh: Any = None) -> list[common.Step]:
+    """Each detector's online update scanned over a stream of chunks, as ``cp.run_detector``
+    scans it, on abstract counts (the detectors are built from a stand-in mean of ones)."""
+    del mesh  # one device
+    check_config(config)
+    d, m, e = config.data, config.model, config.eval
+    dets = make_detectors(np.ones((1, d.p, d.num_cells), np.float32), m, rank=m.rank)
+    chunks = -(-d.horizon // e.chunk)
+    ys = jax.ShapeDtypeStruct((chunks, e.chunk, d.p, d.num_cells), np.float32)
+    return [common.Step(name, _scan_detector(det), (ys,)) for name, det in dets.items()]
+
+
+def _scan_detector(det):
+    """``scores(ys (n, chunk, p, L)) -> (n, chunk)``: the detector's updates over the chunks."""
+    return jax.jit(lambda ys: jax.lax.scan(det.update, det.init(), ys)[1])
+
+
 def cusum_totals_refit(rel_change: float):
     """Traceable factory ``stretch -> page_cusum_totals(mean total)`` for ``refit``."""
 

@@ -47,18 +47,30 @@ from absl import logging
 from experiments import common
 from experiments import continual_search as search
 from experiments.common import continual_report as report
-from experiments.common import sweep
+from experiments.common import lowering, sweep
 from experiments.continual_setup import (
     PROTOCOLS,
     Stream,
     build_backbone,
     check_setup,
     load_stream,
+    make_model,
+    prefix_encoder,
+    pretrain_setup,
+    stream_shapes,
 )
-from lowrank_jax import continual, data
+from lowrank_jax import continual, data, models
 from lowrank_jax import optim as lj_optim
 
-__all__ = ["METHODS", "build_backbone", "check_config", "load_stream", "make_method", "run"]
+__all__ = [
+    "METHODS",
+    "build_backbone",
+    "check_config",
+    "load_stream",
+    "make_method",
+    "run",
+    "steps",
+]
 
 METHODS = ("saber", "gr_lora", "seq_lora", "o_lora", "inflora", "gpm_lora", "sd_lora", "joint")
 
@@ -236,6 +248,56 @@ def _train_step(method: continual.ContinualMethod, tx: Any):
         return {**state, "trainable": trainable, "opt_state": opt_state}, {"loss": loss, "ce": ce}
 
     return step
+
+
+def steps(config: Any, mesh: Any = None) -> list[common.Step]:
+    """The jitted programs of a run on abstract inputs (no data, no weights read): the cached
+    MiniLM layers or the base session's step, and each method's first-task ``fit`` step.
+
+    (A method's ``predict`` and ``end_task`` jit inside the library on the state a task leaves,
+    so they are not among them.)
+    """
+    check_config(config)
+    mesh = common.make_mesh() if mesh is None else mesh
+    shapes, b = stream_shapes(config), config.data.batch_size
+    key = jax.random.key(0)
+    out = []
+    if config.data.benchmark == "shakespeare_plays":
+        bert_config, encoder = lowering.abstract_minilm()
+        prefix = models.split_encoder(bert_config, encoder, config.model.first_layer)
+        ids = jax.ShapeDtypeStruct((64, config.data.seq_len), jnp.int32)  # chunks of 64
+        out.append(common.Step("prefix encoder", prefix_encoder(prefix[0]), (prefix[1], ids)))
+    if shapes["base"] is not None:
+        x_shape, classes = shapes["base"]
+        state, step = common.eval_shape_with_static(
+            lambda k: pretrain_setup(config, make_model(config, classes), x_shape, k), key
+        )
+        batch = {"x": _spec((b, *x_shape)), "y": _spec((b,), jnp.int32)}
+        out.append(common.fit_step(step, state, None, batch, mesh=mesh, name="base session"))
+    model = make_model(config, shapes["num_classes"])
+    variables = jax.eval_shape(model.init, key, jnp.zeros((1, *shapes["x"])))
+    batch = {
+        "x": _spec((b, *shapes["x"])),
+        "y": _spec((b,), jnp.int32),
+        "mask": _spec((b, shapes["num_classes"]), jnp.bool_),
+    }
+    for name in config.methods:
+        method = make_method(config, name, model.apply, shapes["protocol"], config.seeds[0])
+        x = np.zeros((b, *shapes["x"]), np.float32)  # a stand-in first task (never read)
+        task = continual.Task(0, shapes["task_classes"], x, np.zeros(b, np.int32), shapes["num_classes"])  # fmt: skip
+
+        def first_task(variables, method=method, task=task):
+            trainable, frozen, tx = method.begin_task(method.init(variables), key, task)
+            return (trainable, frozen, tx.init(trainable)), tx
+
+        (trainable, frozen, opt_state), tx = common.eval_shape_with_static(first_task, variables)
+        state = {"trainable": trainable, "opt_state": opt_state, "step": 0}
+        out.append(common.fit_step(_train_step(method, tx), state, frozen, batch, mesh=mesh, name=name))  # fmt: skip
+    return out
+
+
+def _spec(shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, dtype)
 
 
 def evaluate(

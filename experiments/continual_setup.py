@@ -301,8 +301,7 @@ def _minilm_hidden(
     full = batch["attention_mask"].all(axis=1)
     ids, y = batch["input_ids"][full], y[full]
     prefix_config, prefix_vars, _ = models.split_encoder(bert_config, variables, first_layer)
-    encoder = models.BertEncoder(prefix_config)
-    encode = jax.jit(lambda v, i: encoder.apply(v, i, jnp.ones_like(i)))
+    encode = prefix_encoder(prefix_config)
     logging.info(
         "shakespeare_plays: encoding %d passages (%d dropped as shorter than %d tokens) with "
         "MiniLM layers 0..%d",
@@ -316,6 +315,51 @@ def _minilm_hidden(
         [np.asarray(encode(prefix_vars, ids[i : i + chunk])) for i in range(0, len(ids), chunk)]
     )
     return hidden, y
+
+
+def prefix_encoder(prefix_config: Any):
+    """The jitted frozen bottom layers: ``encode(variables, input_ids) -> hidden states``."""
+    encoder = models.BertEncoder(prefix_config)
+    return jax.jit(lambda v, i: encoder.apply(v, i, jnp.ones_like(i)))
+
+
+def _minilm_config() -> Any:
+    return models.BertConfig.from_json(models.minilm_dir() / "config.json")
+
+
+def stream_shapes(config: Any) -> dict[str, Any]:
+    """What :func:`load_stream` and :func:`build_backbone` give, without loading data:
+    ``{"x": the shape of one example, "num_classes", "task_classes": task 0's classes,
+    "protocol", "base": (shape of a base-session example, its classes) or None}``."""
+    d, bench = config.data, config.data.benchmark
+    digits = ((64,), None)
+    x, base = {
+        "split_digits": digits,
+        "digits_cil": digits,
+        "long_stream": ((d.dim,), None),
+        "shakespeare_plays": ((d.seq_len, _minilm_config().hidden_size), None),
+        "split_mnist": ((28, 28, 1), ((28, 28, 1), 5)),
+        "mnist_cil": ((28, 28, 1), ((28, 28, 1), 10)),
+    }[bench]
+    num_classes, per_task = {
+        "split_digits": (10 * d.num_tasks, 10),
+        "digits_cil": (10, 10 // d.num_tasks),
+        "long_stream": (d.num_tasks * d.classes_per_task, d.classes_per_task),
+        "shakespeare_plays": (len(d.plays), d.plays_per_task),
+        "split_mnist": (10, 5),
+        "mnist_cil": (10, 10 // d.num_tasks),
+    }[bench]
+    if bench == "split_digits":
+        base = ((64,), 5)
+    if not config.model.pretrain_steps:
+        base = None
+    return {
+        "x": x,
+        "num_classes": num_classes,
+        "task_classes": np.arange(per_task),
+        "protocol": PROTOCOLS[bench],
+        "base": base,
+    }
 
 
 def _shakespeare_stream(config: Any, rng: np.random.Generator) -> Stream:
@@ -364,15 +408,14 @@ def make_model(config: Any, num_classes: int) -> Any:
         v = m.vit
         return models.ViT(v.patch, v.dim, v.depth, v.heads, v.mlp_dim, num_classes)
     if m.name == "minilm":
-        bert_config = models.BertConfig.from_json(models.minilm_dir() / "config.json")
-        return models.BertTopClassifier(bert_config, m.first_layer, num_classes)
+        return models.BertTopClassifier(_minilm_config(), m.first_layer, num_classes)
     raise common.ConfigError(f"config.model.name={m.name!r}: allowed values are {MODELS}")
 
 
-def _pretrain(config: Any, stream: Stream, key: jax.Array, workdir: str) -> Any:
-    """Trains the whole model on the base session; returns its variables."""
-    model = make_model(config, stream.base_classes)
-    variables = model.init(key, jnp.zeros((1, *stream.base["x"].shape[1:])))
+def pretrain_setup(config: Any, model: Any, x_shape: tuple[int, ...], key: jax.Array):
+    """The base session's train state (the whole ``model`` on inputs of shape ``x_shape``) and
+    its ``fit`` step."""
+    variables = model.init(key, jnp.zeros((1, *x_shape)))
     clip = [optax.clip_by_global_norm(config.optim.grad_clip)] if config.optim.grad_clip else []
     tx = optax.chain(*clip, optax.scale_by_adam(), optax.scale(-config.optim.learning_rate))
     state = {"params": variables, "opt_state": tx.init(variables), "step": 0}
@@ -392,6 +435,13 @@ def _pretrain(config: Any, stream: Stream, key: jax.Array, workdir: str) -> Any:
             "opt_state": opt_state,
         }, {"loss": loss}
 
+    return state, step
+
+
+def _pretrain(config: Any, stream: Stream, key: jax.Array, workdir: str) -> Any:
+    """Trains the whole model on the base session; returns its variables."""
+    model = make_model(config, stream.base_classes)
+    state, step = pretrain_setup(config, model, stream.base["x"].shape[1:], key)
     steps = config.model.pretrain_steps
     result = common.fit(
         state,

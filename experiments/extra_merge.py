@@ -126,8 +126,8 @@ def _lm_loss(model: Any, params: Any, seqs: jax.Array) -> jax.Array:
     return optax.softmax_cross_entropy_with_integer_labels(logits, seqs[:, 1:]).mean()
 
 
-def make_loss_fn(model: Any, seqs: np.ndarray, *, batch_size: int):
-    """params -> mean next-character loss (nats) over all of ``seqs``, forward passes only."""
+def _loss_chunk(model: Any):
+    """The jitted ``chunk(params, x, weight)``: the weighted sum of per-sequence losses."""
 
     @jax.jit
     def chunk(params, x, weight):
@@ -135,6 +135,12 @@ def make_loss_fn(model: Any, seqs: np.ndarray, *, batch_size: int):
         per_seq = optax.softmax_cross_entropy_with_integer_labels(logits, x[:, 1:]).mean(-1)
         return jnp.sum(per_seq * weight)
 
+    return chunk
+
+
+def make_loss_fn(model: Any, seqs: np.ndarray, *, batch_size: int):
+    """params -> mean next-character loss (nats) over all of ``seqs``, forward passes only."""
+    chunk = _loss_chunk(model)
     chunks = list(common.padded_batches({"x": seqs, "y": np.zeros(len(seqs))}, batch_size))
 
     def loss_fn(params):
@@ -147,6 +153,52 @@ def make_loss_fn(model: Any, seqs: np.ndarray, *, batch_size: int):
 # One optimizer and seed: train (constant and WSD), then merge.
 
 
+def _lm_step(model: Any, tx: optax.GradientTransformation):
+    """The ``fit`` step of the character LM: next-character cross-entropy, ``tx``'s update."""
+
+    def step(state, frozen, batch, key):
+        del frozen, key
+        loss, grads = jax.value_and_grad(lambda p: _lm_loss(model, p, batch["x"]))(state["params"])
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        return {**state, "params": params, "opt_state": opt_state}, {"loss": loss}
+
+    return step
+
+
+def _model(config: Any, vocab_size: int) -> Any:
+    m = config.model
+    return models.CharGPT(vocab_size, m.dim, m.depth, m.heads, config.data.seq_len)
+
+
+# The lowering's vocabulary size: the run's is the number of distinct characters in the text it
+# reads; only the sizes of the embedding and the output layer depend on it.
+_NOMINAL_VOCAB = 80
+
+
+def steps(config: Any, mesh: Any = None) -> list[common.Step]:
+    """The ``fit`` steps (constant and WSD schedules per optimizer) and the evaluation chunk, on
+    abstract inputs (no text read; a nominal vocabulary of 80 characters)."""
+    check_config(config)
+    mesh = common.make_mesh() if mesh is None else mesh
+    model = _model(config, _NOMINAL_VOCAB)
+    seq = config.data.seq_len + 1
+    x = jax.ShapeDtypeStruct((config.data.batch_size, seq), jnp.int32)
+    params = jax.eval_shape(
+        lambda k: model.init(k, jnp.zeros((1, seq - 1), jnp.int32))["params"], jax.random.key(0)
+    )
+    out = []
+    for name in config.optim.names:
+        for decay in (False, True):
+            tx = _optimizer(config, name, decay=decay)
+            state = {"params": params, "opt_state": jax.eval_shape(tx.init, params), "step": 0}
+            label = f"{name}/{'wsd' if decay else 'const'}"
+            out.append(common.fit_step(_lm_step(model, tx), state, None, {"x": x}, mesh=mesh, name=label))  # fmt: skip
+    b = config.eval.batch_size
+    chunk = (params, jax.ShapeDtypeStruct((b, seq), jnp.int32), jax.ShapeDtypeStruct((b,), jnp.float32))  # fmt: skip
+    return [*out, common.Step("eval chunk", _loss_chunk(model), chunk)]
+
+
 def _train(config, model, arrays, name, seed, workdir, *, decay, phases):
     """Trains through ``common.fit`` in ``phases`` = ((until_step, ckpt_every), ...): each phase
     resumes from the previous one's checkpoint, so the interval can tighten in the window."""
@@ -157,14 +209,7 @@ def _train(config, model, arrays, name, seed, workdir, *, decay, phases):
         return {"params": params, "opt_state": tx.init(params), "step": 0}
 
     keep = config.schedule.num_checkpoints + 1
-
-    def step(state, frozen, batch, key):
-        del frozen, key
-        loss, grads = jax.value_and_grad(lambda p: _lm_loss(model, p, batch["x"]))(state["params"])
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        params = optax.apply_updates(state["params"], updates)
-        return {**state, "params": params, "opt_state": opt_state}, {"loss": loss}
-
+    step = _lm_step(model, tx)
     for until, every in phases:
         result = common.fit(
             init_state(),
@@ -309,9 +354,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
     logging.info(
         "char-LM data: %s, vocabulary %d", {k: v.shape for k, v in arrays.items()}, len(vocab)
     )
-    model = models.CharGPT(
-        len(vocab), config.model.dim, config.model.depth, config.model.heads, config.data.seq_len
-    )
+    model = _model(config, len(vocab))
     cells = []
     for seed in range(config.seed, config.seed + config.num_seeds):  # seed-major: a partial
         for name in config.optim.names:  # run covers every optimizer equally

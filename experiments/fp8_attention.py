@@ -240,21 +240,21 @@ def scale_queries(params, fn):
     return out
 
 
-def train_run(p: Policy, config, workdir: str, donor=None) -> common.FitResult:
-    """One resumable run through ``common.fit``: the donor (``donor=None``: float32 from
-    ``seed + 1``, no transients) or a run under policy ``p`` with the transients."""
+def run_setup(p: Policy, config, donor=None):
+    """``(state, frozen, step, track)`` of a run: the donor (``donor=None``: float32 from
+    ``seed + 1``, no transients) or a run under policy ``p`` with the transients; ``track``: the
+    jitted σ-tracking evaluation of geometry policies, else None."""
     is_donor = donor is None
     n = config.transients.donor_steps if is_donor else config.schedule.num_steps
     step, tx, policy = make_train_step(p, config, transients=not is_donor)
     tokens = jnp.zeros((1, config.data.seq_len - 1), jnp.int32)
     params = make_model(config).init(jax.random.key(config.seed + is_donor), tokens, None)["params"]
-    pkey, dkey = jax.random.split(jax.random.key(config.seed + 7))
+    pkey = jax.random.split(jax.random.key(config.seed + 7))[0]
     geometry = models.fp8_attention_geometry(params, num_layers=config.model.num_layers)
     pstate = policy.init(pkey, *geometry)  # geometry: burn-in (eager: same bits as before)
     frozen = {"lr": learning_rates(config, n, spikes=not is_donor)}
     if not is_donor:
         frozen["donor"] = donor
-    name = "donor" if is_donor else os.path.join("policies", p.name.replace(":", "_"))
     track = None
     if isinstance(pstate, (fp8.GeometryScalingState, fp8.OnlineCalibrationState)):
 
@@ -266,8 +266,44 @@ def train_run(p: Policy, config, workdir: str, donor=None) -> common.FitResult:
             est = (est.geometry if isinstance(est, fp8.OnlineCalibrationState) else est).sigma
             return {f"tracking/{TRACKING}": jnp.max(jnp.abs(est - exact) / exact)}
 
+    state = {"params": params, "opt_state": tx.init(params), "policy": pstate, "step": 0}
+    return state, frozen, step, track
+
+
+def steps(config, mesh=None) -> list[common.Step]:
+    """The donor's and every policy's ``fit`` step, and the σ tracking, on abstract inputs."""
+    check_config(config)
+    mesh = common.make_mesh() if mesh is None else mesh
+    out, donor = [], None
+    for p in [Policy("none", "none"), *map(parse_policy, config.policies)]:
+        (state, frozen), (step, track) = common.eval_shape_with_static(
+            lambda d, p=p: _split_setup(run_setup(p, config, d)), donor
+        )
+        name = "donor" if donor is None else p.name
+        out.append(common.fit_step(step, state, frozen, {}, mesh=mesh, name=name))
+        if track is not None:
+            after = {**state, "step": jax.ShapeDtypeStruct((), jnp.int32)}
+            args = (common.placed(after, mesh), common.placed(frozen, mesh))
+            out.append(common.Step(f"{p.name} tracking", track, args))
+        donor = donor or state["params"]
+    return out
+
+
+def _split_setup(setup):
+    state, frozen, step, track = setup
+    return (state, frozen), (step, track)
+
+
+def train_run(p: Policy, config, workdir: str, donor=None) -> common.FitResult:
+    """One resumable run through ``common.fit``: the donor (``donor=None``: float32 from
+    ``seed + 1``, no transients) or a run under policy ``p`` with the transients."""
+    is_donor = donor is None
+    n = config.transients.donor_steps if is_donor else config.schedule.num_steps
+    state, frozen, step, track = run_setup(p, config, donor)
+    dkey = jax.random.split(jax.random.key(config.seed + 7))[1]
+    name = "donor" if is_donor else os.path.join("policies", p.name.replace(":", "_"))
     return common.fit(
-        {"params": params, "opt_state": tx.init(params), "policy": pstate, "step": 0},
+        state,
         frozen,
         step,
         _KeyedData(),

@@ -12,6 +12,7 @@ References: P14, arXiv 2602.18851 (reconstruction, see ``lowrank_jax.fp8``).
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -51,11 +52,10 @@ def minilm_scales(config) -> list[dict[str, Any]]:
     for i, (x, ln, attn) in enumerate(models.bert_attention_inputs(mcfg, variables, ids, am)):
         q, k = attn["query"], attn["key"]
         gain = fp8.norm_gain_bound(ln["scale"], ln["bias"])
-        rep = fp8.attention_logit_report(
+        report = _report(config, int((am > 0).sum(axis=1).max()))
+        rep = report(
             x, heads(q["kernel"]), heads(k["kernel"]), b_q=heads(q["bias"]), b_k=heads(k["bias"]),
-            mask=am > 0, key=jax.random.key(i), seq_len=int((am > 0).sum(axis=1).max()),
-            norm_gain=gain, delta=config.policy.delta, fmt=config.policy.fmt,
-            num_iters=config.policy.power_iters,
+            mask=am > 0, key=jax.random.key(i), norm_gain=gain,
         )  # fmt: skip
         rows.append(
             {
@@ -74,6 +74,30 @@ def minilm_scales(config) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def _report(config, seq_len: int):
+    """``fp8.attention_logit_report`` with the config's settings (run eagerly by the study)."""
+    p = config.policy
+    return functools.partial(
+        fp8.attention_logit_report, seq_len=seq_len, delta=p.delta, fmt=p.fmt,
+        num_iters=p.power_iters,
+    )  # fmt: skip
+
+
+def steps(config, mesh=None) -> list[common.Step]:
+    """One layer's logit report as one jitted program, on abstract MiniLM activations (the study
+    runs it eagerly, layer by layer)."""
+    del mesh  # one device
+    check_config(config)
+    mcfg = models.BertConfig.from_json(models.minilm_dir() / "config.json")
+    h, d, spec = mcfg.num_attention_heads, mcfg.hidden_size, jax.ShapeDtypeStruct
+    b, t = config.data.num_passages, config.data.max_len
+    w, bias = spec((d, h, d // h), jnp.float32), spec((h, d // h), jnp.float32)
+    kwargs = {"b_q": bias, "b_k": bias, "mask": spec((b, t), jnp.bool_),
+              "key": jax.eval_shape(lambda: jax.random.key(0)), "norm_gain": spec((), jnp.float32)}  # fmt: skip
+    report = jax.jit(_report(config, t))
+    return [common.Step("layer report", report, (spec((b, t, d), jnp.float32), w, w), kwargs)]
 
 
 def check_config(config) -> None:

@@ -130,6 +130,27 @@ def run_cell(config: Any, make_spec, lr: float, seed: int, *, valid: bool) -> di
     }
 
 
+def steps(config: Any, mesh: Any = None) -> list[common.Step]:
+    """The source MLP's pre-training and every method's ``train_scan`` (at its first learning
+    rate), on abstract inputs (no data)."""
+    del mesh  # the sweep's programs run on one device
+    check_config(config)
+    model, variables, pretrain = digits_shift.pretrain_step(config)
+    out = [pretrain]
+    for name, _, make in methods(config):
+        lr = _lr_grid(config, name)[0]
+        if make is None:
+            spec, n = jax.ShapeDtypeStruct, config.data.num_train
+            train = {"x": spec((n, 8, 8, 1), jnp.float32), "y": spec((n,), jnp.int32)}
+            idx = spec((config.schedule.num_steps, config.data.batch_size), jnp.int32)
+            out.append(sweep.train_scan_step(name, variables, None, train, idx, loss_fn=_full_loss(model), tx=sweep.adam(lr)))  # fmt: skip
+            continue
+        rules = [(config.adapter.targets, make())]
+        ad = jax.eval_shape(lambda v, rules=rules: adapters.init(jax.random.key(0), v, rules), variables)  # fmt: skip
+        out.append(digits_shift.adapter_scan_step(name, config, model, ad, variables, lr=lr))
+    return out
+
+
 def _trend_checks(config: Any, table: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """specs §10 (4): frame vs FourierFT and identity, L = 8 vs L = 2, vs LoRA and full FT."""
     by = {(r["method"], r["budget/layer"]): r for r in table}

@@ -18,6 +18,7 @@ validation set and on ``select.offdiag_pool`` pool examples, at the last warm-up
 from __future__ import annotations
 
 import functools
+import inspect
 import itertools
 import os
 import time
@@ -116,19 +117,29 @@ def _mlp_losses(model):
     return example_loss, batch_loss
 
 
-def _make_evaluate(batch_loss, variables, *, accuracy_fn=None, batch_size=256):
+@functools.cache
+def _eval_sums(batch_loss, accuracy_fn=None):
+    """The jitted ``sums(ad, variables, chunk, w)``: weighted per-example loss (and accuracy)
+    sums of a chunk. ``accuracy_fn(ad, variables, chunk) -> (b,)``."""
+
     @jax.jit
-    def sums(ad, chunk, w):
+    def sums(ad, variables, chunk, w):
         per = jax.vmap(lambda e: batch_loss(ad, variables, jax.tree.map(lambda a: a[None], e)))
         out = {"loss": jnp.sum(per(chunk) * w)}
         if accuracy_fn is not None:
-            out["accuracy"] = jnp.sum(accuracy_fn(ad, chunk) * w)
+            out["accuracy"] = jnp.sum(accuracy_fn(ad, variables, chunk) * w)
         return out
+
+    return sums
+
+
+def _make_evaluate(batch_loss, variables, *, accuracy_fn=None, batch_size=256):
+    sums = _eval_sums(batch_loss, accuracy_fn)
 
     def evaluate(ad, arrays):
         n, tot = len(arrays["y"]), {}
         for chunk, w in common.padded_batches(arrays, batch_size):
-            for k, v in sums(ad, chunk, w).items():
+            for k, v in sums(ad, variables, chunk, w).items():
                 tot[k] = tot.get(k, 0.0) + float(v)
         return {k: v / n for k, v in tot.items()}
 
@@ -167,22 +178,8 @@ def _shakespeare_task(config: Any, workdir: str) -> Task:
     pool = np.concatenate([pick["pool"], bad])
     kind = np.concatenate([np.where(pool_hist, 0, 2), np.ones(n_bad, int)])
 
-    model = models.CharGPT(len(vocab), config.model.dim, config.model.depth, config.model.heads,
-                           d.seq_len)  # fmt: skip
-    tx = optax.adamw(config.model.pretrain_lr, b2=0.95, weight_decay=0.1)
-
-    def step(state, frozen, batch, key):
-        del frozen, key
-
-        def loss(p):
-            logits = model.apply({"params": p}, batch["x"][:, :-1])
-            return optax.softmax_cross_entropy_with_integer_labels(logits, batch["x"][:, 1:]).mean()
-
-        value, grads = jax.value_and_grad(loss)(state["params"])
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        return {**state, "params": optax.apply_updates(state["params"], updates),
-                "opt_state": opt_state}, {"loss": value}  # fmt: skip
-
+    model = _char_gpt(config, len(vocab))
+    tx, step = _pretrain_step(config, model)
     params = model.init(jax.random.key(config.seed), pick["pre"][:1, :-1])["params"]
     result = common.fit(
         {"params": params, "opt_state": tx.init(params), "step": 0}, None, step,
@@ -203,6 +200,85 @@ def _shakespeare_task(config: Any, workdir: str) -> Task:
     )  # fmt: skip
 
 
+def _char_gpt(config: Any, vocab_size: int) -> Any:
+    m = config.model
+    return models.CharGPT(vocab_size, m.dim, m.depth, m.heads, config.data.seq_len)
+
+
+def _pretrain_step(config: Any, model: Any):
+    """``(tx, step)``: the base char-GPT's optimizer and ``fit`` step (next-character loss)."""
+    tx = optax.adamw(config.model.pretrain_lr, b2=0.95, weight_decay=0.1)
+
+    def step(state, frozen, batch, key):
+        del frozen, key
+
+        def loss(p):
+            logits = model.apply({"params": p}, batch["x"][:, :-1])
+            return optax.softmax_cross_entropy_with_integer_labels(logits, batch["x"][:, 1:]).mean()
+
+        value, grads = jax.value_and_grad(loss)(state["params"])
+        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+        return {**state, "params": optax.apply_updates(state["params"], updates),
+                "opt_state": opt_state}, {"loss": value}  # fmt: skip
+
+    return tx, step
+
+
+# The lowering's character vocabulary (the run's is the text's distinct characters: only the
+# embedding's and the output layer's sizes depend on it).
+_NOMINAL_VOCAB = 80
+
+
+def steps(config: Any, mesh: Any = None) -> list[common.Step]:
+    """The jitted programs on abstract inputs (no data read): the base model's training (char-GPT
+    through ``fit``, or the MLP's ``train_scan``), the LoRA warm-up and fine-tuning scans and the
+    evaluation. (The selection pipelines jit inside ``lowrank_jax.selection``.)"""
+    check_config(config)
+    mesh = common.make_mesh() if mesh is None else mesh
+    d, key, spec = config.data, jax.random.key(0), jax.ShapeDtypeStruct
+    out = []
+    if d.name == "shakespeare":
+        model = _char_gpt(config, _NOMINAL_VOCAB)
+        tx, step = _pretrain_step(config, model)
+        x = spec((1, d.seq_len), jnp.int32)
+        params = jax.eval_shape(lambda k: model.init(k, jnp.zeros(x.shape, x.dtype))["params"], key)
+        state = {"params": params, "opt_state": jax.eval_shape(tx.init, params), "step": 0}
+        batch = {"x": spec((config.model.pretrain_batch, d.seq_len + 1), jnp.int32)}
+        out.append(common.fit_step(step, state, None, batch, mesh=mesh, name="base char-GPT"))
+        variables, (_, batch_loss) = {"params": params}, _gpt_losses(model)
+        n_pool = len(data.PLAYS) * d.pool_per_play
+        pool = {"x": spec((n_pool + round(d.distractor_fraction * n_pool), d.seq_len + 1), jnp.int32)}  # fmt: skip
+        accuracy = None
+    else:
+        dim = inspect.signature(selection.make_synthetic_pool).parameters["dim"].default
+        model = models.MLP(tuple(config.model.features), 10)
+        variables = jax.eval_shape(model.init, key, jnp.zeros((1, dim)))
+        pre = {"x": spec((d.num_pretrain, dim), jnp.float32), "y": spec((d.num_pretrain,), jnp.int32)}  # fmt: skip
+        idx = spec((config.model.pretrain_steps, config.model.pretrain_batch), jnp.int32)
+        out.append(sweep.train_scan_step("base MLP", variables, None, pre, idx, loss_fn=_full_mlp_loss(model),
+                                         tx=sweep.adam(config.model.pretrain_lr), trace=False))  # fmt: skip
+        _, batch_loss = _mlp_losses(model)
+        pool = {"x": spec((d.num_pool, dim), jnp.float32), "y": spec((d.num_pool,), jnp.int32)}
+        accuracy = _mlp_accuracy(model)
+    lora = jax.eval_shape(lambda v: adapters.init(key, v, [(t, _lora(config)) for t in config.adapter.targets]), variables)  # fmt: skip
+    n, b = pool["x"].shape[0], config.warmup.batch_size
+    per_epoch = max(b, round(config.warmup.fraction * n)) // b
+    tx_warm, _ = _warmup_tx(config.warmup.learning_rate, per_epoch * config.warmup.epochs)
+    warm_state = jax.eval_shape(tx_warm.init, lora)
+    out.append(sweep.train_scan_step("LoRA warm-up", lora, variables, pool, spec((per_epoch, b), jnp.int32),
+                                     loss_fn=batch_loss, tx=tx_warm, trace=False, opt_state=warm_state))  # fmt: skip
+    tx_fine = sweep.adam(config.optim.learning_rate)
+    first = min(config.schedule.eval_steps)
+    out.append(sweep.train_scan_step("LoRA fine-tuning", lora, variables, pool,
+                                     spec((first, config.data.batch_size), jnp.int32),
+                                     loss_fn=batch_loss, tx=tx_fine, trace=False))  # fmt: skip
+    chunk = {k: spec((config.eval.batch_size, *v.shape[1:]), v.dtype) for k, v in pool.items()}
+    chunk.setdefault("y", spec((config.eval.batch_size,), jnp.int32))
+    w = spec((config.eval.batch_size,), jnp.float32)
+    out.append(common.Step("eval", _eval_sums(batch_loss, accuracy), (lora, variables, chunk, w)))
+    return out
+
+
 def _synthetic_task(config: Any) -> Task:
     d = config.data
     s = selection.make_synthetic_pool(
@@ -219,8 +295,7 @@ def _synthetic_task(config: Any) -> Task:
         tx=sweep.adam(config.model.pretrain_lr), trace=False,
     )  # fmt: skip
     example_loss, batch_loss = _mlp_losses(model)
-    fwd = adapters.adapt(model.apply)
-    acc = lambda ad, b: (jnp.argmax(fwd(variables, ad, b["x"]), -1) == b["y"]).astype(jnp.float32)  # noqa: E731
+    acc = _mlp_accuracy(model)
     kind = np.asarray([0, 1, 2])[s.pool_kind]
     return Task(
         variables, [(t, _lora(config)) for t in config.adapter.targets], example_loss,
@@ -228,6 +303,12 @@ def _synthetic_task(config: Any) -> Task:
         s.val_subtask, int(s.val_subtask.max()) + 1, {"x": s.test_x, "y": s.test_y},
         _make_evaluate(batch_loss, variables, accuracy_fn=acc, batch_size=config.eval.batch_size),
     )  # fmt: skip
+
+
+@functools.cache
+def _mlp_accuracy(model):
+    fwd = adapters.adapt(model.apply)
+    return lambda ad, v, b: (jnp.argmax(fwd(v, ad, b["x"]), -1) == b["y"]).astype(jnp.float32)
 
 
 @functools.cache

@@ -157,21 +157,63 @@ def _epoch_fn(lr: float, scorer: str, output: str, num_entities: int, q: int, ba
     )  # fmt: skip
 
 
+def _setup(config, g, *, scorer, output, dim, components, key):
+    """``(epoch_fn, params, batch_size)`` of one model on graph ``g``."""
+    q = len(g["targets"].queries)
+    batch_size = min(config.schedule.batch_size or q, q)
+    epoch_fn = _epoch_fn(config.optim.learning_rate, scorer, output, g["E"], q, batch_size)
+    params = kge.init_kge(
+        key, scorer=scorer, output=output, num_entities=g["E"], num_relations=g["R"],
+        dim=dim, num_components=components, proj_init=config.model.proj_init,
+    )  # fmt: skip
+    return epoch_fn, params, batch_size
+
+
+def steps(config, mesh=None) -> list[common.Step]:
+    """The jitted 1-N training epoch of every kind of cell (scorer, output layer, components) on
+    each graph, at the largest dimension. The small triple files are read (the query targets'
+    shapes are the data's); the parameters, optimizer state and targets stay abstract."""
+    del mesh  # the sweep's programs run on one device
+    check_config(config)
+    graphs, largest = _load_graphs(config), {}
+    for cell in _cells(config, graphs):
+        kind = (cell["dataset"], cell["scorer"], cell["output"], cell["K"])
+        largest[kind] = max(largest.get(kind, 0), cell["d"])
+    out, key = [], jax.random.key(0)
+    for (name, scorer, output, k), dim in largest.items():
+        g = graphs[name]
+        params, (epoch_fn, _) = common.eval_shape_with_static(
+            lambda key, g=g, s=scorer, o=output, d=dim, k=k: _pair(
+                _setup(config, g, scorer=s, output=o, dim=d, components=k, key=key)
+            ),
+            key,
+        )
+        t = g["targets"]
+        args = (params, jax.eval_shape(sweep.adam(config.optim.learning_rate).init, params),
+                jax.eval_shape(lambda: key), *common.lowering.abstract((t.queries, t.objects)))  # fmt: skip
+        out.append(common.Step(f"{name} {scorer} {output} K={k} d={dim}", epoch_fn, args))
+    return out
+
+
+def _pair(setup):
+    epoch_fn, params, batch_size = setup
+    return params, (epoch_fn, batch_size)
+
+
 def _train(config, g, *, scorer, output, dim, components, seed):
     """Trains one model on graph ``g``: ``(params, number of parameters, loss curve)``."""
     t = g["targets"]
     q = len(t.queries)
-    lr = config.optim.learning_rate
-    epoch_fn = _epoch_fn(lr, scorer, output, g["E"], q, config.schedule.batch_size or q)
     rng, k_init = jax.random.split(jax.random.key(seed))
-    params = kge.init_kge(
-        k_init, scorer=scorer, output=output, num_entities=g["E"], num_relations=g["R"],
-        dim=dim, num_components=components, proj_init=config.model.proj_init,
-    )  # fmt: skip
+    epoch_fn, params, batch_size = _setup(
+        config, g, scorer=scorer, output=output, dim=dim, components=components, key=k_init
+    )
+    lr = config.optim.learning_rate
     n_params = kge.count_params(params)
     params, _, curve = sweep.train_epochs(
         epoch_fn, params, sweep.adam(lr).init(params), rng, jnp.asarray(t.queries),
         jnp.asarray(t.objects), num_epochs=config.schedule.epochs, log_every=config.log.every,
+        examples_per_epoch=q, steps_per_epoch=-(-q // batch_size),
     )  # fmt: skip
     return params, n_params, curve
 

@@ -74,6 +74,24 @@ def _xent(model):  # one hashable loss per model, so train_scan compiles once
     return lambda v, _, batch: digits_shift.xent(model.apply(v, batch["x"]), batch["y"])
 
 
+def steps(config, mesh=None) -> list[common.Step]:
+    """The source MLP's pre-training ``train_scan`` on abstract inputs (no data). (The LoRA grid
+    scorer, ``tuning.score_lora_group``, and the searchers jit inside ``lowrank_jax.tuning``.)"""
+    del mesh  # the sweep's programs run on one device
+    check_config(config)
+    model = models.MLP(tuple(config.model.features), len(config.data.source_classes))
+    params = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
+    spec = jax.ShapeDtypeStruct
+    n = round(1797 * len(config.data.source_classes) / 10)  # about that many source digits
+    train = {"x": spec((n, 8, 8, 1), jnp.float32), "y": spec((n,), jnp.int32)}
+    idx = spec((config.model.pretrain_steps, 64), jnp.int32)
+    return [sweep.train_scan_step("source MLP", params, None, train, idx, **_pretrain_options(model))]  # fmt: skip
+
+
+def _pretrain_options(model):
+    return {"loss_fn": _xent(model), "tx": sweep.adam(1e-3), "trace": False}
+
+
 def _task(config):
     """``(model, params, train, valid, test)``: pre-trained on the source digits, new head."""
     ds = data.load_digits()
@@ -86,13 +104,7 @@ def _task(config):
     )
     train = {"x": jnp.asarray(x[src]), "y": jnp.asarray(y[src])}
     params, _, _ = sweep.train_scan(
-        params,
-        None,
-        train,
-        jnp.asarray(idx),
-        loss_fn=_xent(model),
-        tx=sweep.adam(1e-3),
-        trace=False,
+        params, None, train, jnp.asarray(idx), **_pretrain_options(model)
     )
     classes = sorted(set(y[~src].tolist()))
     xt, yt = x[~src], np.searchsorted(classes, y[~src]).astype(np.int32)

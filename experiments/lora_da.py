@@ -95,6 +95,27 @@ def _stat_loss(fwd, batch):
     return digits_shift.xent(fwd(batch["x"]), batch["y"])
 
 
+def _rules(config: Any, rank: int) -> list[tuple[Any, Any]]:
+    spec = adapters.lora(rank, alpha=config.adapter.alpha, rslora=config.adapter.rslora)
+    return [(config.adapter.targets, spec)]
+
+
+def steps(config: Any, mesh: Any = None) -> list[common.Step]:
+    """On abstract inputs (no data): the source MLP's pre-training and, per rank, the adapters'
+    ``train_scan`` (the same program after every initialiser; the initialisers run eagerly, some
+    with host-side choices, e.g. EVA's rank allocation)."""
+    del mesh  # the sweep's programs run on one device
+    check_config(config)
+    model, variables, pretrain = digits_shift.pretrain_step(config)
+    key, out = jax.random.key(0), [pretrain]
+    for rank in config.adapter.ranks:
+        rules = _rules(config, rank)
+        ad = jax.eval_shape(lambda v, rules=rules: adapters.init(key, v, rules), variables)
+        lr = config.optim.learning_rate
+        out.append(digits_shift.adapter_scan_step(f"r={rank} train", config, model, ad, variables, lr=lr))  # fmt: skip
+    return out
+
+
 def run_cell(config: Any, name: str, init_fn, rank: int, seed: int) -> dict[str, Any]:
     """One initialiser at one rank and seed: losses along training, test accuracy, timings."""
     model, variables, _ = digits_shift.source_model(config)
@@ -102,8 +123,7 @@ def run_cell(config: Any, name: str, init_fn, rank: int, seed: int) -> dict[str,
         seed, num_train=config.data.num_train, noise=config.data.noise
     )
     train = {"x": jnp.asarray(tr[0]), "y": jnp.asarray(tr[1])}
-    spec = adapters.lora(rank, alpha=config.adapter.alpha, rslora=config.adapter.rslora)
-    rules = [(config.adapter.targets, spec)]
+    rules = _rules(config, rank)
     key = jax.random.key(seed)
 
     def make():

@@ -34,6 +34,7 @@ import optax
 from absl import logging
 
 from experiments import common
+from experiments.common import lowering
 from lowrank_jax import adapters, data, models
 
 METHODS = ("lora", "full", "head")
@@ -150,13 +151,14 @@ def _build_model(
     config: Any, num_classes: int, key: jax.Array, *, pretrained: Any = None, train: Any = None
 ) -> tuple[Any, dict[str, Any]]:
     """``(flax module, variables)``: MiniLM (``pretrained``: ``load_minilm()``'s result, loaded
-    if None) with a fresh head, or a fresh MLP shaped by the ``train`` arrays' ``"x"``."""
+    if None) with a fresh head, or a fresh MLP shaped by the ``train`` arrays' ``"x"`` (arrays or
+    ``jax.ShapeDtypeStruct``)."""
     if config.model.name == "minilm":
         bert_config, encoder_variables, _ = pretrained or models.load_minilm()
         model = models.BertClassifier(bert_config, num_classes)
         return model, models.classifier_variables(key, encoder_variables, num_classes=num_classes)
     model = models.MLP(tuple(config.model.features), num_classes)
-    return model, model.init(key, jnp.asarray(train["x"][:1]))
+    return model, model.init(key, jnp.zeros((1, *train["x"].shape[1:]), jnp.float32))
 
 
 def _model_kwargs(config: Any, *, train: bool, key: jax.Array | None) -> dict[str, Any]:
@@ -285,12 +287,9 @@ def make_train_step(logits_fn: Callable[..., jax.Array], tx: optax.GradientTrans
     return train_step
 
 
-def make_evaluate(logits_fn: Callable[..., jax.Array], mesh: Any, *, batch_size: int):
-    """``evaluate(state, frozen, arrays, prefix) -> {"<prefix>/loss", "<prefix>/accuracy"}``.
-
-    Runs over all examples of ``arrays`` (a dict of ``(N, ...)`` host arrays with ``"y"``) in
-    sharded batches of ``batch_size``, padding the last one with zero-weight rows.
-    """
+def make_eval_sums(logits_fn: Callable[..., jax.Array]):
+    """The jitted evaluation of one batch: ``sums(state, frozen, batch, weight) -> {"loss",
+    "correct"}``, sums over the rows weighted by ``weight`` (0 on padding rows)."""
 
     @jax.jit
     def sums(state, frozen, batch, weight):
@@ -298,6 +297,18 @@ def make_evaluate(logits_fn: Callable[..., jax.Array], mesh: Any, *, batch_size:
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"])
         correct = (jnp.argmax(logits, -1) == batch["y"]).astype(jnp.float32)
         return {"loss": jnp.sum(loss * weight), "correct": jnp.sum(correct * weight)}
+
+    return sums
+
+
+def make_evaluate(logits_fn: Callable[..., jax.Array], mesh: Any, *, batch_size: int):
+    """``evaluate(state, frozen, arrays, prefix) -> {"<prefix>/loss", "<prefix>/accuracy"}``.
+
+    Runs over all examples of ``arrays`` (a dict of ``(N, ...)`` host arrays with ``"y"``) in
+    sharded batches of ``batch_size`` (:func:`make_eval_sums`), padding the last one with
+    zero-weight rows.
+    """
+    sums = make_eval_sums(logits_fn)
 
     def evaluate(state, frozen, arrays, prefix):
         n = len(arrays["y"])
@@ -309,6 +320,75 @@ def make_evaluate(logits_fn: Callable[..., jax.Array], mesh: Any, *, batch_size:
         return {f"{prefix}/loss": totals["loss"] / n, f"{prefix}/accuracy": totals["correct"] / n}
 
     return evaluate
+
+
+# ----------------------------------------------------------------------------------------------
+# The jitted steps on abstract inputs (the lowering test), and the run.
+
+# What a batch holds, per dataset: (shape after the batch axis, dtype); "seq" is data.max_len.
+_BATCH_SPECS = {
+    "digits": {"x": ((8, 8, 1), jnp.float32), "y": ((), jnp.int32)},
+    "shakespeare_genre": {
+        "input_ids": (("seq",), jnp.int32),
+        "attention_mask": (("seq",), jnp.int32),
+        "y": ((), jnp.int32),
+    },
+}
+_NUM_CLASSES = {"digits": 10, "shakespeare_genre": len(data.GENRES)}
+
+
+def _abstract_batch(config: Any, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
+    def shape(dims):
+        return (batch_size, *(config.data.max_len if d == "seq" else d for d in dims))
+
+    return {
+        k: jax.ShapeDtypeStruct(shape(dims), dtype)
+        for k, (dims, dtype) in _BATCH_SPECS[config.data.name].items()
+    }
+
+
+def steps(config: Any, mesh: Any = None) -> list[common.Step]:
+    """The run's jitted train step (as ``fit`` runs it) and evaluation, on abstract inputs.
+
+    No data is loaded and no weight is read (MiniLM's shapes come from its ``config.json``);
+    ``mesh`` (default: all devices) may be a ``jax.sharding.AbstractMesh``.
+    """
+    check_config(config)
+    mesh = common.make_mesh() if mesh is None else mesh
+    train = _abstract_batch(config, config.data.batch_size)
+    num_classes = _NUM_CLASSES[config.data.name]
+    encoder = lowering.abstract_minilm() if config.model.name == "minilm" else (None, None)
+
+    def build(key, encoder_variables):
+        pretrained = (encoder[0], encoder_variables, None) if encoder[0] is not None else None
+        model, variables = _build_model(
+            config, num_classes, key, pretrained=pretrained, train=train
+        )
+        state, frozen, logits_fn, tx = init_state(config, model, variables, key)
+        return (state, frozen), (logits_fn, tx)
+
+    key = jax.random.key(0)
+    (state, frozen), (logits_fn, tx) = common.eval_shape_with_static(build, key, encoder[1])
+    fsdp = config.parallel.fsdp
+    evaluate = common.Step(
+        "eval",
+        make_eval_sums(logits_fn),
+        (
+            common.placed(state, mesh, fsdp=fsdp),
+            common.placed(frozen, mesh, fsdp=fsdp),
+            *common.sharded_batch(
+                (
+                    _abstract_batch(config, config.eval.batch_size),
+                    jax.ShapeDtypeStruct((config.eval.batch_size,), jnp.float32),
+                ),
+                mesh,
+            ),
+        ),
+    )
+    train_step = common.fit_step(
+        make_train_step(logits_fn, tx), state, frozen, train, mesh=mesh, fsdp=fsdp
+    )
+    return [train_step, evaluate]
 
 
 # ----------------------------------------------------------------------------------------------

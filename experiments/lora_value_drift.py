@@ -28,7 +28,7 @@ from absl import logging
 from tqdm import tqdm
 
 from experiments import common
-from experiments.common import sweep
+from experiments.common import lowering, sweep
 from experiments.common.checkpoint_reader import CheckpointSequence, saved_steps
 from lowrank_jax import adapters, data, models
 from lowrank_jax.analysis import value_lora as vl
@@ -142,6 +142,38 @@ def _sweep_cell(config, cfg, dw, base, layer, head, crossing, embed):
     }
 
 
+def _embed_from_layer(cfg: Any, layer: int):
+    """Jitted ``(params, x, mask, dv) -> pooled`` embeddings from ``layer`` on, ``dv`` on W_v."""
+    return jax.jit(
+        lambda p, x, m, dv: vl.embeddings_from_layer(
+            cfg, p, x, m, first_layer=layer, value_delta=dv
+        )
+    )
+
+
+def _pool(cfg: Any):
+    """Jitted ``(params, input_ids, mask) -> pooled`` embeddings of the whole encoder."""
+    return jax.jit(
+        lambda p, ids, m: models.mean_pool(models.BertEncoder(cfg).apply({"params": p}, ids, m), m)
+    )
+
+
+def steps(config: Any, mesh: Any = None) -> list[common.Step]:
+    """Stage 1's steps (the fine-tuning experiment's ``steps``) and the held-out embeddings from
+    each swept layer and of the whole encoder, on abstract inputs (no data, no weights read)."""
+    check_config(config)
+    finetune = importlib.import_module(f"experiments.{config.finetune.experiment}")
+    out = [s._replace(name=f"finetune {s.name}") for s in finetune.steps(config.finetune, mesh)]
+    cfg, variables = lowering.abstract_minilm()
+    h, spec, d = config.heldout, jax.ShapeDtypeStruct, cfg.hidden_size
+    mask = spec((h.batch_size, h.max_len), jnp.int32)
+    for layer in config.sweep.layers:
+        args = (variables["params"], spec((h.batch_size, h.max_len, d), jnp.float32), mask, spec((d, d), jnp.float32))  # fmt: skip
+        out.append(common.Step(f"embed from layer {layer}", _embed_from_layer(cfg, layer), args))
+    ids = spec((h.batch_size, h.max_len), jnp.int32)
+    return [*out, common.Step("pool", _pool(cfg), (variables["params"], ids, mask))]
+
+
 def run(config: Any, workdir: str) -> dict[str, Any]:
     """Trains the value-only LoRA (stage 1), then relates ``‖ΔV_h‖/gap_h`` to embedding drift."""
     check_config(config)
@@ -177,18 +209,12 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
     def embed(layer, dv):
         """Pooled embeddings of all held-out passages with ``dv`` added to ``layer``'s W_v."""
         if layer not in top:
-            top[layer] = jax.jit(
-                lambda p, x, m, dv, layer=layer: vl.embeddings_from_layer(
-                    cfg, p, x, m, first_layer=layer, value_delta=dv
-                )
-            )
+            top[layer] = _embed_from_layer(cfg, layer)
         return jnp.concatenate(
             [top[layer](params, x[layer], m, dv) for x, (_, m) in zip(inputs, chunks, strict=True)]
         )
 
-    pool = jax.jit(
-        lambda p, ids, m: models.mean_pool(models.BertEncoder(cfg).apply({"params": p}, ids, m), m)
-    )
+    pool = _pool(cfg)
 
     def encode(p):
         return jnp.concatenate([pool(p, ids, m) for ids, m in chunks])

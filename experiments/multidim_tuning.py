@@ -118,6 +118,23 @@ def family(config: Any, part: str, data: Any = None):
     )
 
 
+def steps(config: Any, mesh: Any = None) -> list[common.Step]:
+    """The jitted instance preparation (``tuning.prepare_instances``) of each synthetic family, on
+    abstract instances. (The FISTA solves run in ``tuning.validation_losses``, which cuts its
+    chunks on the host; the real-data families only change the sizes.)"""
+    del mesh  # one device
+    check_config(config)
+    key, out = jax.random.key(0), []
+    for part in config.data.parts:
+        if part not in ("group", "fused"):
+            continue
+        pen, sample, _ = family(config, part)
+        inst = jax.eval_shape(lambda k, sample=sample: sample(k, max(config.data.ns)), key)
+        kwargs = {"penalty": pen, "ridge": config.model.ridge}
+        out.append(common.Step(f"{part} prepare", tuning.prepare_instances, (inst.train,), kwargs))
+    return out
+
+
 def _tuners(config: Any) -> list[tuple[str, int]]:
     out = [("grid" if p == 1 else "rs", p) for p in config.model.ps]
     return out + [("tpe", p) for p in config.tune.tpe_ps]

@@ -70,29 +70,38 @@ def _summarise(excess: np.ndarray) -> dict:
     }
 
 
-def synthetic_cell(config: Any, n_tasks: int, n: int, key: jax.Array) -> dict:
+def _family(config: Any, n_tasks: int, n: int):
+    """Jitted ``(key, num_good (F,), c (F,)) -> risks``: the threshold family's simulation for
+    every (number of good tasks, c) member at once."""
     d, m = config.data, config.model
+
+    def one(key, k, c):
+        return analysis.simulate_threshold_family(
+            key, num_tasks=n_tasks, n=n, num_good=k, c=c, num_draws=d.num_draws, n_val=d.n_val,
+            beta=d.beta, agreement_z=m.agreement_z, lepski_c=m.lepski_c, batch_size=m.batch_size,
+        )  # fmt: skip
+
+    return jax.jit(jax.vmap(one, in_axes=(None, 0, 0)))
+
+
+def steps(config: Any, mesh: Any = None) -> list[common.Step]:
+    """The synthetic cells' simulation at the largest task count and sample size, on abstract
+    inputs. (The real-pool cells close over their pools' scores.)"""
+    del mesh  # one device
+    check_config(config)
+    d, spec = config.data, jax.ShapeDtypeStruct
+    f = len(d.good) * len(d.cs)
+    args = (jax.eval_shape(lambda: jax.random.key(0)), spec((f,), jnp.int32), spec((f,), jnp.float32))  # fmt: skip
+    n_tasks, n = max(d.num_tasks), max(d.ns)
+    return [common.Step(f"synthetic N={n_tasks} n={n}", _family(config, n_tasks, n), args)]
+
+
+def synthetic_cell(config: Any, n_tasks: int, n: int, key: jax.Array) -> dict:
+    d = config.data
     members = [(g, c) for g in d.good for c in d.cs]
     ks = jnp.asarray([_num_good(g, n_tasks) for g, _ in members])
     cs = jnp.asarray([c for _, c in members], jnp.float32)
-    fn = jax.jit(
-        jax.vmap(
-            lambda k, c: analysis.simulate_threshold_family(
-                key,
-                num_tasks=n_tasks,
-                n=n,
-                num_good=k,
-                c=c,
-                num_draws=d.num_draws,
-                n_val=d.n_val,
-                beta=d.beta,
-                agreement_z=m.agreement_z,
-                lepski_c=m.lepski_c,
-                batch_size=m.batch_size,
-            )
-        )
-    )
-    out = _summarise(np.asarray(fn(ks, cs), np.float64))
+    out = _summarise(np.asarray(_family(config, n_tasks, n)(key, ks, cs), np.float64))
     out["members"] = [f"k={int(k)},c={c}" for k, (_, c) in zip(ks, members, strict=True)]
     return out
 

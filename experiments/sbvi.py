@@ -226,6 +226,37 @@ def run_cell(
     }
 
 
+def _methods(config: Any) -> list[str]:
+    """Every method the run trains: the LoRA ranks, AdaLoRA, one SBVI arm per temperature."""
+    lora = [f"lora_r{r}" for r in config.adapter.lora_ranks]
+    return [*lora, "adalora", *(_arm(t) for t in config.optim.temperatures)]
+
+
+def steps(config: Any, mesh: Any = None) -> list[common.Step]:
+    """Every method's ``train_scan`` on abstract inputs (no teacher is drawn)."""
+    del mesh  # the sweep's programs run on one device
+    check_config(config)
+    model = models.MLP(tuple(config.model.features), config.model.num_outputs, activation=nn.tanh)
+    key, m = jax.random.key(0), config.model
+    teacher = jax.eval_shape(model.init, key, jnp.zeros((1, m.num_inputs)))
+    spec, d, n_steps = jax.ShapeDtypeStruct, config.data, config.schedule.num_steps
+    train = {"x": spec((d.num_train, m.num_inputs), jnp.float32), "y": spec((d.num_train, m.num_outputs), jnp.float32)}  # fmt: skip
+    idx = spec((n_steps, d.batch_size), jnp.int32)
+    out = []
+    for method in _methods(config):
+        ad, (tx, orth) = common.eval_shape_with_static(
+            lambda t, method=method: _pair(_method(config, method, t, key, n_steps, 0, None)), teacher
+        )  # fmt: skip
+        loss = _mse_loss(model, orth) if orth else _mse_loss(model)
+        out.append(sweep.train_scan_step(method, ad, teacher, train, idx, loss_fn=loss, tx=tx))
+    return out
+
+
+def _pair(method):
+    ad, tx, orth = method
+    return ad, (tx, orth)
+
+
 def _arm(temp: float) -> str:
     return f"sbvi_T={temp:g}"
 

@@ -138,12 +138,10 @@ def _features(batch: dict[str, Any], num: int) -> dict[str, Any]:
     return {f"x{i}": batch[f"x{i}"] for i in range(num)}
 
 
-def _pretrainer(config: Any, model):
-    """``pretrain(arrays, seed, workdir)``: the backbone trained on complete pairs through
-    ``common.fit``. Its step and forward are built once, so later seeds reuse the compilations."""
+def _pretrain_step(config: Any, model):
+    """``(tx, step)``: the backbone's optimizer and ``fit`` step (cross-entropy, complete pairs)."""
     num = len(config.data.views)
     tx = optax.adamw(config.optim.pretrain_learning_rate, weight_decay=config.optim.weight_decay)
-    init, apply = jax.jit(model.init), jax.jit(model.apply)
 
     def step(state, frozen, batch, key):
         del frozen, key
@@ -156,6 +154,16 @@ def _pretrainer(config: Any, model):
         updates, opt_state = tx.update(g, state["opt_state"], state["params"])
         new = optax.apply_updates(state["params"], updates)
         return {**state, "params": new, "opt_state": opt_state}, {"loss": value}
+
+    return tx, step
+
+
+def _pretrainer(config: Any, model):
+    """``pretrain(arrays, seed, workdir)``: the backbone trained on complete pairs through
+    ``common.fit``. Its step and forward are built once, so later seeds reuse the compilations."""
+    num = len(config.data.views)
+    tx, step = _pretrain_step(config, model)
+    init, apply = jax.jit(model.init), jax.jit(model.apply)
 
     def pretrain(arrays, seed: int, workdir: str) -> dict[str, Any]:
         params = init(jax.random.key(seed), _features(arrays["train"], num))["params"]
@@ -341,6 +349,59 @@ def _checks(config, means) -> list[dict[str, Any]]:
     return out
 
 
+def _method_fns(model: Any, method: prompts.PromptMethod, num: int):
+    """``(loss_fn, logits)`` of a method: the ``train_scan`` loss and the jitted forward
+    ``logits(trainable, frozen, features, missing)``; one of each per method, compiled once."""
+    fwd = functools.partial(prompts.prompted_logits, model, method=method)
+    return (
+        lambda t, f, b: prompts.cross_entropy(
+            fwd(f, t, features=_features(b, num), missing=b["missing"]), b["y"]
+        ),
+        jax.jit(lambda t, f, x, mi: fwd(f, t, features=x, missing=mi)),
+    )
+
+
+def steps(config: Any, mesh: Any = None) -> list[common.Step]:
+    """The backbone's ``fit`` step and validation forward, and every method's ``train_scan`` and
+    forward, on abstract inputs (no data read; split sizes from the 2,000 examples and the
+    configured fractions)."""
+    check_config(config)
+    mesh = common.make_mesh() if mesh is None else mesh
+    num, spec, key = len(config.data.views), jax.ShapeDtypeStruct, jax.random.key(0)
+    widths = tuple(data.MULTIPLE_FEATURES_VIEWS[v][1] for v in config.data.views)
+    model = _model(config, widths)
+    total, d = 2000, config.data  # the UCI Multiple Features digits
+
+    def arrays(n: int, missing: bool = False) -> dict[str, Any]:
+        out = {f"x{i}": spec((n, w), jnp.float32) for i, w in enumerate(widths)}
+        out["y"] = spec((n,), jnp.int32)
+        return {**out, "missing": spec((n, num), jnp.bool_)} if missing else out
+
+    n_valid, n_test = round(total * d.valid_fraction), round(total * d.test_fraction)
+    n_train = total - n_valid - n_test
+    tx, step = _pretrain_step(config, model)
+    params = jax.eval_shape(lambda k, x: model.init(k, x)["params"], key, _features(arrays(1), num))
+    state = {"params": params, "opt_state": jax.eval_shape(tx.init, params), "step": 0}
+    out = [
+        common.fit_step(step, state, None, arrays(config.schedule.batch_size), mesh=mesh, name="backbone"),
+        common.Step("backbone valid", jax.jit(model.apply), ({"params": params}, _features(arrays(n_valid), num))),
+    ]  # fmt: skip
+    frozen, head = jax.eval_shape(prompts.split_head, params)
+    missing = np.asarray(prompts.sample_missing(key, 2, num_modalities=num, rate=0.5, kind="both"))  # fmt: skip
+    tx = _adamw(config.optim.prompt_weight_decay)
+    for m in config.methods:
+        method = _method(config, m, num)
+        loss_fn, logits = _method_fns(model, method, num)
+        trainable = jax.eval_shape(lambda h, method=method: prompts.init_trainable(key, method, h), head)  # fmt: skip
+        opt_state = jax.eval_shape(tx.init, trainable)
+        train = {**arrays(n_train), "missing": spec((n_train, *missing.shape[1:]), missing.dtype)}
+        idx = spec((config.schedule.prompt_steps, config.schedule.batch_size), jnp.int32)
+        out.append(sweep.train_scan_step(m, trainable, frozen, train, idx, loss_fn=loss_fn, tx=tx, trace=False, opt_state=opt_state))  # fmt: skip
+        test = _features(arrays(n_test), num), spec((n_test, *missing.shape[1:]), missing.dtype)
+        out.append(common.Step(f"{m} logits", logits, (trainable, frozen, *test)))
+    return out
+
+
 def run(config: Any, workdir: str) -> dict[str, Any]:
     check_config(config)
     store = sweep.CellStore(workdir)
@@ -359,14 +420,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
         if model is None:
             model = _model(config, tuple(arrays["train"][f"x{i}"].shape[1] for i in range(num)))
             pretrain = _pretrainer(config, model)
-            for m, method in methods.items():  # one loss and one forward per method: compiled once
-                fwd = functools.partial(prompts.prompted_logits, model, method=method)
-                fns[m] = (
-                    lambda t, f, b, fwd=fwd: prompts.cross_entropy(
-                        fwd(f, t, features=_features(b, num), missing=b["missing"]), b["y"]
-                    ),
-                    jax.jit(lambda t, f, x, mi, fwd=fwd: fwd(f, t, features=x, missing=mi)),
-                )
+            fns = {m: _method_fns(model, method, num) for m, method in methods.items()}
         pre = pretrain(arrays, seed, workdir)
         ctx = _context(config, model, arrays, pre, seed)
         for m, method in methods.items():

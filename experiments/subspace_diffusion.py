@@ -154,19 +154,7 @@ def _run_cell(config, src, n: int) -> dict[str, Any]:
     )
     h_silverman = gen.silverman_bandwidth(x)
     t0 = time.time()
-    diffusion = gen.sample_kernel_diffusion(
-        keys[0],
-        jnp.asarray(x, jnp.float32),
-        num_samples=m,
-        k=src["k"],
-        num_steps=mc.num_steps,
-        stochastic=mc.stochastic,
-        tweedie=mc.tweedie,
-        sigma_scale=mc.sigma_scale,
-        horizon_scale=mc.horizon_scale,
-        chunk_size=mc.chunk_size,
-        clip=mc.clip or None,
-    )
+    diffusion = _kernel_sampler(config, src["k"])(keys[0], jnp.asarray(x, jnp.float32))
     diffusion = np.asarray(jax.block_until_ready(diffusion))
     sampler_s = time.time() - t0
     samples = {
@@ -186,14 +174,14 @@ def _run_cell(config, src, n: int) -> dict[str, Any]:
     return out
 
 
-def _run_mlp_cell(config, src, n: int, workdir: str) -> dict[str, Any]:
-    """A learned score (DSM through ``common.fit``), sampled like the kernel score."""
-    x = src["train"](n, 0).astype(np.float32)
-    t0 = gen.early_stopping_time(n, src["k"], scale=config.model.sigma_scale)
+def _dsm_setup(config, n: int, k: int, dim: int):
+    """``(state, step, apply, (t0, t_max))`` of a learned score on ``n`` points of dimension
+    ``dim`` (intrinsic ``k``): the DSM ``fit`` step and the score MLP's forward."""
+    t0 = gen.early_stopping_time(n, k, scale=config.model.sigma_scale)
     t_max = gen.terminal_time(n, scale=config.model.horizon_scale)
     model = gen.ScoreMLP(tuple(config.model.mlp_features))
     apply = lambda p, xt, t: model.apply({"params": p}, xt, t)  # noqa: E731
-    params = model.init(jax.random.key(config.seed), jnp.zeros((1, x.shape[1])), 1.0)["params"]
+    params = model.init(jax.random.key(config.seed), jnp.zeros((1, dim)), 1.0)["params"]
     tx = optax.adam(config.optim.learning_rate)
 
     def step(state, frozen, batch, key):
@@ -205,10 +193,67 @@ def _run_mlp_cell(config, src, n: int, workdir: str) -> dict[str, Any]:
         new = {**state, "params": optax.apply_updates(state["params"], updates)}
         return {**new, "opt_state": opt_state}, {"loss": loss}
 
+    return {"params": params, "opt_state": tx.init(params), "step": 0}, step, apply, (t0, t_max)
+
+
+def _mlp_sampler(config, apply, times):
+    """The jitted reverse diffusion of a learned score: ``sample(params, z) -> samples``."""
+
+    @jax.jit
+    def sample(params, z):
+        denoise = gen.mlp_denoiser(apply, params)
+        return gen.reverse_diffusion(None, denoise, z, times, tweedie=config.model.tweedie)
+
+    return sample
+
+
+def _kernel_sampler(config, k: int):
+    """The kernel-score sampler of a cell, jitted: ``sample(key, x (n, D)) -> (m, D)``."""
+    mc = config.model
+    return jax.jit(
+        lambda key, x: gen.sample_kernel_diffusion(
+            key, x, num_samples=config.eval.num_samples, k=k, num_steps=mc.num_steps,
+            stochastic=mc.stochastic, tweedie=mc.tweedie, sigma_scale=mc.sigma_scale,
+            horizon_scale=mc.horizon_scale, chunk_size=mc.chunk_size, clip=mc.clip or None,
+        )
+    )  # fmt: skip
+
+
+def steps(config, mesh=None) -> list[common.Step]:
+    """On abstract inputs (no data): the kernel-score sampler at the largest synthetic cell of
+    each dimension, and each learned-score cell's DSM ``fit`` step and sampler."""
+    check_config(config)
+    mesh = common.make_mesh() if mesh is None else mesh
+    spec, key = jax.ShapeDtypeStruct, jax.eval_shape(lambda: jax.random.key(0))
+    out, n, k = [], max(config.data.sizes), max(config.data.ks)
+    for dim in config.data.dims:
+        x = spec((n, dim), jnp.float32)
+        out.append(common.Step(f"kernel sampler n={n} D={dim}", _kernel_sampler(config, k), (key, x)))  # fmt: skip
+    for fam, k, dim, n in config.model.mlp_cells:
+        state, (step, apply, (t0, t_max)) = common.eval_shape_with_static(
+            lambda n=n, k=k, dim=dim: _split(_dsm_setup(config, n, k, dim))
+        )
+        batch = {"x": spec((min(config.schedule.batch_size, n), dim), jnp.float32)}
+        out.append(common.fit_step(step, state, None, batch, mesh=mesh, name=f"DSM {fam} D={dim}"))
+        times = gen.geometric_time_grid(t_max, t0, config.model.num_steps)
+        z = spec((config.eval.num_samples, dim), jnp.float32)
+        out.append(common.Step(f"MLP sampler D={dim}", _mlp_sampler(config, apply, times), (state["params"], z)))  # fmt: skip
+    return out
+
+
+def _split(setup):
+    state, *static = setup
+    return state, static
+
+
+def _run_mlp_cell(config, src, n: int, workdir: str) -> dict[str, Any]:
+    """A learned score (DSM through ``common.fit``), sampled like the kernel score."""
+    x = src["train"](n, 0).astype(np.float32)
+    state, step, apply, (t0, t_max) = _dsm_setup(config, n, src["k"], x.shape[1])
     bs = min(config.schedule.batch_size, n)
     steps = config.schedule.mlp_steps
     result = common.fit(
-        {"params": params, "opt_state": tx.init(params), "step": 0},
+        state,
         None,
         step,
         BatchIterator({"x": x}, batch_size=bs, seed=config.seed),
@@ -219,10 +264,9 @@ def _run_mlp_cell(config, src, n: int, workdir: str) -> dict[str, Any]:
         ckpt_every=steps,
         progress=False,
     )
-    denoise = gen.mlp_denoiser(apply, result.state["params"])
     times = gen.geometric_time_grid(t_max, t0, config.model.num_steps)
     z = jax.random.normal(jax.random.key(config.seed + 2), (config.eval.num_samples, x.shape[1]))
-    s = np.asarray(gen.reverse_diffusion(None, denoise, z, times, tweedie=config.model.tweedie))
+    s = np.asarray(_mlp_sampler(config, apply, times)(result.state["params"], z))
     return {
         "id": f"mlp-{src['id']}-n{n}",
         "source": src["id"],

@@ -132,9 +132,10 @@ def mnist_source(config: Any) -> dict[str, Any]:
 # Pre-training (resumable) and the fine-tuning methods.
 
 
-def _pretrain(config: Any, src: dict[str, Any], seed: int, workdir: str):
-    net = gen.VelocityMLP(features=tuple(config.model[src["features"]]))
-    dim = src["train"].shape[1]
+def _flow_setup(config: Any, features: str, dim: int, seed: int):
+    """``(net, state, step)``: the velocity MLP (``config.model[features]``) on ``dim``-d points,
+    its pre-training state and flow-matching ``fit`` step."""
+    net = gen.VelocityMLP(features=tuple(config.model[features]))
     params = net.init(jax.random.key(seed), jnp.zeros((1, dim)), 0.0)
     tx = optax.adam(config.optim.learning_rate)
 
@@ -150,9 +151,48 @@ def _pretrain(config: Any, src: dict[str, Any], seed: int, workdir: str):
             "opt_state": opt_state,
         }, {"loss": loss}
 
+    return net, {"params": params, "opt_state": tx.init(params), "step": 0}, step
+
+
+_SOURCE_DIMS = {"ring": lambda config: 2, "mnist": lambda config: config.data.pca_dim}
+_SOURCE_FEATURES = {"ring": "ring_features", "mnist": "mnist_features"}
+
+
+def steps(config: Any, mesh: Any = None) -> list[common.Step]:
+    """Per source, on abstract inputs (no data): the pre-training ``fit`` step, the sampler and
+    the fine-tuning (``generative.train_flow``)."""
+    check_config(config)
+    mesh = common.make_mesh() if mesh is None else mesh
+    spec, key = jax.ShapeDtypeStruct, jax.eval_shape(lambda: jax.random.key(0))
+    out = []
+    for name in config.sources:
+        dim = _SOURCE_DIMS[name](config)
+        state, (net, step) = common.eval_shape_with_static(
+            lambda name=name, dim=dim: _split(_flow_setup(config, _SOURCE_FEATURES[name], dim, 0))
+        )
+        batch = {"x": spec((config.schedule.batch_size, dim), jnp.float32)}
+        out.append(common.fit_step(step, state, None, batch, mesh=mesh, name=f"{name} pre-training"))  # fmt: skip
+        n = config.tfft.num_stage1
+        sampler = jax.jit(lambda p, k, net=net, n=n: _sample(config, net, p, k, n))
+        out.append(common.Step(f"{name} sampler", sampler, (state["params"], key)))
+        kw = dict(apply_fn=net.apply, tx=_finetune_tx(config.optim.finetune_learning_rate),
+                  num_steps=config.schedule.finetune_steps, batch_size=config.schedule.batch_size)  # fmt: skip
+        args = (state["params"], spec((n, dim), jnp.float32), spec((n,), jnp.float32), key)
+        out.append(common.Step(f"{name} fine-tuning", gen.train_flow, args, kw))
+    return out
+
+
+def _split(setup):
+    net, state, step = setup
+    return state, (net, step)
+
+
+def _pretrain(config: Any, src: dict[str, Any], seed: int, workdir: str):
+    dim = src["train"].shape[1]
+    net, state, step = _flow_setup(config, src["features"], dim, seed)
     steps = config.schedule.pretrain_steps
     result = common.fit(
-        {"params": params, "opt_state": tx.init(params), "step": 0},
+        state,
         None,
         step,
         BatchIterator({"x": src["train"]}, batch_size=config.schedule.batch_size, seed=seed),

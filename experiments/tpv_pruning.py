@@ -72,6 +72,55 @@ def _loss(model: Any, kind: str):
     return loss
 
 
+def _train_step(name, model, train, *, kind, steps, batch_size, lr, wd=0.0) -> common.Step:
+    """:func:`_train`'s ``train_scan`` on abstract ``train`` arrays (for lowering)."""
+    params = jax.eval_shape(lambda k, x: model.init(k, x[:1]), jax.random.key(0), train["x"])
+    idx = jax.ShapeDtypeStruct((steps, min(batch_size, train["x"].shape[0])), jnp.int32)
+    return sweep.train_scan_step(
+        name, params, None, train, idx, loss_fn=_loss(model, kind), tx=_tx(lr, wd), trace=False
+    )
+
+
+def steps(config: Any, mesh: Any = None) -> list[common.Step]:
+    """On abstract inputs (no data): each selected part's ``train_scan`` and the pruning parts'
+    chunked test forward. (The pruning scores and TPV estimates jit inside the library.)"""
+    del mesh  # the sweep's programs run on one device
+    check_config(config)
+    spec, c, o = jax.ShapeDtypeStruct, config, config.optim
+    digits_n = _DIGITS - c.data.num_test
+    digits = {"x": spec((digits_n, *_DIGIT_SHAPE), jnp.float32), "t": spec((digits_n, 10), jnp.float32)}  # fmt: skip
+    kw = dict(kind="ce", steps=c.schedule.num_steps, batch_size=c.data.batch_size, lr=o.learning_rate)  # fmt: skip
+    out = []
+    mlp = MLP(tuple(c.model.features), 10)
+    if "pruning" in c.parts:
+        out.append(_train_step("pruning MLP", mlp, digits, **kw))
+        params = jax.eval_shape(mlp.init, jax.random.key(0), jnp.zeros((1, *_DIGIT_SHAPE)))
+        x = spec((c.data.num_test, *_DIGIT_SHAPE), jnp.float32)
+        out.append(common.Step("pruning MLP test", _batched_apply(mlp, c.data.num_test), (params, x)))  # fmt: skip
+    if "pruning_cnn" in c.parts:
+        n, cnn = c.cnn.num_train, CNN(tuple(c.cnn.channels), tuple(c.cnn.features), 10)
+        train = {"x": spec((n, 28, 28, 1), jnp.float32), "t": spec((n, 10), jnp.float32)}
+        out.append(_train_step("pruning CNN", cnn, train, **{**kw, "steps": c.cnn.num_steps}))
+        params = jax.eval_shape(cnn.init, jax.random.key(0), jnp.zeros((1, 28, 28, 1)))
+        x = spec((c.cnn.num_test, 28, 28, 1), jnp.float32)
+        out.append(common.Step("pruning CNN test", _batched_apply(cnn, c.cnn.eval_chunk), (params, x)))  # fmt: skip
+    if "stability" in c.parts:
+        s = c.stability
+        for d in s.dims:
+            for w in s.widths:
+                n = max(s.n_trains)
+                train = {"x": spec((n, d), jnp.float32), "y": spec((n,), jnp.float32)}
+                out.append(_train_step(f"stability d={d} w={w}", MLP((w,), 1), train, kind="mse", steps=s.steps, batch_size=64, lr=o.learning_rate))  # fmt: skip
+    if "selection" in c.parts:
+        for wd in c.selection.weight_decays:
+            out.append(_train_step(f"selection wd={wd}", mlp, digits, **kw, wd=wd))
+    return out
+
+
+# The sklearn digits: 1,797 images of 8x8.
+_DIGITS, _DIGIT_SHAPE = 1797, (8, 8, 1)
+
+
 def _train(model, key, train, *, kind, steps, batch_size, lr, wd=0.0, seed=0):
     params = model.init(key, train["x"][:1])
     idx = sweep.batch_indices(seed, len(train["x"]), min(batch_size, len(train["x"])), steps)

@@ -35,6 +35,7 @@ from ml_collections import config_flags
 from experiments.common import (
     checkpoint,
     config_checks,
+    cost,
     loop,
     metrics,
     sharding,
@@ -194,9 +195,10 @@ def load_experiment(config):
     return module
 
 
-# Sections that may change when a run is resumed: how it is logged, saved and laid out over
-# devices, and the loop's fault policy (a run stopped by a NaN may be resumed skipping such steps).
-_FREE = ("log", "ckpt", "parallel", "train")
+# Sections that may change when a run is resumed: how it is logged, saved, laid out over devices,
+# measured and profiled, and the loop's fault policy (a run stopped by a NaN may be resumed
+# skipping such steps).
+_FREE = ("log", "ckpt", "parallel", "train", "hardware", "profile")
 
 
 def _has_checkpoint(workdir: str) -> bool:
@@ -221,9 +223,9 @@ def _extends(old: Any, new: Any) -> bool:
 def _check_workdir(workdir: str, config, growable: tuple[str, ...] = ()) -> None:
     """Refuses to resume a workdir that holds a run of a different config.
 
-    Differences in the ``log``, ``ckpt``, ``parallel`` and ``train`` sections are allowed: they
-    change how a run is logged, saved, laid out over devices, and whether it stops or skips a
-    non-finite step, not what it computes otherwise. So are the top-level keys in ``growable``
+    Differences in the ``log``, ``ckpt``, ``parallel``, ``train``, ``hardware`` and ``profile``
+    sections are allowed: they change how a run is logged, saved, laid out over devices, measured
+    and profiled, and whether it stops or skips a non-finite step, not what it computes otherwise. So are the top-level keys in ``growable``
     (an experiment's ``GROWABLE``, e.g. the continual ``seeds`` and ``methods``) when the new value
     only appends entries to the old one: the finished runs stay valid and the new ones are added.
     A workdir without any checkpoint holds nothing to resume (e.g. a run that failed while
@@ -280,7 +282,12 @@ def _run(config, workdir: str) -> dict:
         def write_config() -> None:
             metrics.write_config_json(workdir, config)
 
-        with loop.train_options(config), loop.on_start(write_config):
+        # cost.run_options: config.hardware and config.profile; the cost table in results.md
+        with (
+            loop.train_options(config),
+            cost.run_options(config, workdir),
+            loop.on_start(write_config),
+        ):
             result = module.run(config, workdir)
             loop.training_started()  # an experiment that neither calls fit nor sweeps cells
         return result

@@ -4,6 +4,11 @@
   ``MapBatches``, ``FitResult``, ``train_options`` (``config.train`` for every ``fit`` call).
 * :mod:`~experiments.common.sharding`: ``make_mesh``, ``shard_batch``, ``param_sharding``,
   ``initialize_distributed``.
+* :mod:`~experiments.common.cost`: a run's throughput, FLOPs, utilisation, peak memory and
+  profiler trace (``config.hardware``, ``config.profile``), used by ``fit`` and the sweeps.
+* :mod:`~experiments.common.lowering`: ``Step`` (a jitted program on abstract arguments, what
+  every experiment's ``steps(config, mesh)`` returns), ``fit_step``, ``export_step``,
+  ``check_exported`` (host callbacks, float64, lost shardings) for the TPU/GPU lowering test.
 * :mod:`~experiments.common.checkpoint`: orbax ``make_manager``, ``save``, ``restore_latest``.
 * :mod:`~experiments.common.metrics`: ``MetricWriter`` (``metrics.jsonl`` + TensorBoard),
   ``write_config_json``, ``write_results_md``, ``read_metrics``.
@@ -36,11 +41,13 @@ from experiments.common.loop import (
     NonFiniteError,
     ResumableIterator,
     fit,
+    fit_step,
     on_start,
     padded_batches,
     train_options,
     training_started,
 )
+from experiments.common.lowering import Step, eval_shape_with_static, placed, sharded_batch
 from experiments.common.metrics import (
     MetricWriter,
     json_safe,
@@ -69,6 +76,7 @@ __all__ = [
     "MetricWriter",
     "NonFiniteError",
     "ResumableIterator",
+    "Step",
     "WorkdirError",
     "batch_sharding",
     "check_choice",
@@ -80,7 +88,9 @@ __all__ = [
     "check_regexes",
     "config_differences",
     "explain_unknown_key",
+    "eval_shape_with_static",
     "fit",
+    "fit_step",
     "padded_batches",
     "get_path",
     "initialize_distributed",
@@ -90,6 +100,7 @@ __all__ = [
     "make_mesh",
     "on_start",
     "param_sharding",
+    "placed",
     "plot_curves",
     "plot_metrics",
     "read_metrics",
@@ -97,6 +108,7 @@ __all__ = [
     "restore_latest",
     "save",
     "shard_batch",
+    "sharded_batch",
     "to_scalars",
     "train_options",
     "training_started",

@@ -8,19 +8,22 @@ per process (cached); the studies adapt it to the target from a few hundred exam
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from experiments.common import sweep
+from experiments.common import lowering, sweep
 from lowrank_jax import adapters, data, models
 
 __all__ = [
     "accuracy",
     "adapter_loss",
+    "adapter_scan_step",
     "digits_domains",
+    "pretrain_step",
     "pretrain_mlp",
     "shifted_digits",
     "source_model",
@@ -99,10 +102,43 @@ def pretrain_mlp(features: tuple[int, ...], steps: int, seed: int = 0):
     idx = np.random.default_rng(seed).integers(0, len(y), (steps, 64))
     train = {"x": x, "y": optax.smooth_labels(jax.nn.one_hot(y, 10), 0.1)}
     variables, _, _ = sweep.train_scan(
-        variables, None, train, jnp.asarray(idx), loss_fn=_smoothed_loss(model),
-        tx=sweep.adam(1e-3), trace=False,
-    )  # fmt: skip
+        variables, None, train, jnp.asarray(idx), **_pretrain_options(model)
+    )
     return model, variables, accuracy(model.apply(variables, x), y)
+
+
+def _pretrain_options(model):  # the pre-training's train_scan options, in one place
+    return {"loss_fn": _smoothed_loss(model), "tx": sweep.adam(1e-3), "trace": False}
+
+
+# The digits: 8x8 grey images, 10 classes; the source domain is 1,078 of the 1,797 (the
+# stratified 60% split of digits_domains), for the lowering.
+_SHAPE, _SOURCE_ROWS = (8, 8, 1), 1078
+
+
+def pretrain_step(config) -> tuple[Any, Any, lowering.Step]:
+    """``(model, abstract variables, step)``: :func:`source_model`'s pre-training
+    ``train_scan`` on abstract inputs (for lowering; no data)."""
+    model = models.MLP(tuple(config.model.features), 10)
+    variables = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, *_SHAPE)))
+    spec = jax.ShapeDtypeStruct
+    train = {"x": spec((_SOURCE_ROWS, *_SHAPE), jnp.float32), "y": spec((_SOURCE_ROWS, 10), jnp.float32)}  # fmt: skip
+    idx = spec((config.model.pretrain_steps, 64), jnp.int32)
+    step = sweep.train_scan_step(
+        "source MLP", variables, None, train, idx, **_pretrain_options(model)
+    )
+    return model, variables, step
+
+
+def adapter_scan_step(name, config, model, adapter, base, *, lr: float) -> lowering.Step:
+    """The studies' adapter ``train_scan`` (``trace=True``) on abstract inputs: ``adapter`` and
+    ``base`` abstract, ``config.data.num_train`` target examples."""
+    spec, n = jax.ShapeDtypeStruct, config.data.num_train
+    train = {"x": spec((n, *_SHAPE), jnp.float32), "y": spec((n,), jnp.int32)}
+    idx = spec((config.schedule.num_steps, config.data.batch_size), jnp.int32)
+    return sweep.train_scan_step(
+        name, adapter, base, train, idx, loss_fn=adapter_loss(model), tx=sweep.adam(lr)
+    )
 
 
 def source_model(config):

@@ -37,7 +37,11 @@ What ``fit`` does:
   and are counted in ``train/skipped_steps``. The runner sets the default of every ``fit`` call of
   a run from ``config.train.skip_nonfinite`` (:func:`train_options`);
 * **outputs**: ``metrics.jsonl`` and TensorBoard (train metrics averaged over ``log_every`` steps,
-  ``eval_fn`` results every ``eval_every`` steps and at the end), a tqdm bar with rate and ETA.
+  ``eval_fn`` results every ``eval_every`` steps and at the end), a tqdm bar with rate and ETA;
+* **cost** (:mod:`~experiments.common.cost`): with every train record, ``cost/examples_per_s``
+  (``tokens_per_s``) over the interval, ``cost/flops_per_step`` of the compiled step,
+  ``cost/utilisation`` and peak memory; a ``jax.profiler`` trace of the steps that
+  ``config.profile`` names.
 
 ``batches`` is an iterator of host (numpy) batch pytrees with ``state()`` and ``restore(state)``
 (JSON-serialisable), such as ``lowrank_jax.data.BatchIterator``; wrap one with
@@ -61,6 +65,8 @@ import numpy as np
 from absl import logging
 
 from experiments.common import checkpoint as ckpt_lib
+from experiments.common import cost as cost_lib
+from experiments.common import lowering as lowering_lib
 from experiments.common import metrics as metrics_lib
 from experiments.common import sharding as sharding_lib
 from experiments.common import signals
@@ -71,6 +77,7 @@ __all__ = [
     "NonFiniteError",
     "ResumableIterator",
     "fit",
+    "fit_step",
     "on_start",
     "train_options",
     "training_started",
@@ -205,6 +212,8 @@ class FitResult:
         (compilation) step and evaluation; NaN if no step was timed.
       skipped_steps: steps of the whole run that kept the previous state (``skip_nonfinite``)
         because they were not finite or their loss exceeded ``max_loss``.
+      cost: this process's ``cost/*`` totals (throughput, FLOPs per step, utilisation, peak
+        memory; see :mod:`experiments.common.cost`).
     """
 
     state: Any
@@ -214,6 +223,7 @@ class FitResult:
     interrupted: bool
     step_time_s: float
     skipped_steps: int = 0
+    cost: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def padded_batches(
@@ -288,6 +298,91 @@ def _first_nonfinite(
             what = bad[0] if bad else "the train state (parameters or optimizer state)"
             return last_step - len(window) + 1 + i, what
     return None
+
+
+def _jit_step(
+    step_fn: Callable[..., Any],
+    state_sh: Any,
+    frozen_sh: Any,
+    mesh: Any,
+    *,
+    skip_nonfinite: bool,
+    max_loss: float = 0.0,
+) -> Any:
+    """The step ``fit`` runs: ``step_fn`` with the per-step key, the step count and the finiteness
+    flag (false too for a loss above ``max_loss`` when it is > 0), jitted with the state donated
+    and the given shardings."""
+    rep = sharding_lib.replicated(mesh)
+
+    def wrapped(state, frozen, batch, key):
+        new_state, metrics = step_fn(state, frozen, batch, jax.random.fold_in(key, state["step"]))
+        finite = _all_finite((metrics, new_state))
+        if max_loss > 0:
+            if "loss" not in metrics:
+                raise ValueError(
+                    f"max_loss={max_loss:g} bounds metrics['loss'], but the step returns only "
+                    f"{sorted(metrics)}: return the loss as 'loss' or leave max_loss at 0 (off)"
+                )
+            finite = finite & (metrics["loss"] <= max_loss)
+        if skip_nonfinite:
+            new_state = jax.tree.map(
+                lambda new, old: (
+                    jnp.where(finite, new, old)
+                    if jnp.issubdtype(jnp.result_type(new), jnp.inexact)
+                    else new
+                ),
+                new_state,
+                state,
+            )
+        return {**new_state, "step": state["step"] + 1}, {**metrics, _FINITE: finite}
+
+    return jax.jit(
+        wrapped,
+        donate_argnums=(0,),
+        in_shardings=(state_sh, frozen_sh, sharding_lib.batch_sharding(mesh), rep),
+        out_shardings=(state_sh, rep),
+    )
+
+
+def fit_step(
+    step_fn: Callable[[Any, Any, Any, jax.Array], tuple[Any, Mapping[str, Any]]],
+    state: Any,
+    frozen: Any,
+    batch: Any,
+    *,
+    mesh: Any,
+    key: Any = None,
+    fsdp: bool = False,
+    skip_nonfinite: bool = False,
+    name: str = "train",
+) -> lowering_lib.Step:
+    """The jitted step :func:`fit` would run, on abstract arguments (for lowering; no data).
+
+    Args:
+      step_fn: the step handed to ``fit``.
+      state, frozen, batch: the train state, frozen arrays and one batch (arrays or
+        ``jax.ShapeDtypeStruct``, e.g. from ``jax.eval_shape``); the state's ``"step"`` may be 0.
+      mesh: the mesh (a ``jax.sharding.AbstractMesh`` lowers for devices that need not exist).
+      key: the base key handed to ``fit`` (abstract is enough; default: a typed
+        ``jax.random.key``).
+      fsdp, skip_nonfinite: as in :func:`fit`.
+      name: the step's name in lowering reports.
+
+    Returns:
+      A :class:`~experiments.common.lowering.Step` whose arguments carry fit's shardings.
+    """
+    state = {**state, "step": jax.ShapeDtypeStruct((), jnp.int32)}
+    state_sh = sharding_lib.param_sharding(mesh, state, fsdp=fsdp)
+    frozen_sh = sharding_lib.param_sharding(mesh, frozen, fsdp=fsdp)
+    key = jax.eval_shape(lambda: jax.random.key(0)) if key is None else key
+    args = (
+        lowering_lib.abstract(state, state_sh),
+        lowering_lib.abstract(frozen, frozen_sh),
+        lowering_lib.sharded_batch(batch, mesh),
+        lowering_lib.abstract(key, sharding_lib.replicated(mesh)),
+    )
+    jitted = _jit_step(step_fn, state_sh, frozen_sh, mesh, skip_nonfinite=skip_nonfinite)
+    return lowering_lib.Step(name, jitted, args)
 
 
 def fit(
@@ -402,36 +497,12 @@ def fit(
     start = int(jax.device_get(state["step"]))
     writer = metrics_lib.MetricWriter(workdir, start_step=start)
 
-    def wrapped(state, frozen, batch, key):
-        new_state, metrics = step_fn(state, frozen, batch, jax.random.fold_in(key, state["step"]))
-        finite = _all_finite((metrics, new_state))
-        if max_loss > 0:
-            if "loss" not in metrics:
-                raise ValueError(
-                    f"max_loss={max_loss:g} bounds metrics['loss'], but the step returns only "
-                    f"{sorted(metrics)}: return the loss as 'loss' or leave max_loss at 0 (off)"
-                )
-            finite = finite & (metrics["loss"] <= max_loss)
-        if skip_nonfinite:
-            new_state = jax.tree.map(
-                lambda new, old: (
-                    jnp.where(finite, new, old)
-                    if jnp.issubdtype(jnp.result_type(new), jnp.inexact)
-                    else new
-                ),
-                new_state,
-                state,
-            )
-        return {**new_state, "step": state["step"] + 1}, {**metrics, _FINITE: finite}
-
-    jitted = jax.jit(
-        wrapped,
-        donate_argnums=(0,),
-        in_shardings=(state_sh, frozen_sh, sharding_lib.batch_sharding(mesh), rep),
-        out_shardings=(state_sh, rep),
+    jitted = _jit_step(
+        step_fn, state_sh, frozen_sh, mesh, skip_nonfinite=skip_nonfinite, max_loss=max_loss
     )
     key = sharding_lib.put_global(key, rep)
     run_step = jitted  # with several processes: its executable, compiled before the first step
+    meter = cost_lib.StepMeter(description)  # throughput, FLOPs, memory; the profiler flag
 
     saved_timing = {}  # step -> the (timed steps, seconds) written with its checkpoint
 
@@ -497,11 +568,17 @@ def fit(
                         f"batches ran out before step {step} of {num_steps}: pass an iterator "
                         "that repeats (e.g. BatchIterator(..., num_epochs=None))"
                     ) from None
-                if run_step is jitted and jax.process_count() > 1:
-                    # Compile, then wait for every process before the first collective (gloo
-                    # drops a peer that joins > ~30 s late; compile times differ under load).
-                    run_step = jitted.lower(state, frozen, batch, key).compile()
-                    sharding_lib.sync_processes("fit_first_step")
+                if step == start + 1:  # compiled first (jit reuses it): its FLOPs are known
+                    compiled = jitted.lower(state, frozen, batch, key).compile()
+                    meter.compiled(compiled, batch)
+                    if jax.process_count() > 1:
+                        # Wait for every process before the first collective (gloo drops a peer
+                        # that joins > ~30 s late; compile times differ under load).
+                        run_step = compiled
+                        sharding_lib.sync_processes("fit_first_step")
+                paused = meter.profile(step, state)  # starts or stops a trace, if asked for
+                if t_last is not None:  # (that is not a training step's time)
+                    t_last += paused
                 state, step_metrics = run_step(state, frozen, batch, key)
                 window.append(step_metrics)
                 if t_last is None:
@@ -511,12 +588,12 @@ def fit(
                     timed_steps += 1
                 if step % log_every == 0 or step == num_steps:
                     check_finite(step)
-                    train = writer.write(
-                        step, {f"train/{k}": v for k, v in _mean_metrics(window).items()}
-                    )
+                    means = {f"train/{k}": v for k, v in _mean_metrics(window).items()}
+                    elapsed = time.perf_counter() - t_last if timed_steps else 0.0  # (synced)
+                    writer.write(step, {**means, **meter.log(timed_steps, elapsed)})
                     window = []
                     if bar is not None:
-                        bar.set_postfix({k.split("/")[-1]: f"{v:.4g}" for k, v in train.items()})
+                        bar.set_postfix({k.split("/")[-1]: f"{v:.4g}" for k, v in means.items()})
                 if eval_fn is not None and eval_every and step % eval_every == 0:
                     check_finite(step)  # no evaluation records of a non-finite state
                     jax.block_until_ready(state)
@@ -550,12 +627,14 @@ def fit(
         if timed_steps:
             jax.block_until_ready(state)
             timed_s = time.perf_counter() - t_last
+        meter.stop(state)  # a trace that reached the last step
         end = int(jax.device_get(state["step"]))
         if not interrupted:
             save(end)
             if eval_fn is not None and last_eval_step != end:
                 last_eval = evaluate(end)
     finally:
+        meter.stop()
         if bar is not None:
             bar.close()
         with contextlib.suppress(Exception):
@@ -584,4 +663,5 @@ def fit(
         interrupted=interrupted,
         step_time_s=step_time,
         skipped_steps=skipped,
+        cost=meter.summary(timed_steps, timed_s),
     )

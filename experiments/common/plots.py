@@ -139,7 +139,8 @@ def plot_metrics(
     Args:
       workdir: the run directory.
       records: ``metrics.jsonl`` records (``{"step": int, "<split>/<name>": float, ...}``).
-      names: metric names to plot (default: every ``<name>`` that appears, except timings).
+      names: metric names to plot (default: every ``<name>`` that appears, except timings and
+        the ``cost/*`` records).
       title_prefix: prepended to each plot title (e.g. the experiment name).
 
     Returns:
@@ -151,6 +152,8 @@ def plot_metrics(
             if "/" not in key or not isinstance(value, int | float) or not math.isfinite(value):
                 continue
             split, name = key.split("/", 1)
+            if split == "cost" and names is None:  # throughput and memory: not a curve to plot
+                continue
             xs, ys = series.setdefault(name, {}).setdefault(split, ([], []))
             xs.append(record["step"])
             ys.append(value)

@@ -12,6 +12,9 @@ shared pieces:
   indices, one jitted ``lax.scan`` (compiled once per loss, optimizer and shape), with the
   full-training-set loss after every step; :func:`batch_indices` draws the epochs' minibatches;
   :func:`train_epochs` drives a library's jitted epoch function instead (KGE);
+* the cost of the trainers (examples/s, FLOPs per step, utilisation, peak memory; see
+  :mod:`experiments.common.cost`) goes to each newly computed cell's ``metrics.jsonl`` record as
+  ``<key>/cost/<name>`` and to the run's cost table;
 * :func:`mean_sd` / :func:`format_mean_sd`: mean ± sample standard deviation over seeds;
 * :func:`check`, :func:`checks_markdown`, :func:`markdown_table` and :func:`write_sweep_results`:
   the trend checks of a paper's claims marked as reproduced or not, next to the results table.
@@ -31,6 +34,7 @@ import math
 import os
 import shlex
 import sys
+import time
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -41,6 +45,8 @@ import optax
 from absl import logging
 
 from experiments.common import config_checks, loop
+from experiments.common import cost as cost_lib
+from experiments.common import lowering as lowering_lib
 from experiments.common import metrics as metrics_lib
 
 __all__ = [
@@ -57,6 +63,7 @@ __all__ = [
     "mean_sd",
     "train_epochs",
     "train_scan",
+    "train_scan_step",
     "write_sweep_results",
 ]
 
@@ -146,7 +153,8 @@ class CellStore:
             with open(path) as f:
                 self.cells[key] = json.load(f)
             return self.cells[key]
-        result = json.loads(json.dumps(dict(fn()), default=str))  # what a rerun reads back
+        with cost_lib.collect() as costs:  # the cost of the trainers that fn calls
+            result = json.loads(json.dumps(dict(fn()), default=str))  # what a rerun reads back
         loop.training_started()  # a cell trained: the runner may write config.json
         _write_cell(path, result)
         self.cells[key] = result
@@ -158,6 +166,9 @@ class CellStore:
                 for k, v in result.items()
                 if isinstance(v, int | float) and not isinstance(v, bool)
             }
+            if costs:
+                cell_cost = cost_lib.summarise(costs)
+                scalars.update({f"{key}/{k}": v for k, v in cell_cost.items()})
             if scalars:
                 self._writer.write(self._step, scalars)
         logging.info("cell %s: %s", key, _short(result))
@@ -196,7 +207,6 @@ def adam(learning_rate: float) -> optax.GradientTransformation:
     return optax.adam(learning_rate)
 
 
-@functools.partial(jax.jit, static_argnames=("loss_fn", "tx", "trace"))
 def train_scan(
     trainable: Any,
     frozen: Any,
@@ -228,7 +238,62 @@ def train_scan(
     Returns:
       ``(trainable, opt_state, trace)``; ``trace[k - 1]`` is the loss on all of ``train`` after
       ``k`` steps (``None`` if ``trace=False``).
+
+    The call is compiled first (once per signature), then timed to its end: its examples/s and
+    FLOPs go to the run's cost table and the cell's metrics (:mod:`experiments.common.cost`).
     """
+    steps, batch = np.shape(idx)[:2]
+    label = getattr(loss_fn, "__qualname__", type(loss_fn).__name__)
+    return cost_lib.timed_call(
+        _train_scan,
+        trainable,
+        frozen,
+        train,
+        idx,
+        loss_fn=loss_fn,
+        tx=tx,
+        trace=trace,
+        opt_state=opt_state,
+        label=f"train_scan {label} (batch {batch})",
+        steps=int(steps),
+        examples=int(batch),
+    )
+
+
+def train_scan_step(
+    name: str,
+    trainable: Any,
+    frozen: Any,
+    train: Any,
+    idx: Any,
+    *,
+    loss_fn: Callable[[Any, Any, Any], jax.Array],
+    tx: optax.GradientTransformation,
+    trace: bool = True,
+    opt_state: Any = None,
+) -> lowering_lib.Step:
+    """:func:`train_scan`'s jitted program on abstract arguments (arrays or
+    ``jax.ShapeDtypeStruct``; e.g. ``idx`` as ``ShapeDtypeStruct((steps, batch), int32)``), for
+    lowering without data."""
+    args = lowering_lib.abstract((trainable, frozen, train, idx))
+    kwargs = {"loss_fn": loss_fn, "tx": tx, "trace": trace}
+    kwargs["opt_state"] = None if opt_state is None else lowering_lib.abstract(opt_state)
+    return lowering_lib.Step(name, _train_scan, args, kwargs)
+
+
+@functools.partial(jax.jit, static_argnames=("loss_fn", "tx", "trace"))
+def _train_scan(
+    trainable: Any,
+    frozen: Any,
+    train: Any,
+    idx: jax.Array,
+    *,
+    loss_fn: Callable[[Any, Any, Any], jax.Array],
+    tx: optax.GradientTransformation,
+    trace: bool = True,
+    opt_state: Any = None,
+) -> tuple[Any, Any, jax.Array | None]:
+    """The jitted program of :func:`train_scan` (same arguments)."""
 
     def body(carry, i):
         p, s = carry
@@ -251,6 +316,8 @@ def train_epochs(
     *args: Any,
     num_epochs: int,
     log_every: int,
+    examples_per_epoch: int = 0,
+    steps_per_epoch: int = 1,
 ) -> tuple[Any, Any, list[tuple[int, float]]]:
     """Runs a library's jitted epoch function ``num_epochs`` times (for cells trained by epoch).
 
@@ -259,15 +326,32 @@ def train_epochs(
     ``e`` gets the second half of the ``e``-th ``split`` of ``key``. The loss comes to the host
     only every ``log_every`` epochs and after the last one.
 
+    The epochs are timed (the first one's compilation excluded) and recorded as
+    ``num_epochs * steps_per_epoch`` steps of ``examples_per_epoch / steps_per_epoch`` examples in
+    the run's cost table and the cell's metrics, with the FLOPs of the compiled epoch (an epoch
+    that is a ``lax.scan`` over its batches counts as one batch step: see
+    :mod:`experiments.common.cost`).
+
     Returns:
       ``(params, opt_state, curve)`` with ``curve = [(epoch, loss), ...]``.
     """
     curve = []
+    flops = None
+    if hasattr(epoch_fn, "lower"):  # compiled first, so the timing below excludes it
+        flops = cost_lib.program_flops(epoch_fn, params, opt_state, key, *args)
+    start = time.perf_counter()
     for epoch in range(1, num_epochs + 1):
         key, k_epoch = jax.random.split(key)
         params, opt_state, loss = epoch_fn(params, opt_state, k_epoch, *args)
         if epoch % log_every == 0 or epoch == num_epochs:
-            curve.append((epoch, float(loss)))
+            curve.append((epoch, float(loss)))  # (waits for the epoch)
+    cost_lib.record_steps(
+        getattr(epoch_fn, "__qualname__", "train_epochs"),
+        steps=num_epochs * steps_per_epoch,
+        seconds=time.perf_counter() - start,
+        examples=examples_per_epoch / steps_per_epoch,
+        flops=flops,
+    )
     return params, opt_state, curve
 
 

@@ -90,6 +90,8 @@ def _close(records, reference):
     assert [r["step"] for r in records] == [r["step"] for r in reference]
     for got, want in zip(records, reference, strict=True):
         for key in want:
+            if key.startswith("cost/"):  # throughput and memory measure a process, not results
+                continue
             assert got[key] == pytest.approx(want[key], abs=1e-5), (got["step"], key)
 
 
