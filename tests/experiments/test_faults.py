@@ -108,7 +108,10 @@ def test_a_stop_signal_saves_the_current_step_and_the_rerun_ends_as_an_uninterru
     reference = _fit(tmp_path / "reference", Batches())
     assert not resumed.interrupted and resumed.start_step == 7
     np.testing.assert_array_equal(resumed.state["w"], reference.state["w"])
-    assert resumed.history == reference.history
+    measured = lambda history: [
+        {k: v for k, v in r.items() if not k.startswith("cost/")} for r in history
+    ]  # noqa: E731
+    assert measured(resumed.history) == measured(reference.history)  # cost/* are measurements
 
 
 @needs_main_thread
