@@ -17,9 +17,15 @@ Commands (``:smoke`` for a one-minute check)::
     python -m experiments.train --config=configs/llm_lora.py:smoke
 
 Rerunning resumes: the pretraining and every fine-tuning cell are separate ``common.fit`` runs
-under the workdir (``pretrain/``, ``finetune/<method>_lr<rate>/``); finished ones only
-re-evaluate. Runtime and expected result (2-core CPU shared with other jobs): see the README's
-decoder section, which quotes the ``results.md`` of these commands.
+under the workdir (``pretrain/``, ``finetune/<base>_lr<rate>/``); finished ones only re-evaluate.
+
+Measured on the 2-core CPU shared with other jobs (load average 5-9): the default took 11.4 min
+wall (8.8 CPU-minutes: 500 pretraining steps, 4 x 150 fine-tuning steps), ``:smoke`` 66 s. Expected
+(default, seed 0): pretraining validation perplexity 6.28 per byte; on the histories' test
+passages LoRA 6.66 -> 6.29 and QLoRA (NF4 base) 6.67 -> 6.29, both at the chosen rate 1e-2;
+frozen base bytes float32 3.41 MB, bfloat16 0.54x, int8 0.31x, NF4 0.21x (the float32 byte
+embeddings and norms are a large share of this tiny model; the projection kernels alone are
+0.14x in NF4, see ``python -m experiments.bench.llm_lora``).
 """
 
 import ml_collections
