@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -35,8 +34,12 @@ def lora_set(
     full_rank: int,
     alpha: float,
 ) -> dict[str, Any]:
-    """LoRA adapters of ``rank`` on ``targets``, scaled as a slice of a rank-``full_rank`` LoRA."""
-    lora = adapters.lora(rank, alpha=alpha * rank / full_rank)
+    """LoRA adapters of ``rank`` on ``targets``, scaled as a slice of a rank-``full_rank`` LoRA.
+
+    A kernel ``(n, m)`` is one matrix; one with more axes ``(*L, n, m)`` is a stack of layers
+    (``nn.scan``, e.g. ``models.DecoderLM``) and gets factors stacked on those axes.
+    """
+    lora = adapters.lora(rank, alpha=alpha * rank / full_rank, in_ndim=1, out_ndim=1)
     return adapters.init(key, variables, [(t, lora) for t in targets])
 
 
@@ -93,9 +96,9 @@ def check_head_path(variables: Any, head_path: str) -> None:
 
 
 def check_rank(rank: int, shapes: Mapping[str, tuple[int, ...]]) -> None:
-    """Raises a ValueError if ``rank`` exceeds ``min(n, m)`` of a targeted ``(n, ...)`` kernel."""
+    """Raises a ValueError if ``rank`` exceeds ``min(n, m)`` of a targeted ``(*L, n, m)`` kernel."""
     for path, shape in shapes.items():
-        n, m = shape[0], math.prod(shape[1:])
+        n, m = shape[-2], shape[-1]
         if rank > min(n, m):
             raise ValueError(
                 f"rank={rank} exceeds min(n, m) = {min(n, m)} of the targeted kernel {path!r} "
@@ -122,6 +125,13 @@ class MethodBase(NamedTuple):
         kernels = kernel_paths(variables, self.targets)
         w0 = {k: jnp.asarray(get_path(variables, k)) for k in kernels}
         check_rank(self.rank, {k: w.shape for k, w in w0.items()})
+        stacked = [k for k, w in w0.items() if w.ndim > 2]
+        if memory and stacked:
+            raise ValueError(
+                f"{stacked[0]!r} is a stack of layers {w0[stacked[0]].shape} (nn.scan): this "
+                "method keeps a subspace memory of each kernel's inputs, which is not implemented "
+                "for stacked kernels; use sequential_lora on them, or target 2-D kernels."
+            )
         mem = {k: init_subspace_memory(w0[k].shape[0]) for k in kernels} if memory else {}
         return ContinualState(
             params=drop_path(variables, self.head_path),

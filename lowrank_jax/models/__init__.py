@@ -1,6 +1,6 @@
 """Flax linen models: MLP, ViT, char-level GPT, BERT (MiniLM loader), a transformer with
 FP8-simulated attention logits (P14), and the decoder LLM family (Llama-3, Qwen2, Gemma-2/3) with
-Hugging Face checkpoint loading and saving.
+Hugging Face checkpoint loading and saving, and its FSDP / tensor-parallel partition rules.
 
 Every projection is a plain `nn.Dense` with a 2-D kernel (in, out), so adapter rules over
 '/'-joined parameter paths (e.g. `.*attention/(query|value)/kernel`) see one matrix per projection.
@@ -22,6 +22,12 @@ from lowrank_jax.models.decoder import init_cache as init_cache
 from lowrank_jax.models.decoder_config import DecoderConfig as DecoderConfig
 from lowrank_jax.models.decoder_config import RopeConfig as RopeConfig
 from lowrank_jax.models.decoder_config import rope_frequencies as rope_frequencies
+from lowrank_jax.models.decoder_sharding import (
+    decoder_partition_rules as decoder_partition_rules,
+)
+from lowrank_jax.models.decoder_sharding import (
+    decoder_partition_specs as decoder_partition_specs,
+)
 from lowrank_jax.models.fp8_transformer import Fp8SelfAttention as Fp8SelfAttention
 from lowrank_jax.models.fp8_transformer import Fp8Transformer as Fp8Transformer
 from lowrank_jax.models.fp8_transformer import fp8_attention_geometry as fp8_attention_geometry
@@ -74,6 +80,8 @@ __all__ = [
     "config_from_hf",
     "config_to_hf",
     "convert_bert_weights",
+    "decoder_partition_rules",
+    "decoder_partition_specs",
     "flax_path_from_peft",
     "fp8_attention_geometry",
     "generate",
