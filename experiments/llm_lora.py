@@ -347,3 +347,57 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
     result = write_report(config, workdir, pre, before, sizes, cells, chosen, samples, prompts)
     logging.info("llm_lora: %s", {k: v for k, v in result.items() if k != "methods"})
     return result
+
+
+def steps(config: Any, mesh: Any = None) -> list[common.Step]:
+    """The run's jitted train steps (as ``fit`` runs them), on abstract inputs.
+
+    Pre-training, then LoRA on the float32 base and on the NF4 base (QLoRA); no text is read and
+    no weight computed. ``mesh`` (default: all devices) may be a ``jax.sharding.AbstractMesh``.
+    """
+    check_config(config)
+    mesh = common.make_mesh() if mesh is None else mesh
+    model = models.DecoderLM(model_config(config))
+    tokens = jax.ShapeDtypeStruct((config.data.batch_size, config.data.passage_chars), jnp.int32)
+    key = jax.random.key(config.seed)
+    s = config.schedule
+
+    def pretrain_state(k):
+        variables = model.init(k, jnp.zeros((1, 8), jnp.int32))
+        tx = _optimizer(config, config.model.pretrain_learning_rate, 10, 1)
+        return {"params": variables, "opt_state": tx.init(variables), "step": 0}, tx
+
+    state, tx = common.eval_shape_with_static(pretrain_state, key)
+    forward = lambda params, _, t: model.apply(params, t)  # noqa: E731
+    out = [
+        common.fit_step(
+            make_step(forward, tx, "params"),
+            state,
+            None,
+            {"tokens": tokens},
+            mesh=mesh,
+            name="pretrain",
+        )  # fmt: skip
+    ]
+    for base in ("float32", "nf4"):
+
+        def lora_state(k, base=base):
+            variables = model.init(k, jnp.zeros((1, 8), jnp.int32))
+            lora = adapters.init(k, variables, lora_rules(config))
+            tx = _optimizer(config, 1e-3, s.num_steps, s.warmup_steps)
+            frozen = frozen_base(config, variables, base)
+            return ({"adapters": lora, "opt_state": tx.init(lora), "step": 0}, frozen), tx
+
+        (state, frozen), tx = common.eval_shape_with_static(lora_state, key)
+        out.append(
+            common.fit_step(
+                make_step(lora_forward(config), tx, "adapters"),
+                state,
+                frozen,
+                {"tokens": tokens},
+                mesh=mesh,
+                fsdp=config.parallel.fsdp,
+                name=f"LoRA, {base} base",
+            )  # fmt: skip
+        )
+    return out
