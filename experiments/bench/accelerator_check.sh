@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Reproduces the benchmarks that matter on an accelerator (adapter step, FP8 scales, KGE vs PyKEEN)
-# and runs the test suite on whatever backend JAX finds (GPU, TPU or CPU), from the repository root:
+# The one script to run on a fresh TPU or GPU VM: prints the backend and devices, reproduces the
+# benchmarks that matter on an accelerator (adapter step, FP8 scales, KGE vs PyKEEN, the decoder
+# LLM), trains each area's :smoke config on the real backend, runs the test suite on whatever
+# backend JAX finds (GPU, TPU or CPU), and writes one JSON summary, from the repository root:
 #
 #   experiments/bench/accelerator_check.sh           # full sizes, then the test suite
 #   experiments/bench/accelerator_check.sh --smoke   # tiny sizes, no test suite (what CI runs)
 #
 # Each benchmark prints its table and, last, a JSON line; everything goes to
-# runs/accelerator_check/<backend>/ as well. Install first: make install (or pip install -e ".[test,peers]"
-# plus the matching accelerator jax, e.g. pip install "jax[cuda12]>=0.10.2,<0.11").
+# runs/accelerator_check/<backend>/ as well, and summary.json there collects the last lines.
+# Install first: make install (or pip install -e ".[test,peers]" plus the matching accelerator jax, e.g. pip install "jax[cuda12]>=0.10.2,<0.11").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PYTHON=${PYTHON:-python}
@@ -17,6 +19,7 @@ smoke=0
 backend=$($PYTHON -c "import jax; print(jax.default_backend())")
 out=runs/accelerator_check/$backend
 mkdir -p "$out"
+rm -f "$out"/*.txt "$out/summary.json"  # this run's outputs only
 $PYTHON -c "import jax; print('backend', jax.default_backend(), 'devices', jax.devices())" | tee "$out/devices.txt"
 
 if [ $smoke = 1 ]; then
@@ -42,7 +45,36 @@ run fp8_scales experiments.bench.fp8_scales "${fp8[@]}"
 run kge_vs_pykeen experiments.bench.kge_vs_pykeen "${kge[@]}"
 
 if [ $smoke = 0 ]; then
+  run llm_lora experiments.bench.llm_lora
+  # Each area's :smoke config trained on the real backend (the tests only lower them for TPU/GPU):
+  # adapters on MiniLM, continual learning, FP8 scales, the decoder LLM, KGE, generative models.
+  for spec in lora_finetune.py:smoke saber.py:smoke fp8_attention.py:smoke llm_lora.py:smoke \
+              kge.py:smoke tfft.py:smoke; do
+    name=smoke_${spec%%.py*}
+    echo "== $name: python -m experiments.train --config=configs/$spec"
+    start=$(date +%s)
+    rc=0
+    $PYTHON -m experiments.train --config="configs/$spec" --workdir="$out/runs/$name" \
+      --config.log.progress=False > "$out/$name.txt" 2>&1 || rc=$?
+    echo "{\"rc\": $rc, \"wall_s\": $(( $(date +%s) - start ))}" >> "$out/$name.txt"
+    tail -1 "$out/$name.txt"
+  done
   echo "== test suite on $backend"
   $PYTHON -m pytest -q tests 2>&1 | tee "$out/tests.txt"
 fi
-echo "accelerator check done: $out"
+
+# One JSON summary: the backend, the devices and the last (JSON) line of every step above.
+$PYTHON - "$out" <<'PY'
+import json, pathlib, sys
+import jax
+out = pathlib.Path(sys.argv[1])
+summary = {"backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()]}
+for path in sorted(p for p in out.glob("*.txt") if p.stem != "devices"):
+    lines = path.read_text().strip().splitlines()
+    try:
+        summary[path.stem] = json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
+        summary[path.stem] = {"last_line": lines[-1] if lines else ""}
+(out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+PY
+echo "accelerator check done: $out (summary.json)"

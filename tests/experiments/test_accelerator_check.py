@@ -21,6 +21,9 @@ def test_accelerator_check_runs_on_cpu_in_smoke_form(tmp_path):
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert "accelerator check done: runs/accelerator_check/cpu" in proc.stdout
     out = REPO / "runs" / "accelerator_check" / "cpu"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["backend"] == "cpu" and summary["devices"]
     for name in ("adapter_step", "fp8_scales", "kge_vs_pykeen"):
         last = (out / f"{name}.txt").read_text().strip().splitlines()[-1]
         assert isinstance(json.loads(last), dict), (name, last)
+        assert summary[name] == json.loads(last)
