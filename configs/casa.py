@@ -83,6 +83,7 @@ def get_config(arg=None):
     c.merge = ml_collections.ConfigDict()
     c.merge.rank = 32  # rank of every delivered adapter (CASA's target_rank)
     c.merge.scales = (1.0,) if arg.smoke else (0.5, 1.0, 1.5, 2.0)  # task arithmetic λ
+    c.merge.ties_trim = "global"  # TIES ranks magnitudes over each whole task vector (the paper)
     c.merge.ties = ((0.5, 1.0),) if arg.smoke else ((0.2, 1.0), (0.2, 2.0), (0.5, 1.0), (0.5, 2.0))  # fmt: skip
     c.merge.dare = ((0.5, 1.0),) if arg.smoke else ((0.3, 1.0), (0.3, 2.0), (0.7, 1.0), (0.7, 2.0))  # fmt: skip
     c.merge.casa = ((0.5, 1.0),) if arg.smoke else ((0.1, 1.0), (0.1, 2.0), (0.5, 1.0), (0.5, 2.0))  # fmt: skip
