@@ -50,16 +50,20 @@ def get_config(arg=None):
     c.data.block = 4 if arg.smoke else 10
     c.data.rhos = (0.0, 0.5)
     c.data.sigma = 0.2  # sd of the AR(1) log-intensity factor
-    c.data.train_len = 200 if arg.smoke else 600
+    # >= horizon / alpha = 10^4: the bootstrap must resolve a per-step tail near alpha / horizon
+    c.data.train_len = 200 if arg.smoke else 12000
     c.data.horizon = 150 if arg.smoke else 500  # null runs and change runs
     c.data.tau = 60 if arg.smoke else 200
     c.data.kinds = ("local", "global")
     c.data.kappas = (4.0, 8.0) if arg.smoke else (3.0, 6.0, 12.0)
-    c.data.null_reps = 60 if arg.smoke else 100
+    c.data.null_reps = 60 if arg.smoke else 400  # MC s.e. of a 0.05 rate: 0.011
     c.data.change_reps = 20 if arg.smoke else 40
 
     c.model = ml_collections.ConfigDict()  # the detectors
-    c.model.rank = 2
+    c.model.rank = 2  # r of b_{t,w}; the fixed rank of `lowrank_fixed`
+    c.model.max_rank = 4  # the most directions an SVT window estimate may keep (lowrank)
+    c.model.svt_calibrate = True  # c_tau of tau_S from the training stretch (block bootstrap)
+    c.model.svt_scale = 0.5  # c_tau when svt_calibrate is False
     c.model.num_scales = 5  # windows 1..32
     c.model.alpha_stat = 0.05  # level inside log(t^2 (J+1)/alpha)
     c.model.power_iters = 1
@@ -69,8 +73,8 @@ def get_config(arg=None):
     c.eval = ml_collections.ConfigDict()
     c.eval.alphas = (0.01, 0.05, 0.1)
     c.eval.alpha = 0.05  # level of the delay runs and the flights monitor
-    c.eval.boot_streams = 100 if arg.smoke else 150
-    c.eval.block_len = 10  # moving-block bootstrap block (synthetic)
+    c.eval.boot_streams = 100 if arg.smoke else 400
+    c.eval.block_len = 32  # moving-block bootstrap block = the longest window 2^J (synthetic)
     c.eval.chunk = 16  # observations per scan step
     c.eval.refit_cusum = True  # re-estimate the totals CUSUM's rate per bootstrap stream
 
@@ -78,6 +82,7 @@ def get_config(arg=None):
     c.flights.enabled = arg.flights and not arg.smoke
     c.flights.train_days = 90  # January-March
     c.flights.rank = 3
+    c.flights.max_rank = 5
     c.flights.block_len = 7  # whole weeks
     c.flights.restart_ref_days = 28  # reference stretch of a restarted detector
     c.flights.boot_streams = 200
