@@ -29,6 +29,7 @@ from lowrank_jax import changepoint as cp
 from lowrank_jax import data
 
 METHODS = ("lowrank", "lowrank_fixed", "frobenius", "cusum_totals", "cusum_entrywise")
+NULL_BATCH = 200  # null streams sampled at once (memory: 200 x T x p x L counts)
 
 
 def check_config(config: Any) -> None:
@@ -185,10 +186,18 @@ def synthetic_rho(config: Any, rho: float, key: jax.Array) -> dict:
         chunk=e.chunk,
     ).maxima
     thr = {k: {a: cp.quantile_threshold(v, a) for a in e.alphas} for k, v in cal.items()}
-    null = cp.synthetic.sample_streams(
-        keys[3], lam, num_streams=d.null_reps, length=d.horizon, **sample
-    )
-    null_max = {k: _scores(det, null, e.chunk).max(1) for k, det in dets.items()}
+    null_max = {k: [] for k in dets}
+    for start in range(0, d.null_reps, NULL_BATCH):  # fresh null streams, a batch at a time
+        null = cp.synthetic.sample_streams(
+            jax.random.fold_in(keys[3], start),
+            lam,
+            num_streams=min(NULL_BATCH, d.null_reps - start),
+            length=d.horizon,
+            **sample,
+        )
+        for k, det in dets.items():
+            null_max[k].append(_scores(det, null, e.chunk).max(1))
+    null_max = {k: np.concatenate(v) for k, v in null_max.items()}
     null_max["lowrank_iid"] = null_max["lowrank"]
     fa = {k: {str(a): float(np.mean(null_max[k] > thr[k][a])) for a in e.alphas} for k in thr}
     delays = {}
