@@ -2,12 +2,15 @@
 
 PYTHONPATH=. nice -n 10 python .notes/cp_svt_diag.py calibrate      # c_tau per rho and n
 PYTHONPATH=. nice -n 10 python .notes/cp_svt_diag.py detect 1.0 0.5 0.3 0.15
+PYTHONPATH=. nice -n 10 python .notes/cp_svt_diag.py ranks 1.0 0.5
 
 Setting of configs/changepoint.py (p = L = 30, rank 2, mean 2, sigma 0.2, J = 5, T = 500,
 tau = 200, alpha = 0.05). `calibrate`: cp.calibrate_svt_scale's statistic by hand, per window
 (moving blocks of 10, 400 stretches). `detect` (rho = 0, training stretch 3000): thresholds are
 the 95% quantiles of 200 *fresh* null streams' maxima (no bootstrap), detection on 40 streams
 per change kind (kappa = 12), for the fixed rank 2, the Frobenius scan and SVT at each c_tau.
+`ranks`: on one null stream, the share of t in (32, 500] at which the window of 1 (and of 32) is
+estimated with rank 0, 1, 2, ... by exact SVT at each c_tau (lambda-bar = max of Lambda).
 """
 
 import sys
@@ -85,8 +88,27 @@ def detect(scales):
         print(name, f"threshold {thr:.3f}", *out, flush=True)
 
 
+def ranks(scales):
+    ys = cp.synthetic.sample_streams(jax.random.key(1), LAM, num_streams=1, length=T, sigma=0.2)
+    ys = ys[0].astype(np.float64)
+    print("singular values of Lambda:", np.round(np.linalg.svd(LAM, compute_uv=False)[:3], 1))
+    for c in scales:
+        svt = lowrank.SVT(float(LAM.max()), 0.05, c)
+        for w in (1, 32):
+            chosen = []
+            for t in range(33, T + 1):
+                tau = float(lowrank.svt_threshold(t, w, svt, p=30, num_cells=30, num_scales=J))
+                chosen.append(
+                    int((np.linalg.svd(ys[t - w : t].mean(0), compute_uv=False) > tau).sum())
+                )
+            share = np.bincount(chosen) / len(chosen)
+            print(f"c_tau={c} window {w}: share of t with rank 0, 1, ...: {np.round(share, 2)}")
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "calibrate":
         calibrate()
+    elif sys.argv[1] == "ranks":
+        ranks([float(x) for x in sys.argv[2:]])
     else:
         detect([float(x) for x in sys.argv[2:]])
