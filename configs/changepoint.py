@@ -21,7 +21,7 @@ Runtime: 9.4 minutes wall (11.7 CPU-minutes) on a 2-core CPU at load average 1�
 0.045 (ρ = 0) and 0.069 (ρ = 0.5) — the training stretch of 30,000 makes
 ``n (1 − ρ)/(1 + ρ) ≥ T/α`` (with 600 the rate was 0.29–0.32); at κ = 12 the SVT scan detects
 the local change in 0.23 of the streams (fixed rank 2: 0.05) and the global one in 0.47 (Frobenius
-0.28) at ρ = 0; the CUSUMs given the pre-change rates detect far more; on the flights no low-rank
+0.28) at ρ = 0; the CUSUMs given the pre-change rates detect more; on the flights no low-rank
 alarm, the entrywise CUSUM four (06-02, 08-02, 09-25, 12-03, the last with ExpressJet's December
 cut), none by FOCuS or ruptures' PELT (thresholds inflated by the February blizzard in the
 calibration window).
