@@ -20,12 +20,13 @@ Commands::
     python -m experiments.train --config=configs/casa.py --workdir=runs/casa
     python -m experiments.train --config=configs/casa.py:smoke --workdir=/tmp/casa_smoke
 
-Runtime: 52 min wall on a 2-core CPU shared with ~8 other jobs (12 min of CPU time); ``:smoke``
+Runtime: 29 min wall on a 2-core CPU shared with other jobs (load average 5–9); ``:smoke``
 (the test: 3 steps, 5 passages per play, query/value kernels, one candidate per method) about
-40 s of CPU time. Result (5 seeds, test): spectral rigidity (spectrum drift 0.006 vs weight drift
-0.082); play accuracy on the target 0.35 direct, 0.34 CASA, 0.35 TIES, 0.35 DARE,
-0.36 oracle; genre retention 0.51 direct, 0.49 CASA, 0.35 source-revert: direct application did
-not fail here, and CASA did not beat TIES/DARE (table and discussion in the README).
+40 s of CPU time. Result (5 seeds, test; TIES trims whole task vectors, ``merge.ties_trim``):
+spectral rigidity (spectrum drift 0.006 vs weight drift 0.082); play accuracy on the target
+0.350 direct, 0.341 CASA, 0.344 TIES, 0.350 DARE, 0.362 oracle; genre retention 0.511 direct,
+0.488 CASA, 0.346 source-revert: direct application did not fail here, and CASA did not beat
+TIES/DARE (combined score above them on 1 of 5 seeds each; docs/papers/p18_casa.md).
 """
 
 import ml_collections
@@ -83,6 +84,7 @@ def get_config(arg=None):
     c.merge = ml_collections.ConfigDict()
     c.merge.rank = 32  # rank of every delivered adapter (CASA's target_rank)
     c.merge.scales = (1.0,) if arg.smoke else (0.5, 1.0, 1.5, 2.0)  # task arithmetic λ
+    c.merge.ties_trim = "global"  # TIES ranks magnitudes over each whole task vector (the paper)
     c.merge.ties = ((0.5, 1.0),) if arg.smoke else ((0.2, 1.0), (0.2, 2.0), (0.5, 1.0), (0.5, 2.0))  # fmt: skip
     c.merge.dare = ((0.5, 1.0),) if arg.smoke else ((0.3, 1.0), (0.3, 2.0), (0.7, 1.0), (0.7, 2.0))  # fmt: skip
     c.merge.casa = ((0.5, 1.0),) if arg.smoke else ((0.1, 1.0), (0.1, 2.0), (0.5, 1.0), (0.5, 2.0))  # fmt: skip

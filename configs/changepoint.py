@@ -3,29 +3,28 @@ r"""P17 online low-rank Poisson change points: synthetic grid of §17 and NYC fl
 Synthetic: ``p × L`` count streams with a rank-2 intensity (about 2 events per cell), a
 multiplicative AR(1) factor (``ρ ∈ {0, 0.5}``), and changes of Frobenius size ``κ`` at ``τ``
 (``local``: a rank-1 bump on a 10×10 block; ``global``: a rank-1 reweighting of every cell).
-Every detector (low-rank scan, Frobenius scan, Poisson Page-CUSUM on totals, entrywise CUSUM)
-gets its threshold from the same block bootstrap of a training stretch; false-alarm rates on
-null streams at α ∈ {0.01, 0.05, 0.1}, delays against κ. Flights: daily carrier × hour counts,
-calibrated on January–March, monitored April–December with restarts after each alarm; FOCuS
-(changepoint-online) on totals and ruptures' PELT with a Poisson cost side by side. See
-``experiments/changepoint.py``.
+Every detector (low-rank scan with adaptive SVT window estimates, the same with a fixed rank 2,
+Frobenius scan, Poisson Page-CUSUM on totals, entrywise CUSUM) gets its threshold from the same
+block bootstrap of a training stretch, and the SVT level's constant ``c_τ`` comes from it too;
+false-alarm rates on null streams at α ∈ {0.01, 0.05, 0.1}, delays against κ. Flights: daily
+carrier × hour counts, calibrated on January–March, monitored April–December with restarts after
+each alarm; FOCuS (changepoint-online) on totals and ruptures' PELT with a Poisson cost side by
+side. See ``experiments/changepoint.py``.
 
 Command::
 
     python -m experiments.train --config=configs/changepoint.py --workdir=runs/changepoint
 
-Runtime: 29 minutes on a 2-core CPU shared with ~30 other jobs (a few minutes alone);
-``:smoke`` (p = L = 8, short streams, no flights) about a minute alone. Expected result
-(``results.md``, measured, see ``.notes/changepoint.md``): bootstrap-calibrated false-alarm rates
-above nominal for the scans (low-rank 0.29 at α = 0.05, ρ = 0; 0.32 at ρ = 0.5, where the i.i.d.
-bootstrap gives 0.51) because ``train_len`` = 600 is below ``horizon/α`` = 10⁴ (see
-``lowrank_jax.changepoint.calibration``; ``--config.data.train_len=12000`` gives 0.02 at ρ = 0,
-0.14 at ρ = 0.5); the totals CUSUM's rate is re-estimated per bootstrap stream
-(``eval.refit_cusum``: 0.09 instead of 0.15 at ρ = 0, 0.28 instead of 0.55 at ρ = 0.5); the low-rank scan detects global changes more often than the Frobenius
-scan (0.70 vs 0.40 at κ = 12, ρ = 0) but far less than the entrywise CUSUM with known rates; on
-the flights one low-rank alarm (2013-12-29), the entrywise CUSUM four (06-02, 08-02, 09-25,
-12-03, the last with ExpressJet's December cut), none by FOCuS or ruptures' PELT (thresholds
-inflated by the February blizzard in the calibration window).
+Runtime: 9.4 minutes wall (11.7 CPU-minutes) on a 2-core CPU at load average 1–2; ``:smoke``
+(p = L = 8, short streams, no flights) about a minute alone. Expected result (``results.md``,
+``false_alarms.md``; docs/papers/p17_changepoint.md): false alarms at α = 0.05 of the SVT scan
+0.045 (ρ = 0) and 0.069 (ρ = 0.5) — the training stretch of 30,000 makes
+``n (1 − ρ)/(1 + ρ) ≥ T/α`` (with 600 the rate was 0.29–0.32); at κ = 12 the SVT scan detects
+the local change in 0.23 of the streams (fixed rank 2: 0.05) and the global one in 0.47 (Frobenius
+0.28) at ρ = 0; the CUSUMs given the pre-change rates detect more; on the flights no low-rank
+alarm, the entrywise CUSUM four (06-02, 08-02, 09-25, 12-03, the last with ExpressJet's December
+cut), none by FOCuS or ruptures' PELT (thresholds inflated by the February blizzard in the
+calibration window).
 
 ``arg``: ``"smoke"``; ``flights=false`` skips the flights part.
 """
@@ -50,16 +49,21 @@ def get_config(arg=None):
     c.data.block = 4 if arg.smoke else 10
     c.data.rhos = (0.0, 0.5)
     c.data.sigma = 0.2  # sd of the AR(1) log-intensity factor
-    c.data.train_len = 200 if arg.smoke else 600
+    # effective length n (1 - rho) / (1 + rho) >= horizon / alpha = 10^4 at rho = 0.5: the bootstrap
+    # must resolve a per-step tail near alpha / horizon
+    c.data.train_len = 200 if arg.smoke else 30000
     c.data.horizon = 150 if arg.smoke else 500  # null runs and change runs
     c.data.tau = 60 if arg.smoke else 200
     c.data.kinds = ("local", "global")
     c.data.kappas = (4.0, 8.0) if arg.smoke else (3.0, 6.0, 12.0)
-    c.data.null_reps = 60 if arg.smoke else 100
+    c.data.null_reps = 60 if arg.smoke else 1000  # MC s.e. of a 0.05 rate: 0.007
     c.data.change_reps = 20 if arg.smoke else 40
 
     c.model = ml_collections.ConfigDict()  # the detectors
-    c.model.rank = 2
+    c.model.rank = 2  # r of b_{t,w}; the fixed rank of `lowrank_fixed`
+    c.model.max_rank = 4  # the most directions an SVT window estimate may keep (lowrank)
+    c.model.svt_calibrate = True  # c_tau of tau_S from the training stretch (block bootstrap)
+    c.model.svt_scale = 0.5  # c_tau when svt_calibrate is False
     c.model.num_scales = 5  # windows 1..32
     c.model.alpha_stat = 0.05  # level inside log(t^2 (J+1)/alpha)
     c.model.power_iters = 1
@@ -69,8 +73,8 @@ def get_config(arg=None):
     c.eval = ml_collections.ConfigDict()
     c.eval.alphas = (0.01, 0.05, 0.1)
     c.eval.alpha = 0.05  # level of the delay runs and the flights monitor
-    c.eval.boot_streams = 100 if arg.smoke else 150
-    c.eval.block_len = 10  # moving-block bootstrap block (synthetic)
+    c.eval.boot_streams = 100 if arg.smoke else 1000
+    c.eval.block_len = 32  # moving-block bootstrap block = the longest window 2^J (synthetic)
     c.eval.chunk = 16  # observations per scan step
     c.eval.refit_cusum = True  # re-estimate the totals CUSUM's rate per bootstrap stream
 
@@ -78,6 +82,7 @@ def get_config(arg=None):
     c.flights.enabled = arg.flights and not arg.smoke
     c.flights.train_days = 90  # January-March
     c.flights.rank = 3
+    c.flights.max_rank = 5
     c.flights.block_len = 7  # whole weeks
     c.flights.restart_ref_days = 28  # reference stretch of a restarted detector
     c.flights.boot_streams = 200

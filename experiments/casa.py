@@ -68,6 +68,8 @@ def check_config(config: Any) -> None:
         for density, scale in c.get_path(config, key):
             if not (0 < density <= 1 and scale > 0):
                 raise c.ConfigError(f"config.{key}: (density in (0, 1], scale > 0) pairs")
+    if c.get_path(config, "merge.ties_trim") not in ("global", "per_kernel"):
+        raise c.ConfigError("config.merge.ties_trim must be 'global' or 'per_kernel'")
     for rot, scale in c.get_path(config, "merge.casa"):
         if not (rot > 0 and scale > 0):
             raise c.ConfigError("config.merge.casa: (rotation_threshold > 0, scale > 0) pairs")
@@ -264,7 +266,12 @@ def _candidates(config, source, target, lora, key):
             (
                 {"density": d, "scale": s},
                 merging.merge_ties(
-                    [tau, lora], density=d, weights=(1.0, s), rank=r, relative_to=tau
+                    [tau, lora],
+                    density=d,
+                    weights=(1.0, s),
+                    trim=m.ties_trim,
+                    rank=r,
+                    relative_to=tau,
                 ),
             )  # fmt: skip
             for d, s in m.ties

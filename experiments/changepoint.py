@@ -28,7 +28,8 @@ from experiments import common
 from lowrank_jax import changepoint as cp
 from lowrank_jax import data
 
-METHODS = ("lowrank", "frobenius", "cusum_totals", "cusum_entrywise")
+METHODS = ("lowrank", "lowrank_fixed", "frobenius", "cusum_totals", "cusum_entrywise")
+NULL_BATCH = 200  # null streams sampled at once (memory: 200 x T x p x L counts)
 
 
 def check_config(config: Any) -> None:
@@ -43,6 +44,10 @@ def check_config(config: Any) -> None:
         raise c.ConfigError(f"config.data.tau={config.data.tau} must be < data.horizon")
     if config.model.rank > min(config.data.p, config.data.num_cells):
         raise c.ConfigError(f"config.model.rank={config.model.rank} exceeds min(p, L)")
+    if not config.model.rank <= config.model.max_rank <= min(config.data.p, config.data.num_cells):
+        raise c.ConfigError("config.model.max_rank must lie in [model.rank, min(p, L)]")
+    if not config.model.svt_calibrate and config.model.svt_scale <= 0:
+        raise c.ConfigError("config.model.svt_scale must be positive (c_tau of the SVT level)")
     for kind in config.data.kinds:
         if kind not in ("local", "global"):
             raise c.ConfigError(f"config.data.kinds has {kind!r}: use 'local' or 'global'")
@@ -51,16 +56,26 @@ def check_config(config: Any) -> None:
             raise c.ConfigError(f"config.eval.alphas holds {a}: levels lie in (0, 1)")
     if not 1 <= config.eval.block_len <= config.data.train_len:
         raise c.ConfigError("config.eval.block_len must lie in [1, data.train_len]")
+    if config.flights.enabled and config.flights.max_rank < config.flights.rank:
+        raise c.ConfigError("config.flights.max_rank must be >= flights.rank")
     c.check_positive(config, "eval.boot_streams", integer=True)
     c.check_positive(config, "eval.chunk", integer=True)
 
 
-def make_detectors(reference: np.ndarray, m: Any, *, rank: int, rate_bound=None) -> dict:
-    """The four detectors built from a reference stretch ``(n, p, L)``."""
+def make_detectors(
+    reference: np.ndarray, m: Any, *, rank: int, max_rank: int, svt_scale: float, rate_bound=None
+) -> dict:
+    """The detectors built from a reference stretch ``(n, p, L)``: the low-rank scan with adaptive
+    SVT window estimates (``lowrank``, the default) and with the fixed rank-``rank`` truncation
+    (``lowrank_fixed``), the Frobenius scan and the two CUSUMs."""
     mean = reference.mean(0)
     kw = dict(num_scales=m.num_scales, alpha=m.alpha_stat, rate_bound=rate_bound)
+    scan = dict(rank=rank, power_iters=m.power_iters, **kw)
     return {
-        "lowrank": cp.lowrank_detector(mean, rank=rank, power_iters=m.power_iters, **kw),
+        "lowrank": cp.lowrank_detector(
+            mean, estimator="svt", max_rank=max_rank, svt_scale=svt_scale, **scan
+        ),
+        "lowrank_fixed": cp.lowrank_detector(mean, estimator="rank", **scan),
         "frobenius": cp.frobenius_scan(mean, **kw),
         "cusum_totals": cp.page_cusum_totals(mean.sum(), rel_change=m.cusum_total_change),
         "cusum_entrywise": cp.entrywise_cusum(mean, rel_change=m.cusum_cell_change),
@@ -73,7 +88,13 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
     del mesh  # one device
     check_config(config)
     d, m, e = config.data, config.model, config.eval
-    dets = make_detectors(np.ones((1, d.p, d.num_cells), np.float32), m, rank=m.rank)
+    dets = make_detectors(
+        np.ones((1, d.p, d.num_cells), np.float32),
+        m,
+        rank=m.rank,
+        max_rank=m.max_rank,
+        svt_scale=m.svt_scale,
+    )
     chunks = -(-d.horizon // e.chunk)
     ys = jax.ShapeDtypeStruct((chunks, e.chunk, d.p, d.num_cells), np.float32)
     return [common.Step(name, _scan_detector(det), (ys,)) for name, det in dets.items()]
@@ -109,6 +130,22 @@ def _cell(workdir: str, name: str, fn) -> dict:
     return out
 
 
+def _svt_scale(config, train, key, *, horizon, block_len) -> float:
+    """``c_τ`` of the SVT level: calibrated on the training stretch, or ``model.svt_scale``."""
+    m = config.model
+    if not m.svt_calibrate:
+        return float(m.svt_scale)
+    return cp.calibrate_svt_scale(
+        train,
+        key=jax.random.fold_in(key, 1),
+        alpha=config.eval.alpha,
+        horizon=horizon,
+        num_scales=m.num_scales,
+        block_len=block_len,
+        num_streams=config.eval.boot_streams,
+    )
+
+
 def synthetic_rho(config: Any, rho: float, key: jax.Array) -> dict:
     """Calibration, false alarms and delays of every detector at one ρ."""
     d, m, e = config.data, config.model, config.eval
@@ -120,7 +157,8 @@ def synthetic_rho(config: Any, rho: float, key: jax.Array) -> dict:
     train = cp.synthetic.sample_streams(keys[1], lam, num_streams=1, length=d.train_len, **sample)[
         0
     ]
-    dets = make_detectors(train, m, rank=m.rank)
+    svt_scale = _svt_scale(config, train, keys[2], horizon=d.horizon, block_len=e.block_len)
+    dets = make_detectors(train, m, rank=m.rank, max_rank=m.max_rank, svt_scale=svt_scale)
     # The totals CUSUM's rate is a plug-in: re-estimated on each bootstrap resample (refit).
     refit = {"cusum_totals": cusum_totals_refit(m.cusum_total_change)} if e.refit_cusum else {}
     cal = {
@@ -148,10 +186,18 @@ def synthetic_rho(config: Any, rho: float, key: jax.Array) -> dict:
         chunk=e.chunk,
     ).maxima
     thr = {k: {a: cp.quantile_threshold(v, a) for a in e.alphas} for k, v in cal.items()}
-    null = cp.synthetic.sample_streams(
-        keys[3], lam, num_streams=d.null_reps, length=d.horizon, **sample
-    )
-    null_max = {k: _scores(det, null, e.chunk).max(1) for k, det in dets.items()}
+    null_max = {k: [] for k in dets}
+    for start in range(0, d.null_reps, NULL_BATCH):  # fresh null streams, a batch at a time
+        null = cp.synthetic.sample_streams(
+            jax.random.fold_in(keys[3], start),
+            lam,
+            num_streams=min(NULL_BATCH, d.null_reps - start),
+            length=d.horizon,
+            **sample,
+        )
+        for k, det in dets.items():
+            null_max[k].append(_scores(det, null, e.chunk).max(1))
+    null_max = {k: np.concatenate(v) for k, v in null_max.items()}
     null_max["lowrank_iid"] = null_max["lowrank"]
     fa = {k: {str(a): float(np.mean(null_max[k] > thr[k][a])) for a in e.alphas} for k in thr}
     delays = {}
@@ -184,6 +230,7 @@ def synthetic_rho(config: Any, rho: float, key: jax.Array) -> dict:
         "false_alarm": fa,
         "delays": delays,
         "thresholds": {k: v[e.alpha] for k, v in thr.items()},
+        "svt_scale": svt_scale,
     }
 
 
@@ -212,8 +259,12 @@ def flights(config: Any, key: jax.Array) -> dict:
     train, horizon = counts[:n], len(counts) - n
     lam_bar = float(train.mean(0).max())
 
+    svt_scale = _svt_scale(config, train, key, horizon=horizon, block_len=f.block_len)
+
     def det_fn(ref):
-        return make_detectors(ref, m, rank=f.rank, rate_bound=lam_bar)
+        return make_detectors(
+            ref, m, rank=f.rank, max_rank=f.max_rank, svt_scale=svt_scale, rate_bound=lam_bar
+        )
 
     dets = det_fn(train)
     thr = {
@@ -276,7 +327,13 @@ def flights(config: Any, key: jax.Array) -> dict:
                 f"{fc.carriers[c]} {before[c]:.0f}->{after[c]:.0f}" for c in top
             )
     dates = {k: [str(fc.dates[d]) for d in v] for k, v in alarms.items()}
-    return {"alarms": dates, "explain": explain, "thresholds": thr, "ruptures_penalty": pen}
+    return {
+        "alarms": dates,
+        "explain": explain,
+        "thresholds": thr,
+        "ruptures_penalty": pen,
+        "svt_scale": svt_scale,
+    }
 
 
 def run(config: Any, workdir: str) -> dict:

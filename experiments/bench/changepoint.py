@@ -5,11 +5,18 @@ is row ``t mod 4096`` of a sampled block, since the cost does not depend on the 
 ``t`` every detector is first advanced to ``t`` (untimed), then the next ``--steps`` observations
 are timed, all methods interleaved in rounds (``experiments.bench.common.run_rounds``):
 
-* ``lowrank``: :func:`lowrank_jax.changepoint.lowrank_detector` (rank 2, J = 5, one subspace
-  step), a ``lax.scan`` fed one observation per step (``chunk=1``, the online latency) and 16
-  per step (``chunk=16``, the same per-observation work batched);
+* ``lowrank``: :func:`lowrank_jax.changepoint.lowrank_detector`, the default (adaptive SVT window
+  estimates, rank 2 in ``b``, at most 4 directions per window, J = 5, one subspace step), a
+  ``lax.scan`` fed one observation per step (``chunk=1``, the online latency) and 16 per step
+  (``chunk=16``, the same per-observation work batched);
+* the profile of that scan, chunk 16 (``--profile``, default on): ``frobenius`` (the same window
+  sums and 12 means per observation, no estimate: the floor of any such scan),
+  ``lowrank_fixed`` (fixed rank 2: two products of every mean with a ``30 × 2`` basis) and
+  ``lowrank`` (SVT: the same with 4 directions, Gram–Schmidt ``R`` and the thresholds), each
+  with XLA's FLOP and byte counts per observation (``cost_analysis`` of one chunk's update);
 * ``focus``: changepoint-online's FOCuS (Poisson, known pre-change rate) on the totals
-  ``Σ Y_t`` — a 1-D stream, pure Python, ``O(log t)`` amortised;
+  ``Σ Y_t`` — a 1-D stream, pure Python, ``O(log t)`` amortised; its totals are summed before
+  the timing; ``focus_with_sum`` also sums the 900 cells of each observation inside it;
 * ``ruptures_window``: ruptures' PELT with the Poisson cost
   (:func:`lowrank_jax.changepoint.peers.ruptures_poisson_cost`) re-run on the last ``--window``
   observations (900-dimensional) at every step; its cost does not grow with ``t`` but is large.
@@ -23,7 +30,8 @@ Prints a markdown table and, as the last line, JSON (ratios of median process CP
 observation, which other jobs disturb less than wall time) with ``per_step_growth`` (lowrank time per
 observation at the largest t / at the smallest, chunk 16), ``per_step_growth_chunk1``,
 ``speedup_vs_focus`` (FOCuS time / lowrank chunk-16 time at the largest t),
-``speedup_vs_focus_chunk1`` and ``speedup_vs_ruptures``.
+``speedup_vs_focus_chunk1``, ``speedup_vs_ruptures`` and ``profile`` (per variant: CPU µs,
+FLOPs and bytes per observation at the largest t).
 """
 
 from __future__ import annotations
@@ -59,13 +67,18 @@ def main(argv=None) -> dict:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--window", type=int, default=64, help="ruptures window")
     ap.add_argument("--ruptures-steps", type=int, default=3)
+    ap.add_argument("--no-profile", dest="profile", action="store_false")
     args = ap.parse_args(argv)
     key = jax.random.key(0)
     lam = cp.synthetic.lowrank_intensity(key, p=30, num_cells=30, rank=2, mean=2.0)
     block = cp.synthetic.sample_streams(key, lam, num_streams=1, length=BLOCK)[0]
     source = jnp.asarray(block)
     totals = block.sum((1, 2)).astype(np.float64)
-    det = cp.lowrank_detector(lam, rank=2, num_scales=5)
+    dets = {"lowrank": cp.lowrank_detector(lam, rank=2, num_scales=5)}
+    if args.profile:
+        dets["lowrank_fixed"] = cp.lowrank_detector(lam, rank=2, num_scales=5, estimator="rank")
+        dets["frobenius"] = cp.frobenius_scan(lam, num_scales=5)
+    runs = [("lowrank", 1), *((name, 16) for name in dets)]  # (detector, chunk)
     cost = cp.peers.ruptures_poisson_cost()
     from changepoint_online import Focus, Poisson
 
@@ -75,17 +88,19 @@ def main(argv=None) -> dict:
     for t in sorted(args.ts):
         start = t  # time observations t+1 .. t+steps
         # Advance every detector to `start` (untimed).
-        for chunk in (1, 16):
-            prev = states.get((chunk, "state"), det.init())
-            n_adv = start - states.get((chunk, "t"), 0)
+        for name, chunk in runs:
+            det, tag = dets[name], (name, chunk)
+            prev = states.get((tag, "state"), det.init())
+            at = states.get((tag, "t"), 0)
+            n_adv = start - at
             n_adv -= n_adv % chunk
-            idx = jnp.arange(states.get((chunk, "t"), 0), states.get((chunk, "t"), 0) + n_adv)
+            idx = jnp.arange(at, at + n_adv)
             st = _advance(det, prev, idx % BLOCK, chunk, source)[0] if n_adv else prev
-            states[(chunk, "state")], states[(chunk, "t")] = st, states.get((chunk, "t"), 0) + n_adv
-            timed = jnp.arange(states[(chunk, "t")], states[(chunk, "t")] + args.steps) % BLOCK
+            states[(tag, "state")], states[(tag, "t")] = st, at + n_adv
+            timed = jnp.arange(at + n_adv, at + n_adv + args.steps) % BLOCK
             fn = functools.partial(_advance, det, st, timed, chunk, source)
             jax.block_until_ready(fn())  # compile
-            methods[f"lowrank_chunk{chunk}@{t}"] = (
+            methods[f"{name}_chunk{chunk}@{t}"] = (
                 lambda fn=fn: jax.block_until_ready(fn()),
                 args.steps,
             )
@@ -101,6 +116,16 @@ def main(argv=None) -> dict:
                 f.statistic()
 
         methods[f"focus@{t}"] = (run_focus, args.steps)
+        sum_copies = [copy.deepcopy(focus) for _ in range(args.rounds + 1)]
+
+        def run_focus_with_sum(copies=sum_copies, start=start):
+            f = copies.pop() if copies else copy.deepcopy(focus)
+            for i in range(start, start + args.steps):
+                f.update(float(block[i % BLOCK].sum()))
+                f.statistic()
+
+        if args.profile:
+            methods[f"focus_with_sum@{t}"] = (run_focus_with_sum, args.steps)
 
         def run_ruptures(start=start):
             import ruptures
@@ -132,12 +157,31 @@ def main(argv=None) -> dict:
         "speedup_vs_focus": per_obs[f"focus@{hi}"] / per_obs[f"lowrank_chunk16@{hi}"],
         "speedup_vs_focus_chunk1": per_obs[f"focus@{hi}"] / per_obs[f"lowrank_chunk1@{hi}"],
         "speedup_vs_ruptures": per_obs[f"ruptures_window@{hi}"] / per_obs[f"lowrank_chunk16@{hi}"],
+        "profile": _profile(dets, source, per_obs, hi) if args.profile else {},
         "cpu_us_per_obs": {k: round(v * 1e6, 2) for k, v in per_obs.items()},
         "wall_us_per_obs": {k: round(v * 1e6, 2) for k, v in wall.items()},
         "ts": args.ts,
         "threads": bench.num_threads(),
     }
     print(json.dumps(out))
+    return out
+
+
+def _profile(dets, source, per_obs, t) -> dict:
+    """Per variant at time ``t``: CPU µs, and XLA's FLOPs and bytes accessed per observation
+    (``cost_analysis`` of one 16-observation update, outside ``scan``)."""
+    out = {}
+    for name, det in dets.items():
+        compiled = jax.jit(det.update).lower(det.init(), source[:16]).compile()
+        cost = compiled.cost_analysis()
+        cost = (cost[0] if cost else {}) if isinstance(cost, list | tuple) else (cost or {})
+        out[name] = {
+            "cpu_us_per_obs": round(per_obs[f"{name}_chunk16@{t}"] * 1e6, 2),
+            "flops_per_obs": round(float(cost.get("flops", float("nan"))) / 16),
+            "bytes_per_obs": round(float(cost.get("bytes accessed", float("nan"))) / 16),
+        }
+    out["focus"] = {"cpu_us_per_obs": round(per_obs[f"focus@{t}"] * 1e6, 2)}
+    out["focus_with_sum"] = {"cpu_us_per_obs": round(per_obs[f"focus_with_sum@{t}"] * 1e6, 2)}
     return out
 
 

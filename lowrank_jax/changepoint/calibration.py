@@ -39,6 +39,14 @@ before ``T`` with probability ``≈ α``; every detector is calibrated by the sa
    weigh the scales; they compare two data means and do not need it (same thresholds with the
    true ``Λ`` or the training mean).
 
+**The SVT level** (:func:`calibrate_svt_scale`). The window estimates of the low-rank scan
+threshold singular values at ``τ_S = c_τ (√(λ̄ max(p, L) ℓ_t/|S|) + ℓ_t/|S|)`` (specs §17 gives
+the form up to a constant). ``c_τ`` is read off the training stretch the same way: the
+``(1−α)`` quantile, over block-bootstrap stretches of ``2^J`` observations, of
+``max_w ‖Ȳ_w − Ȳ_train‖_op / τ_w(c_τ = 1)`` (``Ȳ_w`` the mean of the last ``w``, ``t`` the
+horizon): the smallest level that the window means' deviation from the training mean stays
+below at every scale. It needs no change and no data beyond the training stretch.
+
 References: Künsch 1989 (moving-block bootstrap); Gandy & Kvaløy 2013, "Guaranteed conditional
 performance of control charts via bootstrap methods" (Scand. J. Statist.); P17 ``papers/specs.md``
 §17 ("calibrate C by simulation or block bootstrap on a burn-in segment").
@@ -57,7 +65,13 @@ import numpy as np
 from lowrank_jax.changepoint import detectors as det
 from lowrank_jax.changepoint import lowrank
 
-__all__ = ["Calibration", "block_bootstrap_indices", "calibrate_threshold", "quantile_threshold"]
+__all__ = [
+    "Calibration",
+    "block_bootstrap_indices",
+    "calibrate_svt_scale",
+    "calibrate_threshold",
+    "quantile_threshold",
+]
 
 
 class Calibration(NamedTuple):
@@ -178,6 +192,68 @@ def calibrate_threshold(
         ) from e
     maxima = np.concatenate(maxima)
     return Calibration(quantile_threshold(maxima, alpha), maxima)
+
+
+def calibrate_svt_scale(
+    train: jax.typing.ArrayLike,
+    *,
+    key: jax.Array,
+    alpha: float,
+    horizon: int,
+    num_scales: int,
+    block_len: int = 1,
+    num_streams: int = 200,
+    rate_bound: float | None = None,
+) -> float:
+    """``c_τ`` of the SVT level from a training stretch (see the module docstring).
+
+    Args:
+      train: the training stretch ``(n, p, L)`` of counts (``n ≥ 2^J``).
+      key: PRNG key of the bootstrap.
+      alpha: the quantile level (and the level inside ``ℓ_t``).
+      horizon: ``t`` at which ``ℓ_t`` is evaluated (the monitoring length ``T``).
+      num_scales: ``J``; windows ``1, 2, …, 2^J``.
+      block_len: ``ℓ`` of the moving-block bootstrap (longer under dependence).
+      num_streams: ``B`` bootstrap stretches of ``2^J`` observations.
+      rate_bound: ``λ̄`` (default: the largest cell mean of ``train``), as the detector's.
+
+    Returns:
+      ``c_τ`` to pass as ``lowrank_detector(..., svt_scale=c_τ)``.
+
+    Raises:
+      ValueError: a stretch shorter than ``2^J`` or than ``block_len``, or a bad level.
+    """
+    src = lowrank.check_counts(train, name="train")
+    if src.ndim != 3:
+        raise ValueError(f"train must be count matrices (n, p, L), got shape {src.shape}")
+    n, p, num_cells = src.shape
+    w = lowrank.scales(num_scales)
+    if n < w[-1]:
+        raise ValueError(f"train has {n} observations: pass at least 2^J = {w[-1]}")
+    mean = src.mean(0)
+    lam = float(mean.max()) if rate_bound is None else float(rate_bound)
+    svt = lowrank.check_svt(lowrank.SVT(lam, float(alpha), 1.0))
+    idx = np.asarray(
+        block_bootstrap_indices(
+            key, n, horizon=int(w[-1]), block_len=block_len, num_streams=num_streams
+        )
+    )
+    stretches = src[idx].astype(np.float64)  # (B, 2^J, p, L)
+    tau = np.asarray(
+        lowrank.svt_threshold(
+            horizon, w.astype(np.float32), svt, p=p, num_cells=num_cells, num_scales=num_scales
+        ),
+        np.float64,
+    )
+    ratios = np.stack(
+        [
+            np.linalg.svd(stretches[:, -int(size) :].mean(1) - mean, compute_uv=False)[:, 0]
+            / tau[j]
+            for j, size in enumerate(w)
+        ],
+        axis=1,
+    )
+    return quantile_threshold(ratios.max(1), alpha)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 4))

@@ -7,7 +7,8 @@ Every detector's ``h`` is calibrated the same way (:mod:`lowrank_jax.changepoint
 so methods are compared at equal false-alarm rate.
 
 * :func:`lowrank_detector`: ``score_t = max_w D_{t,w} / b_{t,w}`` of
-  :mod:`lowrank_jax.changepoint.lowrank` (``h`` plays the role of the constant ``C``).
+  :mod:`lowrank_jax.changepoint.lowrank` (``h`` plays the role of the constant ``C``), window
+  estimates by adaptive SVT (default) or a fixed rank.
 * :func:`frobenius_scan`: the same multi-scale scan without truncation (non-low-rank).
 * :func:`page_cusum_totals`: two-sided Poisson Page-CUSUM on the total count ``Σ_ij Y_t,ij`` with
   known pre-change rate ``μ₀`` and a relative change ``±δ``:
@@ -61,6 +62,9 @@ def lowrank_detector(
     train_mean: jax.typing.ArrayLike,
     *,
     rank: int | None,
+    estimator: str = "svt",
+    max_rank: int | None = None,
+    svt_scale: float = 0.5,
     num_scales: int = 5,
     alpha: float = 0.05,
     method: str = "subspace",
@@ -72,14 +76,29 @@ def lowrank_detector(
     Args:
       train_mean: ``(p, L)`` mean counts of a training stretch: gives ``λ̄ = max`` (unless
         ``rate_bound`` is passed) and the warm-start basis.
-      rank: ``r`` (``1 ≤ r ≤ min(p, L)``), or None for no truncation.
+      rank: ``r``, the intensity's rank in the threshold shape ``b_{t,w}`` (``1 ≤ r ≤ min(p,
+        L)``) and, with ``estimator="rank"``, the rank of the truncation; None for no estimate
+        (the Frobenius scan, ``r = min(p, L)`` in ``b``).
+      estimator: ``"svt"`` (default, specs §17): each window's estimate is the hard SVT of its
+        mean at ``τ_S`` (:class:`lowrank.SVT`), its rank chosen per window and observation;
+        ``"rank"``: the fixed rank-``r`` truncation.
+      max_rank: with ``"svt"``, the largest rank a window may choose (the directions the
+        subspace iteration tracks); default ``min(p, L, r + 2)``, and ``min(p, L)`` (no cap)
+        with ``method="svd"``.
+      svt_scale: ``c_τ`` of ``τ_S``; best calibrated on the training stretch
+        (:func:`~lowrank_jax.changepoint.calibration.calibrate_svt_scale`). The default 0.5 is
+        what that calibration gives on the synthetic streams of specs §17 without dependence
+        (0.46–0.52 with blocks of 10; 0.64–0.69 with AR(1) ρ = 0.5; ``.notes/cp_svt_diag.py``).
+        With the spec's constant 1, a single
+        observation's top singular value lies near ``τ_1``, so the window of 1 is estimated as 0
+        in some observations and as rank 1 in others, and those jumps set the null maximum.
       num_scales: ``J``, windows ``1, 2, …, 2^J``.
-      alpha: level inside ``log(t² (J+1)/α)``.
+      alpha: level inside ``log(t² (J+1)/α)`` (of ``b_{t,w}`` and ``τ_S``).
       method, power_iters: see :func:`lowrank.update_lowrank_scan`.
       rate_bound: ``λ̄`` if not the max of ``train_mean``.
 
     Raises:
-      ValueError: rank above ``min(p, L)``, a bad mean, level or method.
+      ValueError: rank above ``min(p, L)``, a bad mean, level, estimator or method.
     """
     m = np.asarray(train_mean, np.float64)
     if m.ndim != 2:
@@ -90,19 +109,29 @@ def lowrank_detector(
     rank = lowrank.check_rank(rank, p, num_cells)
     if method not in lowrank.METHODS:
         raise ValueError(f"method={method!r} is invalid: pass one of {lowrank.METHODS}")
+    if estimator not in ("svt", "rank"):
+        raise ValueError(f"estimator={estimator!r} is invalid: pass 'svt' or 'rank'")
     lam = float(m.max()) if rate_bound is None else float(rate_bound)
-    basis = lowrank.initial_basis(m, rank=rank)
     # b_{t,w} checks alpha and lam here, once, on the host.
     lowrank.lowrank_threshold(
         1, rate_bound=lam, p=p, num_cells=num_cells, num_scales=num_scales, rank=rank, alpha=alpha
     )
+    svt, k = None, rank
+    if rank is not None and estimator == "svt":
+        svt = lowrank.check_svt(lowrank.SVT(lam, float(alpha), float(svt_scale)))
+        if max_rank is None:
+            max_rank = min(p, num_cells) if method == "svd" else min(p, num_cells, rank + 2)
+        k = lowrank.check_rank(max_rank, p, num_cells)
+    elif max_rank is not None:
+        raise ValueError("max_rank applies to estimator='svt' only; pass rank= for the fixed rank")
+    basis = lowrank.initial_basis(m, rank=k)
 
     def init():
         return lowrank.init_lowrank_scan(basis, p=p, num_cells=num_cells, num_scales=num_scales)
 
     def update(state, y):
         state, d = lowrank.update_lowrank_scan(
-            state, y, rank=rank, method=method, power_iters=power_iters
+            state, y, rank=k, svt=svt, method=method, power_iters=power_iters
         )
         t = state.t - d.shape[0] + 1 + jnp.arange(d.shape[0])  # time of each observation
         b = lowrank.lowrank_threshold(

@@ -23,26 +23,52 @@ observations, from which the window sums ``S_w = Σ_{u∈(t-w,t]} Y_u`` of every
 (integer, exact); the past mean is ``(A_t − S_w)/(t − w)``. Per observation the work is ``O(J p L)`` for the sums plus the rank-``r``
 estimates of ``2(J+1)`` ``p×L`` means, whatever ``t``.
 
-``Λ̂`` is the rank-``r`` truncation (best rank-``r`` approximation in Frobenius norm), computed
-either exactly by SVD (``method="svd"``, ``O(J p L min(p, L))``) or by warm-started subspace
-iteration (``method="subspace"``, the default, ``O(J p L r)`` per power step): each of the
-``2(J+1)`` means keeps its right basis ``V (L×r)`` from the previous observation and refines it
-by ``power_iters`` steps ``V ← orth(Mᵀ orth(M V))``; ``Λ̂(M) = M V Vᵀ``. Means move by ``O(1/w)``
-between observations, so one step tracks the top-``r`` subspace; with many steps it converges to
-the SVD truncation (tested). ``rank=None`` gives the non-low-rank Frobenius scan (no truncation,
-``r = min(p, L)`` in ``b``).
+``Λ̂`` is, by default, **adaptive singular-value thresholding** (specs §17): the hard SVT of the
+window's mean at the level its size allows,
+
+.. math::
+
+    \hat\Lambda(S) = \sum_{i:\, \sigma_i > \tau_S} \sigma_i u_i v_i^\top
+    \quad (\bar Y_S = \textstyle\sum_i \sigma_i u_i v_i^\top),
+    \qquad
+    \tau_S = c_\tau \Big(\sqrt{\bar\lambda \max(p, L)\, \ell_t / |S|} + \ell_t / |S|\Big),
+
+so the rank is chosen per window and per observation: a short recent window (large ``τ``) keeps
+only the directions it can resolve, the long past window keeps every direction of ``Λ`` above the
+noise, and a change outside ``Λ``'s span enters the recent estimate as soon as it clears ``τ``.
+``τ_S`` is the matrix-Bernstein scale of ``‖Ȳ_S − Λ‖_op`` with the ``ℓ_t`` of ``b_{t,w}``; the
+spec leaves the constant ``c_τ`` (``SVT.scale``) open: it is best calibrated on the training
+stretch (:func:`~lowrank_jax.changepoint.calibration.calibrate_svt_scale`), and
+:func:`~lowrank_jax.changepoint.detectors.lowrank_detector` defaults to 0.5. Hard rather than
+soft thresholding: it leaves the kept singular values unbiased (a soft threshold shrinks the
+recent and past estimates by different ``τ``, a bias of order ``τ_w`` in every ``D_{t,w}``).
+``fixed rank`` (``svt=None``) is the rank-``r`` truncation, and ``rank=None`` no truncation (the
+Frobenius scan, ``r = min(p, L)`` in ``b``).
+
+Both are computed either exactly from an SVD of every mean (``method="svd"``,
+``O(J p L min(p, L))``) or by warm-started subspace iteration (``method="subspace"``, default,
+``O(J p L k)``): each of the ``2(J+1)`` means ``M`` keeps ``k`` right vectors ``V (L×k)`` from the
+previous observation; a step is ``U = orth(M V)``, ``W = Mᵀ U = V' R`` (Gram–Schmidt, ``R`` upper
+triangular), so ``U Uᵀ M = U Rᵀ V'ᵀ``, and ``diag R`` estimates the top ``k`` singular values
+(exactly when converged). The estimate keeps the columns with ``R_ii > τ_S`` (SVT; ``k`` caps
+the rank a window may choose, ``rank`` argument) or all ``k = r`` (fixed rank). Means move by
+``O(1/w)`` between observations, so one step tracks the top subspace; with many steps it
+converges to the exact estimates (tested).
 
 References:
   P17: X. Luo, H. Xu, C. M. Madrid Padilla, O. H. Madrid Padilla, "Online change-point detection
   for multivariate inhomogeneous Poisson processes with low-rank intensity" (arXiv 2601.20192).
-  No code was published; this is the reconstruction of ``papers/specs.md`` §17 (the statistic
-  and threshold shape above, rank-``r`` truncation in place of singular-value thresholding, the
-  constant ``C`` calibrated by bootstrap instead of from the paper's matrix Bernstein bound).
+  No code was published; this is the reconstruction of ``papers/specs.md`` §17 (the statistic,
+  threshold shape and SVT level above, their constants calibrated on a training stretch, the
+  rank of a window capped at ``k`` for
+  the subspace iteration, the constant ``C`` calibrated by bootstrap instead of from the paper's
+  matrix Bernstein bound).
 
 Example::
 
-    state = init_lowrank_scan(basis, p=30, num_cells=30, num_scales=5)
-    state, d = update_lowrank_scan(state, y[None], rank=2)  # d: (1, J+1), D_{t,w}
+    svt = SVT(rate_bound=lam.max(), alpha=0.05)
+    state = init_lowrank_scan(initial_basis(lam, rank=4), p=30, num_cells=30, num_scales=5)
+    state, d = update_lowrank_scan(state, y[None], rank=4, svt=svt)  # d: (1, J+1), D_{t,w}
 """
 
 from __future__ import annotations
@@ -56,14 +82,17 @@ import numpy as np
 
 __all__ = [
     "LowRankScanState",
+    "SVT",
     "check_counts",
     "check_rank",
+    "check_svt",
     "initial_basis",
     "init_lowrank_scan",
     "lowrank_statistics",
     "lowrank_threshold",
     "rank_truncate",
     "scales",
+    "svt_threshold",
     "update_lowrank_scan",
 ]
 
@@ -86,6 +115,55 @@ class LowRankScanState(NamedTuple):
     total: jax.Array
     recent: jax.Array
     basis: jax.Array
+
+
+class SVT(NamedTuple):
+    """Adaptive hard singular-value thresholding of the window means (specs §17).
+
+    ``τ_S = scale · (√(rate_bound · max(p, L) · ℓ_t / |S|) + ℓ_t / |S|)`` with
+    ``ℓ_t = log(t² (J+1) / alpha)`` (:func:`svt_threshold`).
+
+    Attributes:
+      rate_bound: ``λ̄``, the largest cell mean (of a training stretch).
+      alpha: the level inside ``ℓ_t`` (that of ``b_{t,w}``).
+      scale: ``c_τ`` (the spec's form is up to this constant).
+    """
+
+    rate_bound: float
+    alpha: float
+    scale: float = 1.0
+
+
+def svt_threshold(
+    t: jax.typing.ArrayLike,
+    size: jax.typing.ArrayLike,
+    svt: SVT,
+    *,
+    p: int,
+    num_cells: int,
+    num_scales: int,
+) -> jax.Array:
+    """``τ_S`` of :class:`SVT` at time ``t`` for a window of ``size = |S|`` observations
+    (broadcast), float32."""
+    tf = jnp.maximum(jnp.asarray(t, jnp.float32), 1.0)
+    n = jnp.maximum(jnp.asarray(size, jnp.float32), 1.0)
+    ell = jnp.log(tf**2 * (num_scales + 1) / svt.alpha)
+    return svt.scale * (jnp.sqrt(svt.rate_bound * max(p, num_cells) * ell / n) + ell / n)
+
+
+def check_svt(svt: SVT | None) -> SVT | None:
+    """Validates an :class:`SVT` on the host (``None`` passes)."""
+    if svt is None:
+        return None
+    if not isinstance(svt, SVT):
+        raise TypeError(f"svt={svt!r} is invalid: pass lowrank.SVT(rate_bound, alpha, scale)")
+    if not svt.rate_bound > 0:
+        raise ValueError(f"SVT rate_bound={svt.rate_bound} is invalid: the max cell mean (> 0)")
+    if not 0 < svt.alpha < 1:
+        raise ValueError(f"SVT alpha={svt.alpha} is invalid: pass a level in (0, 1)")
+    if not svt.scale > 0:
+        raise ValueError(f"SVT scale={svt.scale} is invalid: pass c_tau > 0")
+    return svt
 
 
 def scales(num_scales: int) -> np.ndarray:
@@ -135,12 +213,19 @@ def check_rank(rank: int | None, p: int, num_cells: int) -> int | None:
     return int(rank)
 
 
-def rank_truncate(m: jax.Array, rank: int | None) -> jax.Array:
-    """Best rank-``r`` approximation ``U_r Σ_r V_rᵀ`` of ``m`` (``(..., p, L)``) by SVD."""
+def rank_truncate(
+    m: jax.Array, rank: int | None, *, threshold: jax.typing.ArrayLike | None = None
+) -> jax.Array:
+    """Best rank-``r`` approximation ``U_r Σ_r V_rᵀ`` of ``m`` (``(..., p, L)``) by SVD; with
+    ``threshold`` (broadcast to ``m``'s batch axes), the hard SVT: of those ``r``, only singular
+    values ``> threshold`` are kept."""
     if rank is None:
         return m
     u, s, vt = jnp.linalg.svd(m, full_matrices=False)
-    return jnp.einsum("...pr,...r,...rl->...pl", u[..., :rank], s[..., :rank], vt[..., :rank, :])
+    s = s[..., :rank]
+    if threshold is not None:
+        s = jnp.where(s > jnp.asarray(threshold)[..., None], s, 0.0)
+    return jnp.einsum("...pr,...r,...rl->...pl", u[..., :rank], s, vt[..., :rank, :])
 
 
 def initial_basis(mean_counts, *, rank: int | None) -> jax.Array:
@@ -181,21 +266,50 @@ def init_lowrank_scan(
     )
 
 
-def _orth(x: jax.Array, fallback: jax.Array | None = None) -> jax.Array:
+def _orth(
+    x: jax.Array, fallback: jax.Array | None = None, *, with_r: bool = False
+) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Orthonormal columns spanning ``x`` (``(..., n, r)``) by modified Gram–Schmidt (``r`` is
     small). A column that vanishes (rank-deficient ``x``, e.g. an all-zero mean) is replaced by
-    the same column of ``fallback`` (orthogonalised), else left zero."""
-    cols = []
+    the same column of ``fallback`` (orthogonalised), else left zero. ``with_r``: also the
+    ``(..., r, r)`` upper-triangular ``R`` with ``x = Q R`` (its diagonal: the norms left after
+    orthogonalisation; 0 where a column was replaced)."""
+    cols, rows = [], []
     for j in range(x.shape[-1]):
         v = x[..., j]
         scale = jnp.sqrt(jnp.sum(v * v, -1, keepdims=True))
+        live = jnp.ones_like(scale, dtype=bool)
         if fallback is not None:
-            v = jnp.where(scale > 1e-6 * (1.0 + jnp.max(scale)), v, fallback[..., j])
+            live = scale > 1e-6 * (1.0 + jnp.max(scale))
+            v = jnp.where(live, v, fallback[..., j])
+        coef = []
         for q in cols:
-            v = v - jnp.sum(q * v, -1, keepdims=True) * q
+            c = jnp.sum(q * v, -1, keepdims=True)
+            v = v - c * q
+            coef.append(c)
         norm = jnp.sqrt(jnp.sum(v * v, -1, keepdims=True))
         cols.append(jnp.where(norm > 1e-12, v / jnp.maximum(norm, 1e-30), 0.0))
-    return jnp.stack(cols, -1)
+        if with_r:
+            upper = [jnp.where(live, c, 0.0)[..., 0] for c in coef]
+            diag = jnp.where(live, norm, 0.0)[..., 0]
+            zeros = [jnp.zeros_like(diag)] * (x.shape[-1] - j - 1)
+            rows.append(jnp.stack([*upper, diag, *zeros], -1))  # column j of R
+    q = jnp.stack(cols, -1)
+    return (q, jnp.stack(rows, -1)) if with_r else q
+
+
+def _gram_frobenius(pa, va, pb, vb) -> jax.Array:
+    """``‖pa vaᵀ − pb vbᵀ‖_F²`` from ``k × k`` Gram matrices (``pa: (..., p, k)``, ``va: (..., L, k)``),
+    without forming the ``p × L`` matrices."""
+
+    def inner(p1, v1, p2, v2):
+        return jnp.sum(
+            jnp.einsum("...pi,...pj->...ij", p1, p2) * jnp.einsum("...li,...lj->...ij", v1, v2),
+            axis=(-2, -1),
+        )
+
+    sq = inner(pa, va, pa, va) + inner(pb, vb, pb, vb) - 2.0 * inner(pa, va, pb, vb)
+    return jnp.maximum(sq, 0.0)
 
 
 def update_lowrank_scan(
@@ -203,6 +317,7 @@ def update_lowrank_scan(
     ys: jax.typing.ArrayLike,
     *,
     rank: int | None,
+    svt: SVT | None = None,
     method: str = "subspace",
     power_iters: int = 1,
 ) -> tuple[LowRankScanState, jax.Array]:
@@ -210,15 +325,19 @@ def update_lowrank_scan(
 
     ``B = 1`` is the plain online update; a chunk only batches the same per-observation work
     (``O(1)`` in ``t``: window sums from cumulative sums over the last ``2^J + B`` observations,
-    ``2(J+1)`` rank-``r`` estimates per observation). With ``method="subspace"`` every
-    observation of a chunk warm-starts from the basis carried into the chunk, and the basis of
-    the chunk's last observation is carried out.
+    ``2(J+1)`` estimates per observation). With ``method="subspace"`` every observation of a
+    chunk warm-starts from the basis carried into the chunk, and the basis of the chunk's last
+    observation is carried out.
 
     Args:
       state: from :func:`init_lowrank_scan` or the previous update.
       ys: new count matrices ``(B, p, L)`` (integers; validate streams with
         :func:`check_counts` outside ``jit``).
-      rank: ``r`` of the truncation, or None for the Frobenius scan.
+      rank: with ``svt``, the largest rank a window's estimate may take (``k``, the columns the
+        subspace iteration tracks; ``min(p, L)`` with ``method="svd"`` for no cap); without,
+        the fixed rank ``r`` of the truncation; None for no estimate at all (Frobenius scan).
+      svt: :class:`SVT`: adaptive hard thresholding at ``τ_S`` (the rank chosen per window);
+        None: fixed rank-``rank`` truncation.
       method: ``"subspace"`` (warm-started subspace iteration) or ``"svd"`` (exact).
       power_iters: subspace steps per observation (``method="subspace"``).
 
@@ -246,25 +365,41 @@ def update_lowrank_scan(
     recent = window_sums.astype(jnp.float32) / wf[..., None, None]
     past = (totals[:, None] - window_sums).astype(jnp.float32) / past_n[..., None, None]
     means = jnp.concatenate([recent, past], 1)  # (B, 2(J+1), p, L)
+    if svt is not None:
+        sizes = jnp.concatenate([jnp.broadcast_to(wf, past_n.shape), past_n], 1)
+        tau = svt_threshold(tf, sizes, svt, p=p, num_cells=num_cells, num_scales=k - 1)
+    else:
+        tau = None
 
     basis = state.basis
     if rank is None:
-        est = means
+        diff = means[:, :k] - means[:, k:]
+        sq = jnp.sum(diff * diff, axis=(2, 3))
     elif method == "svd":
-        est = rank_truncate(means, rank)
+        est = rank_truncate(means, rank, threshold=tau)
+        diff = est[:, :k] - est[:, k:]
+        sq = jnp.sum(diff * diff, axis=(2, 3))
     else:
         prev = jnp.broadcast_to(basis, (b, *basis.shape))
 
-        def power_step(_, v):
+        def power_step(v):
             u = _orth(jnp.einsum("bkpl,bklr->bkpr", means, v))
-            return _orth(jnp.einsum("bkpl,bkpr->bklr", means, u), prev)
+            wt = jnp.einsum("bkpl,bkpr->bklr", means, u)  # W = Mᵀ U = V' R (Gram–Schmidt)
+            v_new, r = _orth(wt, prev, with_r=True)
+            return v_new, u, r
 
-        v = jax.lax.fori_loop(0, power_iters, power_step, prev, unroll=power_iters <= 2)
+        v = prev
+        if power_iters > 1:
+            v = jax.lax.fori_loop(0, power_iters - 1, lambda _, x: power_step(x)[0], v)
+        v, u, r = power_step(v)  # U Uᵀ M = U Wᵀ = (U Rᵀ) V'ᵀ
         basis = v[-1]
-        est = jnp.einsum("bkpl,bklr,bkmr->bkpm", means, v, v)
-    diff = est[:, :k] - est[:, k:]
+        if tau is not None:
+            keep = jnp.diagonal(r, axis1=-2, axis2=-1) > tau[..., None]
+            r = jnp.where(keep[..., :, None], r, 0.0)  # rows of R: directions v_i
+        factor = jnp.einsum("bkpi,bkji->bkpj", u, r)  # U Rᵀ (B, 2(J+1), p, k)
+        sq = _gram_frobenius(factor[:, :k], v[:, :k], factor[:, k:], v[:, k:])
     weight = jnp.sqrt(wf * (tf - wf) / tf)
-    d = jnp.where(valid, weight * jnp.sqrt(jnp.sum(diff * diff, axis=(2, 3))), 0.0)
+    d = jnp.where(valid, weight * jnp.sqrt(sq), 0.0)
     new = LowRankScanState(t[-1], totals[-1], ext[-size:], basis)
     return new, d
 
@@ -300,32 +435,34 @@ def lowrank_statistics(
     *,
     rank: int | None,
     num_scales: int,
+    svt: SVT | None = None,
     method: str = "subspace",
     power_iters: int = 1,
     chunk: int = 1,
 ) -> jax.Array:
     """``D_{t,w}`` for a whole stream ``ys: (T, p, L)`` by ``lax.scan`` over chunks of
-    ``chunk`` observations, float32 ``(T, J+1)``.
+    ``chunk`` observations, float32 ``(T, J+1)`` (arguments of :func:`update_lowrank_scan`).
 
-    Validates the counts and the rank (ValueError) before tracing.
+    Validates the counts, the rank and ``svt`` (ValueError) before tracing.
     """
     ys = check_counts(ys, name="ys")
     if ys.ndim != 3:
         raise ValueError(f"ys must be a stream of count matrices (T, p, L), got {ys.shape}")
     n, p, num_cells = ys.shape
     check_rank(rank, p, num_cells)
+    svt = check_svt(svt)
     state = init_lowrank_scan(basis, p=p, num_cells=num_cells, num_scales=num_scales)
     pad = -n % chunk
     ys = np.concatenate([ys, np.zeros((pad, p, num_cells), ys.dtype)]).reshape(
         -1, chunk, p, num_cells
     )
-    d = _scan_statistics(state, jnp.asarray(ys), rank, method, power_iters)
+    d = _scan_statistics(state, jnp.asarray(ys), rank, svt, method, power_iters)
     return d.reshape(-1, d.shape[-1])[:n]
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3, 4))
-def _scan_statistics(state, ys, rank, method, power_iters):
+@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5))
+def _scan_statistics(state, ys, rank, svt, method, power_iters):
     def step(s, y):
-        return update_lowrank_scan(s, y, rank=rank, method=method, power_iters=power_iters)
+        return update_lowrank_scan(s, y, rank=rank, svt=svt, method=method, power_iters=power_iters)
 
     return jax.lax.scan(step, state, ys)[1]

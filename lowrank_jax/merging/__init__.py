@@ -51,6 +51,7 @@ from lowrank_jax.merging.task_vectors import (
     task_vector_matrices,
     ties_delta,
     to_lora,
+    trim_task_vectors,
 )
 from lowrank_jax.merging.trees import check_same_tree, leaf_signature
 
@@ -91,6 +92,7 @@ __all__ = [
     "theil_sen_slope",
     "ties_delta",
     "to_lora",
+    "trim_task_vectors",
     "trajectory_pca",
     "weighted_sum",
     "weighted_sums",

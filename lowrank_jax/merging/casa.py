@@ -18,9 +18,10 @@ basis ``W_s = U_s diag(s) V_sᵀ`` (full SVD, ``U_s: (n, n)``, ``V_s: (m, m)``),
   ``C_lora`` and ``C_fft`` on the (cluster, cluster) block the entry lies in;
 * **arbitration**: ``C_new = C_lora - C_fft`` (undo the drift: the LoRA's routing on the source)
   except on ``mask_high`` (keep the target's manifold: ``C_new = C_lora``), and where additionally
-  ``sign C_lora = sign C_fft`` and the score exceeds its ``arbitrate_q`` quantile over those
-  entries, ``C_new = maxabs(C_lora, C_fft) - C_fft`` (elect the larger of two agreeing updates
-  instead of adding them: no constructive overload);
+  ``sign C_lora = sign C_fft``, the entry lies in the ``min(n, m)`` square block of singular pairs
+  and the score exceeds its ``arbitrate_q`` quantile over those entries, ``C_new =
+  maxabs(C_lora, C_fft) - C_fft`` (elect the larger of two agreeing updates instead of adding
+  them: no constructive overload);
 * **reconstruction**: the rank-``r`` SVD ``C_new ≈ U_c S_c V_cᵀ`` gives the new LoRA
   ``a = U_s U_c S_c^{1/2}`` (``n × r``), ``b = S_c^{1/2} V_cᵀ V_sᵀ`` (``r × m``) for the target:
   ``W_t + a b ≈ W_s + U_s (C_fft + C_new) V_sᵀ``.
@@ -35,7 +36,18 @@ this is the same map. Reconstruction of ``transfer.py`` of github.com/Noahwangyu
 * the quantile of the arbitration scores over all candidates (the repository subsamples 10M);
 * ``weight`` scales the product ``ΔW`` (the repository's ``lora_scale`` multiplies both factors,
   i.e. ``weight = lora_scale²``), and ``ΔW = s · A B`` includes the LoRA's ``alpha / r``;
-* connected components by min-label propagation in JAX (jittable) instead of scipy.
+* connected components by min-label propagation in JAX (jittable) instead of scipy;
+* **non-square kernels**: the entrywise arbitration (the suppression step and the quantile of its
+  scores) runs only on the ``p × p`` block of singular pairs, ``p = min(n, m)``. Beyond it the full
+  SVD's extra ``|n - m|`` left (or right) singular vectors are *any* orthonormal basis of the
+  complement of ``W_s``'s column (row) space: LAPACK's choice, which a rotation ``Q`` of the
+  complement changes without changing ``W_s``; entrywise signs and magnitudes there, and so the
+  repository's suppression there, depend on that choice. On the complement we apply only the
+  row/column rule (``C_lora`` in dominant columns (rows), ``C_lora - C_fft`` elsewhere), which
+  commutes with ``Q``, so the transferred LoRA depends on ``W_s`` only through its singular
+  pairs: it is unchanged under any complement basis and under sign flips ``(u_i, v_i) ->
+  (-u_i, -v_i)`` (tested), i.e. deterministic up to degenerate singular values. Square kernels
+  are unaffected.
 
 Clustering follows the repository in using the *source's* singular values; under the spectral
 rigidity this module measures (:func:`spectral_diagnostics`) they match the target's closely.
@@ -103,7 +115,8 @@ class Arbitration(NamedTuple):
         its cluster), ``-1`` outside the top ``k``.
       k: number of top directions clustered (int32 scalar).
       mask_high: ``(n, m)`` entries in dominant rows or columns (the target's manifold is kept).
-      suppress: ``(n, m)`` entries arbitrated to ``maxabs(C_lora, C_fft) - C_fft``.
+      suppress: ``(n, m)`` entries arbitrated to ``maxabs(C_lora, C_fft) - C_fft`` (only in the
+        leading ``min(n, m)`` rows and columns: the singular pairs).
     """
 
     c_new: jax.Array
@@ -219,7 +232,10 @@ def casa_arbitration(
 
     same = jnp.sign(c_lora) == jnp.sign(c_fft)
     c_new = jnp.where(mask_high, c_lora, c_lora - c_fft)
-    candidates = mask_high & same
+    # entrywise arbitration only among singular pairs (the p x p block): beyond it, the rows
+    # (n > m) or columns (m > n) of the full SVD are an arbitrary basis of a complement
+    pairs = (jnp.arange(n) < p)[:, None] & (jnp.arange(m) < p)[None, :]
+    candidates = mask_high & same & pairs
     threshold = jnp.nanquantile(jnp.where(candidates, score, jnp.nan), arbitrate_q)
     suppress = candidates & (score > threshold)
     larger = jnp.where(jnp.abs(c_lora) > jnp.abs(c_fft), c_lora, c_fft)
@@ -237,6 +253,10 @@ def source_basis(
     delta: jax.Array, w_source: jax.Array, w_target: jax.Array, *, weight: float = 1.0
 ) -> SpectralBasis:
     """The full SVD of ``W_s`` and the LoRA and drift expressed in it (a :class:`SpectralBasis`).
+
+    For ``n ≠ m`` the singular vectors beyond the first ``min(n, m)`` are an arbitrary basis of
+    the complement (LAPACK's); :func:`casa_arbitration` and :func:`casa_matrix`'s ``a @ b`` do not
+    depend on it (see the module docstring).
 
     Args:
       delta: ``(n, m)`` the LoRA's update ``ΔW = s · A B``.

@@ -15,17 +15,31 @@ factors, so no ``n × m`` matrix is formed.
 Per kernel, with updates ``Δ_1..Δ_K`` (matrix views ``(n, m)``) and weights ``w_k``:
 
 * task arithmetic: ``Δ = Σ_k w_k Δ_k``;
-* TIES (Yadav et al. 2023): trim each ``Δ_k`` to its ``⌊density · n m⌋`` largest-magnitude entries
-  (``T_k``); elect a sign per entry, ``γ = sign(Σ_k T_k)`` (``"total"``) or ``sign(Σ_k sign T_k)``
-  (``"frequency"``), with ``γ = +1`` at 0; disjoint mean ``Δ = Σ_k w_k T_k [sign T_k = γ] /
-  max(1, Σ_k [sign T_k = γ])``;
+* TIES (Yadav et al. 2023): trim each task vector to its ``⌊density · D⌋`` largest-magnitude
+  entries (``T_k``); elect a sign per entry, ``γ = sign(Σ_k T_k)`` (``"total"``) or
+  ``sign(Σ_k sign T_k)`` (``"frequency"``), with ``γ = +1`` at 0; disjoint mean ``Δ = Σ_k w_k T_k
+  [sign T_k = γ] / max(1, Σ_k [sign T_k = γ])``;
 * DARE (Yu et al. 2024): keep each entry with probability ``density`` and rescale,
   ``Δ = Σ_k w_k (M_k ⊙ Δ_k) / density`` with ``M_k ~ Bernoulli(density)`` (``dare_linear``).
 
-These follow PEFT's ``peft.utils.merge_utils`` step by step (per-tensor trimming, the sign elected
-from the unweighted trimmed updates, the weights applied in the disjoint mean), so our TIES and DARE
-equal PEFT's ``add_weighted_adapter(combination_type="ties_svd" | "dare_linear_svd")`` on the same
-adapters, same density and DARE mask (``tests/merging/test_peft_agreement.py``).
+**Where TIES trims.** The paper trims each task vector as a whole: ``D`` is the number of entries of
+*all* its kernels, and one magnitude ranking runs over them (:func:`merge_ties`'s default,
+``trim="global"``), so a kernel with large updates keeps more than ``density`` of its entries and
+one with small updates fewer. ``trim="per_kernel"`` ranks each kernel matrix (each stacked layer)
+on its own, ``D = n m``: this is what PEFT does (read in peft 0.21's source:
+``LoraModel.add_weighted_adapter`` loops over the target modules and calls
+``merge_utils.ties`` per module, whose ``magnitude_based_pruning`` ranks that one tensor, for
+``combination_type="ties_svd"`` on the module's product and for ``"ties"`` on its ``A`` and ``B``
+factors apart). The two differ (on random task vectors by about a third of the merge's norm).
+
+The other steps follow PEFT's ``peft.utils.merge_utils`` step by step (the sign elected from the
+unweighted trimmed updates, the weights applied in the disjoint mean, exactly ``⌊density · D⌋``
+entries kept, ties broken by position), so ``merge_ties(..., trim="per_kernel")`` and
+:func:`merge_dare` equal PEFT's ``add_weighted_adapter(combination_type="ties_svd" |
+"dare_linear_svd")`` on the same adapters, same density and DARE mask
+(``tests/merging/test_peft_agreement.py``). The paper's official code keeps entries ``≥`` the
+``k``-th magnitude (more than ``k`` on exact ties) and applies one scale ``λ`` after the merge
+(``weights = (λ, …, λ)`` here gives the same merge for ``majority="total"``).
 
 References:
   Ilharco et al. 2023, Editing models with task arithmetic; Yadav et al. 2023, TIES-Merging;
@@ -41,6 +55,7 @@ from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lowrank_jax.adapters import paths as paths_lib
 from lowrank_jax.adapters.core import Adapter
@@ -59,10 +74,12 @@ __all__ = [
     "task_vector_matrices",
     "ties_delta",
     "to_lora",
+    "trim_task_vectors",
 ]
 
 TaskVector = Mapping[str, Any]  # {path: Adapter | dense update in the kernel's shape}
 Majority = Literal["total", "frequency"]
+Trim = Literal["global", "per_kernel"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -207,15 +224,70 @@ def _weights(weights: Sequence[float] | None, k: int) -> jax.Array:
     return w
 
 
+def _keep_largest(flat: jax.Array, count: int) -> jax.Array:
+    """Boolean mask of the ``count`` largest ``|flat|`` entries of a 1-D array (ties: by position)."""
+    _, idx = jax.lax.top_k(jnp.abs(flat), count)
+    return jnp.zeros(flat.shape, bool).at[idx].set(True)
+
+
 def _trim(delta: jax.Array, density: float) -> jax.Array:
     """Keeps the ``⌊density · size⌋`` largest-magnitude entries of one matrix (PEFT's rule)."""
     if density >= 1.0:
         return delta
     flat = delta.reshape(-1)
-    k = int(density * flat.size)
-    _, idx = jax.lax.top_k(jnp.abs(flat), k)
-    keep = jnp.zeros(flat.shape, bool).at[idx].set(True)
+    keep = _keep_largest(flat, int(density * flat.size))
     return jnp.where(keep, flat, 0.0).reshape(delta.shape)
+
+
+@functools.partial(jax.jit, static_argnames=("density",))
+def _trim_global(deltas: dict[str, jax.Array], *, density: float) -> dict[str, jax.Array]:
+    """Trims every task vector as a whole: ``deltas`` ``{path: (K, ...)}``; task ``k`` keeps its
+    ``⌊density · D⌋`` largest-magnitude entries among all ``D`` entries of all its paths."""
+    paths = sorted(deltas)
+    sizes = [int(np.prod(deltas[p].shape[1:])) for p in paths]
+    flat = jnp.concatenate([deltas[p].reshape(deltas[p].shape[0], -1) for p in paths], axis=1)
+    count = int(density * flat.shape[1])
+    kept = jax.vmap(lambda f: jnp.where(_keep_largest(f, count), f, 0.0))(flat)
+    parts = jnp.split(kept, np.cumsum(sizes)[:-1], axis=1)
+    return {p: x.reshape(deltas[p].shape) for p, x in zip(paths, parts, strict=True)}
+
+
+def trim_task_vectors(
+    task_vectors: Sequence[TaskVector], *, density: float, trim: Trim = "global"
+) -> dict[str, jax.Array]:
+    """The trimming step of TIES: ``{path: (K, L, n, m)}`` matrix views with all but the largest
+    magnitudes of each task vector set to zero.
+
+    Args:
+      task_vectors: ``K`` ``{path: Adapter | dense update}`` dicts with the same paths.
+      density: kept fraction in ``(0, 1]``.
+      trim: ``"global"`` (the TIES paper): each task vector keeps its ``⌊density · D⌋`` largest
+        ``|entries|`` over all its kernels together (``D`` entries in all); ``"per_kernel"``
+        (PEFT): every kernel matrix (every stacked layer) keeps ``⌊density · n m⌋`` of its own.
+
+    Returns:
+      ``{path: (K, L, n, m)}`` trimmed matrix views (float32), as :func:`task_vector_matrices`.
+
+    Raises:
+      ValueError: a bad density or ``trim``; task vectors with different paths or shapes.
+    """
+    density = _check_density(density)
+    _check_trim(trim)
+    views = {p: v for p, (v, _) in task_vector_matrices(task_vectors).items()}
+    if density >= 1.0:
+        return views
+    if trim == "global":
+        return _trim_global(views, density=density)
+    per = jax.vmap(jax.vmap(lambda d: _trim(d, density)))
+    return {p: per(v) for p, v in views.items()}
+
+
+def _check_trim(trim: str) -> None:
+    if trim not in ("global", "per_kernel"):
+        raise ValueError(
+            f"trim must be 'global' (the TIES paper: one ranking over the whole task vector) or "
+            f"'per_kernel' (PEFT: each kernel ranked alone); got {trim!r}."
+        )
 
 
 def ties_delta(
@@ -227,7 +299,9 @@ def ties_delta(
 ) -> jax.Array:
     """TIES merge of ``K`` updates of one kernel: trim, elect sign, disjoint mean.
 
-    ``T_k = trim(Δ_k)`` keeps the ``⌊density · n m⌋`` largest ``|Δ_k|`` entries;
+    ``T_k = trim(Δ_k)`` keeps the ``⌊density · n m⌋`` largest ``|Δ_k|`` entries of this matrix
+    (per-kernel trimming; :func:`merge_ties` trims whole task vectors by default and then calls
+    this with ``density=1``);
     ``γ = sign(Σ_k T_k)`` (or ``sign(Σ_k sign T_k)`` for ``majority="frequency"``), +1 at 0;
     ``Δ = Σ_k w_k T_k [sign T_k = γ] / max(1, Σ_k [sign T_k = γ])``.
 
@@ -405,12 +479,20 @@ def _dare_layers(ds, key, w, *, density):
     return jax.vmap(one, in_axes=(1, 0))(ds, jnp.arange(ds.shape[1]))
 
 
-def _merge(tvs, combine, *, rank, relative_to, lora_shortcut=None) -> dict[str, Adapter]:
-    """Runs ``combine(path_index, (K, L, n, m)) -> (L, n, m)`` per kernel and re-factorises."""
+def _merge(tvs, combine, *, rank, relative_to, lora_shortcut=None, prepare=None):
+    """Runs ``combine(path_index, (K, L, n, m)) -> (L, n, m)`` per kernel and re-factorises.
+
+    ``prepare({path: (K, L, n, m)}) -> same`` optionally transforms the stacked updates of all
+    kernels at once first (TIES's global trimming).
+    """
     if not isinstance(tvs, Sequence) or isinstance(tvs, Mapping) or not tvs:
         raise TypeError("task_vectors must be a non-empty list of {path: update} dicts.")
     extra = [relative_to] if relative_to is not None else []
     mats = task_vector_matrices([*tvs, *extra])
+    num = len(tvs)
+    prepared = None
+    if prepare is not None:
+        prepared = prepare({path: stacked[:num] for path, (stacked, _) in mats.items()})
     out = {}
     for index, (path, (stacked, layout)) in enumerate(mats.items()):
         _, _, n, m = stacked.shape
@@ -420,7 +502,8 @@ def _merge(tvs, combine, *, rank, relative_to, lora_shortcut=None) -> dict[str, 
             factors = lora_shortcut(path, rank)
         if factors is None:
             rel = stacked[-1] if relative_to is not None else jnp.zeros_like(stacked[0])
-            factors = _factorize(combine(index, stacked[: len(tvs)]) - rel, r)
+            deltas = stacked[:num] if prepared is None else prepared[path]
+            factors = _factorize(combine(index, deltas) - rel, r)
         out[path] = to_lora(factors, layout, n, m)
     return out
 
@@ -475,25 +558,44 @@ def merge_ties(
     density: float,
     weights: Sequence[float] | None = None,
     majority: Majority = "total",
+    trim: Trim = "global",
     rank: int | None = None,
     relative_to: TaskVector | None = None,
 ) -> dict[str, Adapter]:
-    """TIES merge (:func:`ties_delta`) of the products, per kernel, as a rank-``r`` LoRA.
+    """TIES merge of the products (trim, elect sign, disjoint mean) as a rank-``r`` LoRA.
 
-    Trimming is per kernel matrix (per stacked layer), as in PEFT and mergekit; the TIES paper
-    trims each whole task vector. Args, returns and errors as :func:`merge_task_arithmetic`, plus
-    ``density`` (kept fraction in ``(0, 1]``) and ``majority`` (``"total"`` or ``"frequency"``).
+    ``trim="global"`` (default, the TIES paper) ranks magnitudes over each whole task vector (all
+    its kernels and stacked layers at once, :func:`trim_task_vectors`); ``trim="per_kernel"``
+    ranks each kernel matrix (each stacked layer) alone and equals PEFT's
+    ``add_weighted_adapter(combination_type="ties_svd")``. Sign election and the disjoint mean
+    are per entry (:func:`ties_delta`). Args, returns and errors as
+    :func:`merge_task_arithmetic`, plus ``density`` (kept fraction in ``(0, 1]``), ``majority``
+    (``"total"`` or ``"frequency"``) and ``trim``. ``relative_to`` is not trimmed.
+
+    Example:
+      >>> merged = merge_ties([lora_a, lora_b], density=0.2, rank=16)  # the paper's TIES
+      >>> like_peft = merge_ties([lora_a, lora_b], density=0.2, rank=16, trim="per_kernel")
     """
-    _check_density(density)
-
+    density = _check_density(density)
+    _check_trim(trim)
     if majority not in ("total", "frequency"):
         raise ValueError(f"majority must be 'total' or 'frequency'; got {majority!r}.")
+    per_kernel = trim == "per_kernel"
 
     def combine(_, ds):
         w = _weights(weights, ds.shape[0])
-        return _ties_layers(ds, w, density=float(density), majority=majority)
+        return _ties_layers(ds, w, density=density if per_kernel else 1.0, majority=majority)
 
-    return _merge(task_vectors, combine, rank=rank, relative_to=relative_to)
+    def prepare(views):
+        return _trim_global(views, density=density) if density < 1.0 else views
+
+    return _merge(
+        task_vectors,
+        combine,
+        rank=rank,
+        relative_to=relative_to,
+        prepare=None if per_kernel else prepare,
+    )
 
 
 def merge_dare(

@@ -20,19 +20,31 @@ def _intensity(seed=0, scale=20.0):
     return lam * scale / lam.mean()
 
 
-def _brute_force(ys, rank, num_scales):
-    """D_{t,w} from its definition: float64 means of the raw slices, SVD truncation."""
+def _brute_force(ys, rank, num_scales, svt=None, ranks=None):
+    """D_{t,w} from its definition: float64 means of the raw slices, SVD truncation; with
+    ``svt``, hard thresholding at ``τ_S = c (√(λ̄ max(p, L) ℓ_t / |S|) + ℓ_t / |S|)`` (of the
+    first ``rank`` singular values), the chosen ranks appended to ``ranks``."""
     ys = np.asarray(ys, np.float64)
 
-    def trunc(m):
+    def estimate(m, t, size):
         u, s, vt = np.linalg.svd(m)
-        return m if rank is None else (u[:, :rank] * s[:rank]) @ vt[:rank]
+        if rank is None:
+            return m
+        keep = np.arange(len(s)) < rank
+        if svt is not None:
+            ell = math.log(t**2 * (num_scales + 1) / svt.alpha)
+            tau = svt.scale * (math.sqrt(svt.rate_bound * max(m.shape) * ell / size) + ell / size)
+            keep &= s > tau
+            if ranks is not None:
+                ranks.append(int(keep.sum()))
+        return (u[:, : len(s)] * (s * keep)) @ vt
 
     out = np.zeros((len(ys), num_scales + 1))
     for t in range(1, len(ys) + 1):
         for j, w in enumerate(2 ** np.arange(num_scales + 1)):
             if w < t:
-                diff = trunc(ys[t - w : t].mean(0)) - trunc(ys[: t - w].mean(0))
+                recent = estimate(ys[t - w : t].mean(0), t, w)
+                diff = recent - estimate(ys[: t - w].mean(0), t, t - w)
                 out[t - 1, j] = math.sqrt(w * (t - w) / t) * np.linalg.norm(diff)
     return out
 
@@ -58,6 +70,77 @@ def test_statistic_equals_brute_force_definition(stream, chunk):
     assert np.median(np.abs(one[pos] - ref[pos]) / ref[pos]) < 0.03
 
 
+SVT = cp.SVT(rate_bound=float(_intensity().max()), alpha=0.1, scale=0.3)
+
+
+@pytest.mark.parametrize("chunk", [1, 7])
+def test_svt_statistic_equals_brute_force_definition(stream, chunk):
+    """Adaptive SVT: each window keeps the singular values above its own τ_S."""
+    ranks = []
+    ref = _brute_force(stream, min(P, L), J, svt=SVT, ranks=ranks)
+    assert len(set(ranks)) >= 3  # the rank is chosen per window (here 1, 2 and 3 all occur)
+    full = cp.initial_basis(_intensity(), rank=min(P, L))
+    got = cp.lowrank_statistics(
+        stream, full, rank=min(P, L), svt=SVT, num_scales=J, method="svd", chunk=chunk
+    )
+    np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-4, atol=1e-3)
+    # the subspace iteration tracking k = 4 >= every chosen rank converges to it, and one step
+    # per observation follows it closely
+    basis = cp.initial_basis(_intensity(), rank=4)
+    kw = dict(rank=4, svt=SVT, num_scales=J, chunk=chunk)
+    sub = cp.lowrank_statistics(stream, basis, power_iters=200, **kw)
+    np.testing.assert_allclose(np.asarray(sub), ref, rtol=2e-3, atol=1e-2)
+    one = np.asarray(cp.lowrank_statistics(stream, basis, **kw))
+    pos = ref > 0
+    assert np.median(np.abs(one[pos] - ref[pos]) / ref[pos]) < 0.03
+
+
+def test_svt_keeps_a_change_outside_the_pre_change_span_that_a_fixed_rank_drops():
+    """Noise-free stream: Y_t = Λ (rank 2) up to τ, Λ + Δ after (Δ rank 1, outside Λ's span).
+    With every nonzero singular value above τ_S, a window after the change gives exactly
+    D = √(w(t-w)/t) (1 - c) ‖Δ‖_F, with c = (4 - w)/(t - w) the changed share of the past
+    window; the rank-2 truncation of Λ + Δ keeps Λ and drops Δ; with τ_S above every
+    singular value both estimates are 0, D = 0."""
+    lam = np.zeros((P, L), np.int64)
+    lam[:2, :2] = [[40, 0], [0, 30]]
+    delta = np.zeros((P, L), np.int64)
+    delta[3:5, 2:4] = 10  # rank 1, singular value 20, orthogonal to Λ's rows and columns
+    tau, t_end = 20, 24
+    ys = np.concatenate([np.repeat(lam[None], tau, 0), np.repeat((lam + delta)[None], 4, 0)])
+    basis = cp.initial_basis(lam + delta, rank=4)
+    small = cp.SVT(rate_bound=1e-6, alpha=0.5, scale=1e-3)
+    d = np.asarray(cp.lowrank_statistics(ys, basis, rank=4, svt=small, num_scales=2, method="svd"))
+    for j, w in enumerate((1, 2, 4)):  # windows inside (τ, t_end]
+        share = (t_end - tau - w) / (t_end - w)
+        want = math.sqrt(w * (t_end - w) / t_end) * (1 - share) * np.linalg.norm(delta)
+        np.testing.assert_allclose(d[-1, j], want, rtol=1e-5)
+    fixed = np.asarray(cp.lowrank_statistics(ys, basis[:, :2], rank=2, num_scales=2, method="svd"))
+    assert np.all(fixed[-1] < 1e-3 * d[-1])  # the rank-2 truncation keeps Λ (40, 30), drops Δ (20)
+    huge = cp.SVT(rate_bound=1e6, alpha=0.5)
+    zero = cp.lowrank_statistics(ys, basis, rank=4, svt=huge, num_scales=2, power_iters=3)
+    np.testing.assert_array_equal(np.asarray(zero), 0.0)
+
+
+def test_svt_threshold_formula_and_errors():
+    svt = cp.SVT(rate_bound=3.0, alpha=0.05, scale=0.5)
+    tau = cp.svt_threshold(10, np.array([1.0, 8.0]), svt, p=6, num_cells=9, num_scales=3)
+    ell = math.log(100 * 4 / 0.05)
+    want = [0.5 * (math.sqrt(3 * 9 * ell / n) + ell / n) for n in (1, 8)]
+    np.testing.assert_allclose(np.asarray(tau), want, rtol=1e-6)
+    with pytest.raises(ValueError, match="alpha"):
+        cp.check_svt(cp.SVT(rate_bound=1.0, alpha=1.5))
+    with pytest.raises(ValueError, match="rate_bound"):
+        cp.check_svt(cp.SVT(rate_bound=0.0, alpha=0.1))
+    with pytest.raises(TypeError, match="SVT"):
+        cp.check_svt((1.0, 0.1, 1.0))
+    with pytest.raises(ValueError, match="estimator"):
+        cp.lowrank_detector(_intensity(), rank=R, estimator="soft")
+    with pytest.raises(ValueError, match="max_rank"):
+        cp.lowrank_detector(_intensity(), rank=R, estimator="rank", max_rank=4)
+    with pytest.raises(ValueError, match="exceeds min"):
+        cp.lowrank_detector(_intensity(), rank=R, max_rank=6)
+
+
 def test_frobenius_scan_is_untruncated_definition(stream):
     ref = _brute_force(stream, None, J)
     got = cp.lowrank_statistics(stream, np.zeros((L, 0)), rank=None, num_scales=J)
@@ -77,13 +160,19 @@ def test_state_size_does_not_grow_with_t(stream):
 
 def test_detector_score_is_max_ratio_to_threshold(stream):
     lam = _intensity()
-    det = cp.lowrank_detector(lam, rank=R, num_scales=J, alpha=0.1, method="svd")
-    scores = np.asarray(cp.run_detector(det, stream, chunk=4))
     t = np.arange(1, 41)
     ell = np.log(t[:, None] ** 2 * (J + 1) / 0.1)
     w = 2.0 ** np.arange(J + 1)
     b = np.sqrt(lam.max() * R * max(P, L) * ell) + ell / np.sqrt(w)
+    kw = dict(rank=R, num_scales=J, alpha=0.1, method="svd")
+    fixed = cp.lowrank_detector(lam, estimator="rank", **kw)
+    scores = np.asarray(cp.run_detector(fixed, stream, chunk=4))
     np.testing.assert_allclose(scores, (_brute_force(stream, R, J) / b).max(1), rtol=1e-4)
+    # the default: SVT at τ_S with λ̄ = max Λ, the level α of b, c_τ = 0.3; no rank cap (svd)
+    svt = cp.lowrank_detector(lam, svt_scale=0.3, **kw)
+    scores = np.asarray(cp.run_detector(svt, stream, chunk=4))
+    ref = _brute_force(stream, min(P, L), J, svt=SVT)
+    np.testing.assert_allclose(scores, (ref / b).max(1), rtol=1e-4)
 
 
 def _cusum_ref(x, rate, delta):

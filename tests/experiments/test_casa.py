@@ -28,6 +28,7 @@ def test_configs_pass_their_checks():
         ("merge.ties", ((0.0, 1.0),), "merge.ties"),
         ("merge.casa", ((0.5, -1.0),), "merge.casa"),
         ("merge.rank", 0, "merge.rank"),
+        ("merge.ties_trim", "per_layer", "ties_trim"),
     ],
 )
 def test_bad_values_are_named(key, value, match):

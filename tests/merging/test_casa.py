@@ -12,13 +12,24 @@ from scipy.sparse.csgraph import connected_components
 from lowrank_jax import adapters, merging
 
 
-def reference_casa(b, a, w_s, w_t, *, rank, rot=0.5, q=0.5, arb_q=0.85):
+def reference_casa(
+    b, a, w_s, w_t, *, rank, rot=0.5, q=0.5, arb_q=0.85, pairs_only=False, complement=None
+):
     """``cluster_aware_spectral_arbitration`` of github.com/Noahwangyuchen/CASA in float64 NumPy.
 
     PyTorch orientation: ``W (out, in)``, ``ΔW = B A`` with ``B (out, r)``, ``A (r, in)``; the exact
-    truncated SVD replaces ``svd_lowrank``. Returns ``(B_new A_new, c_new, mask_high, suppress)``.
+    truncated SVD replaces ``svd_lowrank``. ``pairs_only``: our deliberate difference, suppression
+    only on the ``min(out, in)`` block of singular pairs. ``complement``: an orthogonal
+    ``(|out - in|,) * 2`` matrix rotating the full SVD's complement basis (another valid full SVD).
+    Returns ``(B_new A_new, c_new, mask_high, suppress)``.
     """
     u_s, s_s, vh_s = np.linalg.svd(w_s, full_matrices=True)
+    p = len(s_s)
+    if complement is not None:
+        if u_s.shape[0] > p:
+            u_s[:, p:] = u_s[:, p:] @ complement
+        else:
+            vh_s[p:] = complement.T @ vh_s[p:]
     c_fft = u_s.T @ (w_t - w_s) @ vh_s.T
     cs = (u_s.T @ b) @ (a @ vh_s.T)
     d_out, d_in = c_fft.shape
@@ -57,6 +68,9 @@ def reference_casa(b, a, w_s, w_t, *, rank, rot=0.5, q=0.5, arb_q=0.85):
     c_new = cs - c_fft
     c_new[mask_high] = cs[mask_high]
     cand = mask_high & same
+    if pairs_only:
+        cand[p:, :] = False
+        cand[:, p:] = False
     suppress = np.zeros_like(cand)
     if cand.sum():
         suppress = cand & (score > np.quantile(score[cand], arb_q))
@@ -88,7 +102,11 @@ def test_casa_matches_the_reference_port_in_float64(shape):
     w_s, w_t, a, b = clustered_problem(n, m, seed=0)
     delta = a @ b
     # reference in PyTorch orientation: W = K^T, B = b^T, A = a^T
-    want, c_ref, high_ref, sup_ref = reference_casa(b.T, a.T, w_s.T, w_t.T, rank=4)
+    # non-square: our suppression stays on the block of singular pairs (module docstring)
+    pairs_only = n != m
+    want, c_ref, high_ref, sup_ref = reference_casa(
+        b.T, a.T, w_s.T, w_t.T, rank=4, pairs_only=pairs_only
+    )
     assert high_ref.any() and sup_ref.any() and (~high_ref).any()  # every branch is exercised
     with jax.enable_x64(True):
         basis = merging.source_basis(jnp.asarray(delta), jnp.asarray(w_s), jnp.asarray(w_t))
@@ -104,6 +122,55 @@ def test_casa_matches_the_reference_port_in_float64(shape):
         assert len(set(labels[labels >= 0])) < int(arb.k)  # some cluster has several members
     np.testing.assert_allclose(got, want.T, atol=1e-9)
     assert np.linalg.norm(c_ours) > 0
+
+
+def _orthogonal(rng, k):
+    q, r = np.linalg.qr(rng.normal(size=(k, k)))
+    return q * np.sign(np.diag(r))
+
+
+@pytest.mark.parametrize("shape", [(14, 8), (8, 14)])
+def test_non_square_casa_does_not_depend_on_the_full_svds_complement(shape):
+    n, m = shape
+    p = min(n, m)
+    w_s, w_t, a, b = clustered_problem(n, m, seed=4)
+    delta = a @ b
+    rng = np.random.default_rng(5)
+    q = _orthogonal(rng, abs(n - m))  # another orthonormal basis of the complement
+    flip = rng.choice([-1.0, 1.0], size=p)  # and other signs of the singular pairs
+    with jax.enable_x64(True):
+        basis = merging.source_basis(jnp.asarray(delta), jnp.asarray(w_s), jnp.asarray(w_t))
+        u, v = np.asarray(basis.u).copy(), np.asarray(basis.v).copy()
+        u[:, :p] *= flip
+        v[:, :p] *= flip
+        if n > m:
+            u[:, p:] = u[:, p:] @ q
+        else:
+            v[:, p:] = v[:, p:] @ q
+        np.testing.assert_allclose((u[:, :p] * np.asarray(basis.s)) @ v[:, :p].T, w_s, atol=1e-12)
+        ambient = []
+        for uu, vv in ((np.asarray(basis.u), np.asarray(basis.v)), (u, v)):
+            arb = merging.casa_arbitration(
+                jnp.asarray(uu.T @ delta @ vv), jnp.asarray(uu.T @ (w_t - w_s) @ vv), basis.s
+            )
+            assert np.asarray(arb.suppress).any() and not np.asarray(arb.suppress)[p:, p:].any()
+            ambient.append(uu @ np.asarray(arb.c_new) @ vv.T)
+        np.testing.assert_allclose(ambient[1], ambient[0], atol=1e-10)
+        # the transfer is equivariant: rotating the problem rotates the LoRA it returns
+        o, r = _orthogonal(rng, n), _orthogonal(rng, m)
+        fa, fb = merging.casa_matrix(jnp.asarray(delta), jnp.asarray(w_s), jnp.asarray(w_t), rank=4)
+        ga, gb = merging.casa_matrix(
+            jnp.asarray(o @ delta @ r), jnp.asarray(o @ w_s @ r), jnp.asarray(o @ w_t @ r), rank=4
+        )
+        np.testing.assert_allclose(np.asarray(ga @ gb), o @ np.asarray(fa @ fb) @ r, atol=1e-9)
+    # the repository's rule (suppression over the whole full-SVD matrix) depends on the basis
+    ref = [reference_casa(b.T, a.T, w_s.T, w_t.T, rank=4, complement=c)[0] for c in (None, q)]
+    assert np.linalg.norm(ref[1] - ref[0]) > 1e-3 * np.linalg.norm(ref[0])
+    ours = [
+        reference_casa(b.T, a.T, w_s.T, w_t.T, rank=4, complement=c, pairs_only=True)[0]
+        for c in (None, q)
+    ]
+    np.testing.assert_allclose(ours[1], ours[0], atol=1e-10)
 
 
 def test_casa_is_the_identity_when_source_equals_target():

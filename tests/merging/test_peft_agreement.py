@@ -1,8 +1,9 @@
 """Our TIES and DARE against PEFT's ``add_weighted_adapter`` on the same two LoRAs (peers extra).
 
 * ``combination_type="ties_svd"`` and ``"dare_linear_svd"`` merge the *products* ``s·BA`` like we
-  do, then truncate by SVD: equal to ours (DARE with PEFT's own ``torch.bernoulli`` masks injected,
-  as the two RNGs differ).
+  do, then truncate by SVD: equal to ours (TIES with ``trim="per_kernel"``: PEFT ranks magnitudes
+  module by module, our default ranks each whole task vector as the TIES paper; DARE with PEFT's
+  own ``torch.bernoulli`` masks injected, as the two RNGs differ).
 * ``"ties"``, ``"dare_linear"`` and ``"linear"`` merge ``A`` and ``B`` *separately*: the merged
   product carries cross terms ``B_i A_j`` (i ≠ j). Our per-tensor steps applied to the stacked
   factors reproduce PEFT's factors exactly, so the *only* difference is the object merged.
@@ -72,7 +73,7 @@ def test_ties_equals_peft_ties_svd():
         ["t1", "t2"], weights, "m", combination_type="ties_svd", density=density, svd_rank=rank
     )
     merged = merging.merge_ties(
-        [ours["t1"], ours["t2"]], weights=weights, density=density, rank=rank
+        [ours["t1"], ours["t2"]], weights=weights, density=density, rank=rank, trim="per_kernel"
     )
     for layer, shape in DIMS.items():
         got = np.asarray(adapters.delta(merged[f"{layer}/kernel"], shape))

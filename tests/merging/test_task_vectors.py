@@ -74,6 +74,83 @@ def test_ties_follows_its_definition(majority, density):
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-6)
 
 
+def ties_global_reference(task_vectors, density, weights, majority="total"):
+    """The TIES paper's merge in float64: each task vector ``{path: array}`` is trimmed as a whole
+    (one magnitude ranking over all its entries), then sign election and disjoint mean."""
+    paths = sorted(task_vectors[0])
+    flat = np.stack([np.concatenate([tv[p].ravel() for p in paths]) for tv in task_vectors])
+    k = int(density * flat.shape[1])
+    trimmed = np.zeros_like(flat)
+    for i, f in enumerate(flat):
+        keep = np.argsort(-np.abs(f), kind="stable")[:k]
+        trimmed[i, keep] = f[keep]
+    merged = ties_reference(trimmed[:, None, :], 1.0, weights, majority)[0]
+    out, start = {}, 0
+    for p in paths:
+        size = task_vectors[0][p].size
+        out[p] = merged[start : start + size].reshape(task_vectors[0][p].shape)
+        start += size
+    return out
+
+
+def _dense_task_vectors(seed, k=3):
+    """``k`` dense task vectors over two kernels whose updates differ in scale by 4x."""
+    rng = np.random.default_rng(seed)
+    return [
+        {"big/kernel": 2.0 * rng.normal(size=(8, 6)), "small/kernel": 0.5 * rng.normal(size=(5, 7))}
+        for _ in range(k)
+    ]
+
+
+@pytest.mark.parametrize("majority", ["total", "frequency"])
+@pytest.mark.parametrize("density", [0.2, 0.5])
+def test_merge_ties_trims_the_whole_task_vector_as_the_paper(majority, density):
+    tvs = _dense_task_vectors(0)
+    weights = (1.0, 0.5, 2.0)
+    as32 = [{p: jnp.asarray(x, jnp.float32) for p, x in tv.items()} for tv in tvs]
+    merged = merging.merge_ties(as32, density=density, weights=weights, majority=majority)
+    want = ties_global_reference(tvs, density, weights, majority)
+    per_kernel = merging.merge_ties(
+        as32, density=density, weights=weights, majority=majority, trim="per_kernel"
+    )
+    gap, norm = 0.0, 0.0
+    for path, ad in merged.items():
+        got = np.asarray(adapters.delta(ad, want[path].shape), np.float64)
+        np.testing.assert_allclose(got, want[path], atol=2e-5)
+        # per-kernel trimming (PEFT's) is the per-matrix definition, and a different merge
+        per = np.asarray(adapters.delta(per_kernel[path], want[path].shape), np.float64)
+        ref = ties_reference(np.stack([tv[path] for tv in tvs]), density, weights, majority)
+        np.testing.assert_allclose(per, ref, atol=2e-5)
+        gap, norm = gap + np.sum((per - got) ** 2), norm + np.sum(got**2)
+    # globally the large kernel keeps more than `density` of its entries, the small one fewer
+    assert np.sqrt(gap / norm) > 0.2
+
+
+def test_trim_task_vectors_keeps_the_stated_counts():
+    tvs = [{p: jnp.asarray(x, jnp.float32) for p, x in tv.items()} for tv in _dense_task_vectors(1)]
+    total = sum(x.size for x in tvs[0].values())
+    glob = merging.trim_task_vectors(tvs, density=0.3)
+    per = merging.trim_task_vectors(tvs, density=0.3, trim="per_kernel")
+    for k in range(3):
+        kept = sum(int(jnp.sum(v[k] != 0)) for v in glob.values())
+        assert kept == int(0.3 * total)
+        # globally, every kept entry is at least as large as every dropped one of the same task
+        kept_mags, dropped_mags = [], []
+        for path, v in glob.items():
+            keep = np.asarray(v[k, 0]) != 0  # (K, L, n, m) views, L = 1
+            mag = np.abs(np.asarray(tvs[k][path]))
+            kept_mags.extend(mag[keep].tolist())
+            dropped_mags.extend(mag[~keep].tolist())
+        smallest_kept, largest_dropped = min(kept_mags), max(dropped_mags)
+        assert smallest_kept >= largest_dropped
+        for path, v in per.items():
+            assert int(jnp.sum(v[k] != 0)) == int(0.3 * tvs[k][path].size)
+    # the large kernel takes more than its share globally
+    assert int(jnp.sum(glob["big/kernel"] != 0)) > int(jnp.sum(per["big/kernel"] != 0))
+    with pytest.raises(ValueError, match="trim"):
+        merging.trim_task_vectors(tvs, density=0.3, trim="per_layer")
+
+
 def test_ties_steps_are_visible():
     # two tasks, opposite signs at one entry: the larger mass wins and is kept alone there
     d = np.zeros((2, 2, 2))
