@@ -212,12 +212,8 @@ def pretrain(config: Any, texts: dict, workdir: str, mesh: Any) -> tuple[Any, di
         num_steps=steps,
         workdir=os.path.join(workdir, "pretrain"),
         eval_fn=lambda s, f: evaluate(s["params"], f, texts["pretrain/valid"], "pretrain/valid"),
-        log_every=config.log.every,
-        ckpt_every=config.ckpt.every,
-        max_to_keep=config.ckpt.max_to_keep,
         mesh=mesh,
-        fsdp=config.parallel.fsdp,
-        progress=config.log.progress,
+        **common.fit_options(config),
         description="pretrain",
     )
     if result.interrupted:
@@ -278,12 +274,8 @@ def finetune(
         workdir=os.path.join(workdir, "finetune", name),
         eval_fn=lambda st, f: evaluate(st["adapters"], f, texts["finetune/valid"], "valid"),
         eval_every=config.eval.every,
-        log_every=config.log.every,
-        ckpt_every=config.ckpt.every,
-        max_to_keep=config.ckpt.max_to_keep,
         mesh=mesh,
-        fsdp=config.parallel.fsdp,
-        progress=config.log.progress,
+        **common.fit_options(config),
         description=f"finetune {name}",
     )
     out = {"base": base, "lr": lr, "interrupted": result.interrupted, "history": result.history}

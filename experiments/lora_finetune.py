@@ -435,12 +435,8 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
         workdir=workdir,
         eval_fn=lambda s, f: evaluate(s, f, arrays["valid"], "valid"),
         eval_every=config.eval.every,
-        log_every=config.log.every,
-        ckpt_every=config.ckpt.every,
-        max_to_keep=config.ckpt.max_to_keep,
         mesh=mesh,
-        fsdp=config.parallel.fsdp,
-        progress=config.log.progress,
+        **common.fit_options(config),
         description=f"{config.model.name}/{method}",
     )
     final = {

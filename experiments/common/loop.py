@@ -79,6 +79,7 @@ __all__ = [
     "fit",
     "fit_step",
     "on_start",
+    "fit_options",
     "train_options",
     "training_started",
 ]
@@ -126,6 +127,19 @@ def train_options(config: Any) -> Iterator[None]:
     finally:
         _SKIP_NONFINITE.reset(tokens[0])
         _MAX_LOSS.reset(tokens[1])
+
+
+def fit_options(config: Any) -> dict[str, Any]:
+    """``fit``'s keyword arguments that every experiment reads from the same config keys:
+    ``log_every`` (``config.log.every``), ``ckpt_every`` / ``max_to_keep`` (``config.ckpt``),
+    ``fsdp`` (``config.parallel.fsdp``) and ``progress`` (``config.log.progress``)."""
+    return {
+        "log_every": config.log.every,
+        "ckpt_every": config.ckpt.every,
+        "max_to_keep": config.ckpt.max_to_keep,
+        "fsdp": config.parallel.fsdp,
+        "progress": config.log.progress,
+    }
 
 
 # What the runner does once the run's model is initialised (write config.json): see on_start.
