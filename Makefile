@@ -48,6 +48,8 @@ format:
 # The documentation site (docs/): warnings are errors (broken cross-references, docstring markup,
 # pages outside the toctree). The API pages are generated at build time from each subpackage's
 # __all__; the notebooks are rendered without executing them (tests/test_notebooks.py runs them).
-# Open docs/_build/html/index.html.
+# Open docs/_build/html/index.html. Installs the library with the docs extra first (as `make demo`
+# installs what it runs), so it works on a fresh clone.
 docs:
+	$(PYTHON) -m pip install -q -e ".[docs]"
 	$(PYTHON) -m sphinx -W --keep-going -b html docs docs/_build/html
