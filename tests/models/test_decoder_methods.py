@@ -92,13 +92,22 @@ def test_ties_merge_of_two_stacked_loras(decoder):
         )
         for k in (1, 2)
     ]
-    merged = merging.merge_ties(loras, density=0.5)  # rank None: the exact merged update
+    # rank None: the exact merged update; per-kernel trimming (PEFT's) ranks each layer alone.
+    merged = merging.merge_ties(loras, density=0.5, trim="per_kernel")
     path = "params/model/layers/self_attn/q_proj/kernel"
     kernel = adapters.named_leaves(variables)[path]
     assert merged[path].factors["a"].shape[0] == 2  # still stacked (L, n, r)
     deltas = jnp.stack([adapters.delta(lora[path], kernel.shape) for lora in loras])  # (K, L, n, m)
     for layer in range(2):  # TIES per layer, as PEFT and mergekit trim per matrix
         expected = merging.ties_delta(deltas[:, layer], density=0.5)
+        got = adapters.delta(merged[path], kernel.shape)[layer]
+        np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+    # The default (the TIES paper) trims each task vector over all its kernels and layers at once,
+    # then elects signs per entry: TIES on the globally trimmed views with no further trimming.
+    merged = merging.merge_ties(loras, density=0.5)
+    trimmed = merging.trim_task_vectors(loras, density=0.5)[path]  # (K, L, n, m)
+    for layer in range(2):
+        expected = merging.ties_delta(trimmed[:, layer], density=1.0)
         got = adapters.delta(merged[path], kernel.shape)[layer]
         np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
     tokens = jax.random.randint(jax.random.key(3), (2, 6), 0, 32)
