@@ -7,14 +7,14 @@ and ``W₂`` at ``T`` per perturbation, and (seed 0) the drift curves for heat m
 weights: the same on each MiniLM head's ``Q_h, K_h, V_h`` from the layer's real inputs.
 
 The method (flow, RK4, drift, ``T_dev``, ``W₂``, fits) lives in
-``lowrank_jax.analysis.attention_dynamics``; this module wires cells and writes ``results.md``,
-``summary.json`` and plots. Finished cells live in ``<workdir>/cells`` (resumable).
+``lowrank_jax.analysis.attention_dynamics``; this module wires cells, and
+:mod:`experiments.common.attention_dynamics_report` writes ``results.md``, ``summary.json`` and
+plots. Finished cells live in ``<workdir>/cells`` (resumable).
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import jax
@@ -23,6 +23,7 @@ import numpy as np
 import tqdm
 
 from experiments import common
+from experiments.common import attention_dynamics_report as report
 from experiments.common import sweep
 from lowrank_jax import analysis as an
 from lowrank_jax import data, models
@@ -206,200 +207,6 @@ def minilm_cell(config: Any, x0, beta, att, width, head) -> dict:
     }
 
 
-# ----------------------------------------------------------------------------------------------
-# Tables, checks and plots.
-
-
-def _nanmean(values):
-    v = np.asarray(values, np.float64)
-    return float(np.nanmean(v)) if np.any(np.isfinite(v)) else float("nan")
-
-
-def _nanmedian(values):
-    v = np.asarray(values, np.float64)
-    return float(np.nanmedian(v)) if np.any(np.isfinite(v)) else float("nan")
-
-
-def _synthetic_rows(config, cells):
-    """One row per (model, d, gap, direction); fits per seed, averaged over seeds."""
-    rows, dd = [], config.data
-    for model, d, g in ((m, d, g) for m in dd.models for d in dd.dims for g in dd.gaps):
-        cs = [cells[(model, d, g, s)] for s in range(dd.num_seeds)]
-        eps = np.asarray(cs[0]["eps"])
-        for i, name in enumerate(DIRECTIONS):
-            sl = slice(i * len(eps), (i + 1) * len(eps))
-            fits = [an.drift_time_fit(eps, np.asarray(c["t_dev"][sl])) for c in cs]
-            d_final = np.mean([c["d_final"][sl] for c in cs], axis=0)
-            below = np.flatnonzero(eps <= g / 2 * (1 + 1e-6))
-            rows.append(
-                {
-                    "model": model,
-                    "d": d,
-                    "gap": g,
-                    "direction": name,
-                    **{k: _nanmean([f[k] for f in fits]) for k in ("r2", "slope", "power_r2")},
-                    "finite T_dev": int(np.isfinite(cs[0]["t_dev"][sl]).sum()),
-                    "D(T) eps<=g/2": d_final[below[-1]] if len(below) else "",
-                    "D(T) eps>=2g": d_final[np.flatnonzero(eps >= 2 * g * (1 - 1e-6))[0]],
-                    "jump": an.drift_jump_ratio(d_final, eps, below=g / 2, above=2 * g),
-                    "W2(T) eps=max": _nanmean([c["w2_final"][sl][-1] for c in cs]),
-                }
-            )
-    return rows
-
-
-def _synthetic_checks(config, rows, cells):
-    dd, checks = config.data, []
-    by = {(r["model"], r["d"], r["gap"], r["direction"]): r for r in rows}
-    for model in dd.models:
-        r2 = [r["r2"] for r in rows if r["model"] == model]
-        good = int(sum(bool(np.isfinite(v) and v > 0.9) for v in r2))
-        pw = _nanmedian([r["power_r2"] for r in rows if r["model"] == model])
-        checks.append(
-            sweep.check(
-                f"(a) {model}: T_dev affine in log(1/eps), R2 > 0.9 (mean over seeds)",
-                good == len(r2),
-                f"{good}/{len(r2)} (d, gap, direction); median R2 {_nanmedian(r2):.3f} "
-                f"(power law in eps: {pw:.3f})",
-            )
-        )
-    jumps, plateaus = [], []
-    for d, g in ((d, g) for d in dd.dims for g in dd.gaps):
-        cr, al = by[("sphere", d, g, "crossing")], by[("sphere", d, g, "aligned")]
-        jumps.append((d, g, cr["jump"], al["jump"], cr["D(T) eps>=2g"]))
-        c, eps = cells[("sphere", d, g, 0)], np.asarray(cells[("sphere", d, g, 0)]["eps"])
-        j = np.flatnonzero(eps <= g / 2 * (1 + 1e-6))
-        if len(j):
-            i = DIRECTIONS.index("crossing") * len(eps) + j[-1]
-            plateaus.append((d, g, c["d_final"][i] / max(c["d_max"][i], 1e-12), c["t_half"][i]))
-    ok = [bool(c >= 5 * a and top >= 0.5) for _, _, c, a, top in jumps]
-    checks.append(
-        sweep.check(
-            "(b) sphere: D(T) jumps at eps ~ gap for gap-crossing (>= 5x aligned's ratio, D >= 0.5)",
-            sum(ok) == len(ok),
-            f"{sum(ok)}/{len(ok)}: "
-            + "; ".join(
-                f"d={d},g={g}: crossing {c:.1f}x vs aligned {a:.1f}x" for d, g, c, a, _ in jumps
-            ),
-        )
-    )
-    checks.append(
-        sweep.check(
-            "(c) sphere, gap-crossing eps <= g/2: D grows then plateaus (D(T) >= 0.5 max_t D)",
-            bool(plateaus) and all(bool(r >= 0.5) for _, _, r, _ in plateaus),
-            "; ".join(
-                f"d={d},g={g}: D(T)/max D {r:.2f}, half-rise t={t:.1f}" for d, g, r, t in plateaus
-            ),
-        )
-    )
-    return checks
-
-
-def _minilm_rows_checks(config, mcells):
-    rows, n = [], len(config.minilm.ratios)
-    for (layer, head), c in mcells.items():
-        eps, ratios = np.asarray(c["eps"]), np.asarray(c["ratios"])
-        row = {
-            "model": f"MiniLM L{layer}H{head}",
-            "gap": c["gap"],
-            "beta": c["beta"],
-            "norm V": c["v_norm"],
-        }
-        for i, name in enumerate(("aligned", "crossing")):
-            sl = slice(i * n, (i + 1) * n)
-            row[f"{name} jump"] = an.drift_jump_ratio(
-                c["d_final"][sl], ratios, below=0.5, above=2.0
-            )
-            row[f"{name} R2"] = an.drift_time_fit(eps, np.asarray(c["t_dev"][sl]))["r2"]
-        rows.append(row)
-    sharp = sum(r["crossing jump"] >= 5 * r["aligned jump"] for r in rows)
-    r2s = [r[f"{k} R2"] for r in rows for k in ("aligned", "crossing")]
-    med = {k: np.median([r[f"{k} jump"] for r in rows]) for k in ("aligned", "crossing")}
-    checks = [
-        sweep.check(
-            "(b) MiniLM heads: D(T) jumps at eps ~ gap for crossing (>= 5x aligned's ratio)",
-            bool(sharp > len(rows) / 2),
-            f"{sharp}/{len(rows)} heads; median D(2g)/D(g/2) crossing {med['crossing']:.2f} vs "
-            f"aligned {med['aligned']:.2f}",
-        ),
-        sweep.check(
-            "(a) MiniLM heads: T_dev affine in log(1/eps), R2 > 0.9",
-            bool(np.all(np.asarray(r2s) > 0.9)),
-            f"{int(np.sum(np.asarray(r2s) > 0.9))}/{len(r2s)} (head, direction) fits; median R2 "
-            f"{_nanmedian(r2s):.3f}",
-        ),
-    ]
-    return rows, checks
-
-
-def _heatmap(path, c, eps, g, title):
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    curves = np.asarray(c["curves"])
-    t = np.arange(curves.shape[1]) * 5 * c["dt_record"]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=100)
-    for i, (ax, name) in enumerate(zip(axes, ("aligned", "crossing"), strict=True)):
-        im = ax.pcolormesh(t, eps, curves[i * len(eps) : (i + 1) * len(eps)], shading="nearest")
-        ax.set_yscale("log")
-        ax.axhline(g, color="w", ls=":")
-        ax.set(title=f"D(t, eps), {name}", xlabel="depth t", ylabel="eps")
-        fig.colorbar(im, ax=ax)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
-def _plots(workdir, config, cells, mcells):
-    dd = config.data
-    for model, d, g in ((m, d, g) for m in dd.models for d in dd.dims for g in dd.gaps):
-        c, tag = cells[(model, d, g, 0)], f"{model}_d{d}_g{g}"
-        eps = np.asarray(c["eps"])
-        _heatmap(os.path.join(workdir, f"heatmap_{tag}.png"), c, eps, g, f"{model}, d={d}, gap={g}")
-        per = {n: slice(i * len(eps), (i + 1) * len(eps)) for i, n in enumerate(DIRECTIONS)}
-        tdev = {n: np.asarray(c["t_dev"][sl]) for n, sl in per.items()}
-        common.plot_curves(
-            os.path.join(workdir, f"tdev_{tag}.png"),
-            {n: (np.log(1 / eps)[np.isfinite(t)], t[np.isfinite(t)]) for n, t in tdev.items()},
-            title=f"T_dev(eps, delta={config.eval.delta}), {model}, d={d}, gap={g}",
-            xlabel="log(1/eps)",
-            ylabel="T_dev",
-        )
-        common.plot_curves(
-            os.path.join(workdir, f"dfinal_{tag}.png"),
-            {n: (np.log10(eps), c["d_final"][sl]) for n, sl in per.items()},
-            title=f"D(T, eps), {model}, d={d}, gap={g}",
-            xlabel="log10 eps",
-            ylabel="D(T)",
-            marks={"gap": float(np.log10(g))} if g > 0 else None,
-        )
-    if mcells:
-        n, x = len(config.minilm.ratios), np.log10(config.minilm.ratios)
-        dfin = np.asarray([c["d_final"] for c in mcells.values()])
-        common.plot_curves(
-            os.path.join(workdir, "minilm_dfinal.png"),
-            {
-                k: (x, np.median(dfin[:, i * n : (i + 1) * n], 0))
-                for i, k in enumerate(("aligned", "crossing"))
-            },
-            title="MiniLM heads: median D(T) vs eps / gap",
-            xlabel="log10(eps / gap)",
-            ylabel="D(T)",
-            marks={"gap": 0.0},
-        )
-        for (layer, head), c in list(mcells.items())[:2]:
-            _heatmap(
-                os.path.join(workdir, f"heatmap_minilm_L{layer}H{head}.png"),
-                c,
-                np.asarray(c["ratios"]),
-                1.0,
-                f"MiniLM layer {layer} head {head} (eps in units of the gap)",
-            )
-
-
 def run(config: Any, workdir: str) -> dict:
     """Runs the synthetic grid and the MiniLM heads; writes results.md, summary.json, plots."""
     check_config(config)
@@ -417,8 +224,8 @@ def run(config: Any, workdir: str) -> dict:
     for cell in tqdm.tqdm(grid, disable=not config.log.progress, desc="synthetic"):
         name = "synthetic/{}/d={}/gap={}/seed={}".format(*cell)
         cells[cell] = store.get(name, lambda cell=cell: synthetic_cell(config, *cell))
-    rows = _synthetic_rows(config, cells)
-    checks = _synthetic_checks(config, rows, cells)
+    rows = report.synthetic_rows(config, cells, DIRECTIONS)
+    checks = report.synthetic_checks(config, rows, cells, DIRECTIONS)
     mcells, mrows = {}, []
     if config.minilm.enabled:
         mc = config.minilm
@@ -433,33 +240,8 @@ def run(config: Any, workdir: str) -> dict:
             mcells[(layer, head)] = store.get(
                 name, lambda a=args, h=head: minilm_cell(config, *a[:3], a[3], h)
             )
-        mrows, mchecks = _minilm_rows_checks(config, mcells)
+        mrows, mchecks = report.minilm_rows_checks(config, mcells)
         checks += mchecks
     store.close()
-    _plots(workdir, config, cells, mcells)
-    columns = ["model", "d", "gap", "direction", "r2", "slope", "power_r2", "finite T_dev"]
-    columns += ["D(T) eps<=g/2", "D(T) eps>=2g", "jump", "W2(T) eps=max"]
-    out = sweep.write_sweep_results(
-        workdir,
-        rows,
-        checks,
-        title="P3 mean-field attention: drift under rank-1 / low-rank perturbations",
-        columns=columns,
-        command=sweep.command_line(
-            "python -m experiments.train --config=configs/attention_dynamics.py"
-        ),
-        extra={"minilm_heads": len(mrows)} if mrows else None,
-    )
-    if mrows:  # a second table: per MiniLM head, jump ratios and T_dev fits (eps in gap units)
-        mcols = ["model", "gap", "beta", "norm V", "aligned jump", "aligned R2", "crossing jump"]
-        common.write_json(os.path.join(workdir, "minilm.json"), mrows)
-        with open(os.path.join(workdir, "results.md"), "a") as f:
-            f.write(
-                "\n\n## MiniLM heads (jump = D(T, 2 gap) / D(T, gap / 2); R2 of T_dev vs "
-                "log 1/eps)\n\n"
-                + sweep.markdown_table(
-                    rows=mrows, columns=[(c, c) for c in [*mcols, "crossing R2"]]
-                )
-                + "\n"
-            )
-    return out
+    report.plots(workdir, config, cells, mcells, DIRECTIONS)
+    return report.write_results(workdir, rows, checks, mrows)
