@@ -39,7 +39,8 @@ __all__ = [
 ]
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
-# The signal that stopped this process's latest interrupted fit (signals are process-wide).
+# The signal that stopped this process's latest interrupted fit (signals are process-wide): one
+# slot, replaced by each stop.
 _last_stop: list[int] = []
 
 
@@ -121,7 +122,7 @@ class StopFlag:
 
     def stopped(self, signum: int | None) -> None:
         """Records that ``signum`` (None: a preemption notice) stopped the run."""
-        _last_stop.append(signal.SIGTERM if signum is None else signum)
+        _last_stop[:] = [signal.SIGTERM if signum is None else signum]
 
     def __enter__(self) -> StopFlag:
         if _in_main_thread():
