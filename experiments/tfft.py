@@ -16,8 +16,9 @@ iterative CVaR baseline, at matched KL (configs/tfft.py describes the study).
    (stage 1 included; the CPU time is the steadier column on a shared machine).
 
 Each (source, seed, method) is a cell (``cells/<key>.json``; a rerun reads finished cells back).
-Writes ``results.md`` / ``summary.json`` (table and the trend checks of specs.md §16),
-``rewards_<source>.png`` (reward histograms, seed 0) and ``ring_samples.png``.
+:mod:`experiments.common.tfft_report` writes ``results.md`` / ``summary.json`` (table and the
+trend checks of specs.md §16), ``rewards_<source>.png`` (reward histograms, seed 0) and
+``ring_samples.png``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from tqdm import tqdm
 
 from experiments import common
 from experiments.common import sweep
+from experiments.common import tfft_report as report
 from lowrank_jax import generative as gen
 from lowrank_jax.data import BatchIterator, load_mnist
 
@@ -206,16 +208,6 @@ def _pretrain(config: Any, src: dict[str, Any], seed: int, workdir: str):
     return net, result.state["params"]
 
 
-def _matched_tilt(config: Any, pseudo, kl_target: float) -> tuple[float, jax.Array]:
-    """``(α, r̃(α))`` with the target's KL from the sample's law equal to ``kl_target``."""
-
-    def kl(alpha):
-        return float(gen.tilt_kl(gen.tilt_weights(pseudo(alpha), alpha=alpha)))
-
-    alpha = gen.alpha_for_kl(kl, target_kl=kl_target, bounds=(1e-3, 1e3))
-    return alpha, pseudo(alpha)
-
-
 def _finetune(config: Any, net, params, samples, r_tilde, alpha: float, key):
     params, _ = gen.train_flow(
         params,
@@ -254,8 +246,10 @@ def _method(config, method, src, net, pre_params, key) -> tuple[Any, dict[str, A
             ks, kf = jax.random.split(jax.random.fold_in(key, k))
             samples = _sample(config, net, params, ks, t.num_stage1)
             r_tilde = gen.quantile_pseudo_reward(reward(samples), beta=beta, tail="right")
-            alpha, r_tilde = _matched_tilt(
-                config, lambda a, r_tilde=r_tilde: r_tilde, t.kl_target / t.rounds**2
+            alpha, r_tilde = gen.tilt_for_kl(
+                lambda a, r_tilde=r_tilde: r_tilde,
+                target_kl=t.kl_target / t.rounds**2,
+                bounds=(1e-3, 1e3),
             )
             params = _finetune(config, net, params, samples, r_tilde, alpha, kf)
             alphas.append(alpha)
@@ -274,7 +268,7 @@ def _method(config, method, src, net, pre_params, key) -> tuple[Any, dict[str, A
             info["eta"] = float(eta)
             return gen.pseudo_reward(r, eta, beta=beta, tail=side)
 
-    alpha, r_tilde = _matched_tilt(config, pseudo, t.kl_target)
+    alpha, r_tilde = gen.tilt_for_kl(pseudo, target_kl=t.kl_target, bounds=(1e-3, 1e3))
     target_kl = float(gen.tilt_kl(gen.tilt_weights(r_tilde, alpha=alpha)))
     params = _finetune(config, net, pre_params, samples, r_tilde, alpha, kf)
     return params, {**info, "alpha": alpha, "target_kl": target_kl}
@@ -313,92 +307,6 @@ def _cell(config, method, src, seed, net, pre_params, pre_eval) -> dict[str, Any
     return out
 
 
-# ----------------------------------------------------------------------------------------------
-# Reporting.
-
-
-def _table(config, cells) -> list[dict[str, Any]]:
-    rows = []
-    for src in config.sources:
-        for m in config.methods:
-            got = [cells[f"{src}/seed={s}/{m}"] for s in config.seeds]
-            row = {"source": src, "method": m}
-            cols = (
-                "mean",
-                "cvar_left",
-                "cvar_right",
-                "target_kl",
-                "hist_kl",
-                "seconds",
-                "cpu_seconds",
-            )
-            for col in cols:
-                vals = [g[col] for g in got if col in g]
-                row[col] = sweep.format_mean_sd(vals) if vals else "–"
-                row[f"_{col}"] = float(np.mean(vals)) if vals else float("nan")
-            rows.append(row)
-    return rows
-
-
-def _checks(config, rows) -> list[dict[str, Any]]:
-    out = []
-    for src in config.sources:
-        tuned = {r["method"]: r for r in rows if r["source"] == src and r["method"] != "pretrained"}
-
-        def best(col, tuned=tuned):
-            return max(tuned, key=lambda name: tuned[name][f"_{col}"])
-
-        for col, want in (("cvar_left", "tfft_left"), ("cvar_right", "tfft_right"),
-                          ("mean", "expected")):  # fmt: skip
-            if want in tuned:
-                got = best(col)
-                out.append(sweep.check(
-                    f"{src}: {want} has the best {col} among the fine-tuned methods",
-                    got == want, f"best is {got} ({tuned[got][col]})",
-                ))  # fmt: skip
-        if {"tfft_right", "expected", "iterative_right"} <= set(tuned):
-            t, e, i = (
-                tuned[m]["_cpu_seconds"] for m in ("tfft_right", "expected", "iterative_right")
-            )
-            k = config.tfft.rounds
-            out.append(sweep.check(
-                f"{src}: TFFT costs about expected fine-tuning (0.5-2x CPU time) and about 1/K of "
-                f"the iterative baseline (iterative/TFFT >= K/2 = {k / 2})",
-                0.5 <= t / e <= 2 and i / t >= k / 2, f"TFFT/expected {t / e:.2f}, iterative/TFFT {i / t:.2f}",
-            ))  # fmt: skip
-    return out
-
-
-def _plots(config, workdir, cells) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    paths = []
-    seed = config.seeds[0]
-    for src in config.sources:
-        fig, ax = plt.subplots(figsize=(7, 4))
-        for m in config.methods:
-            r = cells[f"{src}/seed={seed}/{m}"]["rewards"]
-            ax.hist(r, bins=60, histtype="step", density=True, label=m)
-        ax.set(xlabel="reward", ylabel="density", title=f"{src}: rewards after fine-tuning")
-        ax.legend()
-        paths.append(os.path.join(workdir, f"rewards_{src}.png"))
-        fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
-        plt.close(fig)
-    if "ring" in config.sources:
-        fig, axes = plt.subplots(1, len(config.methods), figsize=(3 * len(config.methods), 3))
-        for ax, m in zip(np.atleast_1d(axes), config.methods, strict=True):
-            x = np.asarray(cells[f"ring/seed={seed}/{m}"]["samples"])
-            ax.scatter(x[:, 0], x[:, 1], s=2, alpha=0.4)
-            ax.set(title=m, xlim=(-6, 6), ylim=(-6, 6), aspect="equal")
-        paths.append(os.path.join(workdir, "ring_samples.png"))
-        fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
-        plt.close(fig)
-    return paths
-
-
 def run(config: Any, workdir: str) -> dict[str, Any]:
     store = sweep.CellStore(workdir)
     builders = {"ring": ring_source, "mnist": mnist_source}
@@ -428,26 +336,4 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
                 bar.update()
     bar.close()
     store.close()
-    rows = _table(config, store.cells)
-    checks = _checks(config, rows)
-    plots = _plots(config, workdir, store.cells)
-    cmd = sweep.command_line("python -m experiments.train --config=configs/tfft.py")
-    public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
-    return sweep.write_sweep_results(
-        workdir,
-        public,
-        checks,
-        title="P16 TFFT: tail-aware flow fine-tuning at matched KL",
-        columns=[
-            "source",
-            "method",
-            "mean",
-            "cvar_left",
-            "cvar_right",
-            "target_kl",
-            "hist_kl",
-            "seconds",
-        ],  # fmt: skip
-        command=cmd,
-        extra={"plots": ", ".join(os.path.basename(p) for p in plots)},
-    )
+    return report.write_results(config, workdir, store.cells)

@@ -49,6 +49,7 @@ from lowrank_jax.generative.tail import (
     cvar_threshold,
     pseudo_reward,
     quantile_pseudo_reward,
+    tilt_for_kl,
     tilt_kl,
     tilt_weights,
 )
@@ -89,8 +90,9 @@ __all__ = [
     "select_kde_bandwidth",
     "silverman_bandwidth",
     "terminal_time",
-    "train_flow",
+    "tilt_for_kl",
     "tilt_kl",
     "tilt_weights",
+    "train_flow",
     "wasserstein1",
 ]

@@ -17,8 +17,9 @@ For a reward ``r(x)``, a tail level ``β ∈ (0, 1)`` and a KL weight ``α > 0``
 
 :func:`tilt_weights` gives the self-normalised importance weights of ``p*`` on pre-trained samples
 (what resampling-based fine-tuning trains on) and :func:`tilt_kl` the KL of that target, so the
-KL weight of every method can be chosen to reach the same KL (:func:`alpha_for_kl`) before
-anything is trained. :func:`cvar` is the exact (weighted) empirical CVaR.
+KL weight of every method can be chosen to reach the same KL (:func:`alpha_for_kl`; with the
+pseudo-reward at that weight: :func:`tilt_for_kl`) before anything is trained. :func:`cvar` is the
+exact (weighted) empirical CVaR.
 
 Reference: Wang, De Santi, Mo, Zavlanos, Krause, Johansson, "Efficient Tail-Aware Generative
 Optimization via Flow Model Fine-Tuning", arXiv 2602.16796 (2026); Rockafellar & Uryasev (2000).
@@ -42,6 +43,7 @@ __all__ = [
     "cvar_threshold",
     "pseudo_reward",
     "quantile_pseudo_reward",
+    "tilt_for_kl",
     "tilt_kl",
     "tilt_weights",
 ]
@@ -230,3 +232,54 @@ def alpha_for_kl(
     # On a finite sample the KL of a thresholded tilt can jump where the threshold crosses a
     # sample: return the end of the final bracket whose KL is closer to the target.
     return min((math.exp(lo), math.exp(hi)), key=lambda a: abs(kl_of_alpha(a) - target_kl))
+
+
+def tilt_for_kl(
+    pseudo_of_alpha: Callable[[float], jax.Array],
+    *,
+    target_kl: float,
+    weights: jax.Array | None = None,
+    bounds: tuple[float, float] = (1e-4, 1e4),
+    iterations: int = 60,
+) -> tuple[float, jax.Array]:
+    r"""The tilt ``(α, r̃(α))`` whose target ``p* ∝ p_pre·exp(r̃(α)/α)`` is ``target_kl`` from
+    ``p_pre``: every method's KL weight matched to one budget before fine-tuning.
+
+    ``α`` solves ``KL(p*_α‖p_pre) = target_kl`` on the sample (:func:`alpha_for_kl` over
+    :func:`tilt_kl` of :func:`tilt_weights`); the pseudo-reward may itself depend on ``α`` (TFFT's
+    threshold ``η*(α)`` does), so it is given as a function and evaluated last at the chosen
+    ``α``. Runs on the host.
+
+    Args:
+      pseudo_of_alpha: ``α -> r̃`` of shape ``(b,)`` on ``b`` pre-trained samples: ``lambda a: r``
+        for expected-reward fine-tuning, ``lambda a: pseudo_reward(r, cvar_threshold(r, alpha=a,
+        ...), ...)`` for TFFT, a fixed quantile pseudo-reward for the iterative baseline.
+      target_kl: the KL budget in nats (> 0).
+      weights: ``(b,)`` weights of the samples under ``p_pre`` (uniform if None).
+      bounds: the bracket of ``α`` searched (bisection in ``log α``).
+      iterations: bisection steps.
+
+    Returns:
+      ``(alpha, r_tilde)``: the KL weight (a float) and ``pseudo_of_alpha(alpha)``, shape ``(b,)``.
+
+    Raises:
+      ValueError: ``target_kl`` is not reachable inside ``bounds`` (see :func:`alpha_for_kl`).
+
+    References:
+      P16 TFFT (specs.md §16: "tune α per method to match KL").
+
+    Example::
+
+      alpha, r_tilde = tilt_for_kl(lambda a: r, target_kl=0.2)
+      train_flow(params, samples, r_tilde / alpha, key, ...)
+    """
+
+    def kl(alpha):
+        return float(
+            tilt_kl(
+                tilt_weights(pseudo_of_alpha(alpha), alpha=alpha, weights=weights), weights=weights
+            )
+        )
+
+    alpha = alpha_for_kl(kl, target_kl=target_kl, bounds=bounds, iterations=iterations)
+    return alpha, pseudo_of_alpha(alpha)

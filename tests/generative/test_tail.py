@@ -100,6 +100,44 @@ def test_alpha_for_kl_hits_the_target_and_refuses_unreachable_ones():
         tail.alpha_for_kl(kl, target_kl=50.0)
 
 
+@pytest.mark.parametrize("weighted", [False, True])
+def test_tilt_for_kl_reaches_the_budget_against_a_float64_reference(weighted):
+    rng = np.random.default_rng(4)
+    r = rng.normal(size=500).astype(np.float32)
+    p = rng.dirichlet(np.ones(500)) if weighted else np.full(500, 1 / 500)
+    alpha, r_tilde = tail.tilt_for_kl(
+        lambda a: r, target_kl=0.3, weights=p.astype(np.float32) if weighted else None
+    )
+    np.testing.assert_array_equal(np.asarray(r_tilde), r)  # alpha-free pseudo-reward: r itself
+    q = p * np.exp((r.astype(np.float64) - r.max()) / alpha)
+    q /= q.sum()
+    assert np.sum(q * np.log(q / p)) == pytest.approx(0.3, rel=1e-3)
+
+
+def test_tilt_for_kl_is_alpha_for_kl_with_the_pseudo_reward_evaluated_at_alpha():
+    r = np.random.default_rng(5).normal(size=1000).astype(np.float32)
+    calls = []
+
+    def pseudo(a):  # TFFT's right tail: the threshold depends on alpha
+        calls.append(a)
+        eta = tail.cvar_threshold(r, beta=0.1, alpha=a, tail="right")
+        return tail.pseudo_reward(r, eta, beta=0.1, tail="right")
+
+    alpha, r_tilde = tail.tilt_for_kl(pseudo, target_kl=0.2, bounds=(1e-3, 1e3))
+    assert calls[-1] == alpha
+    np.testing.assert_array_equal(np.asarray(r_tilde), np.asarray(pseudo(alpha)))
+    expected = tail.alpha_for_kl(
+        lambda a: float(tail.tilt_kl(tail.tilt_weights(pseudo(a), alpha=a))),
+        target_kl=0.2,
+        bounds=(1e-3, 1e3),
+    )
+    assert alpha == expected
+    kl = float(tail.tilt_kl(tail.tilt_weights(r_tilde, alpha=alpha)))
+    assert kl == pytest.approx(0.2, abs=0.05)  # a thresholded tilt's KL jumps on a finite sample
+    with pytest.raises(ValueError, match="outside the reachable range"):
+        tail.tilt_for_kl(pseudo, target_kl=50.0, bounds=(1e-3, 1e3))
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
