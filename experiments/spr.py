@@ -16,9 +16,9 @@ probe, MAP, MSP and DCP-like prompts, with SPR's ablations (configs/spr.py descr
    seed and rate, shared by all methods) and per missing type (all complete, all without view 0,
    all without view 1).
 
-Each (seed, method) is a cell (``cells/<key>.json``; a rerun reads finished cells back). Writes
-``results.md`` / ``summary.json`` (mean and 95% t-interval over seeds, the trend checks of specs.md
-§13) and ``f1_vs_missing_rate.png``.
+Each (seed, method) is a cell (``cells/<key>.json``; a rerun reads finished cells back).
+:mod:`experiments.common.spr_report` writes ``results.md`` / ``summary.json`` (mean and 95%
+t-interval over seeds, the trend checks of specs.md §13) and ``f1_vs_missing_rate.png``.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import scipy.stats
 from tqdm import tqdm
 
 from experiments import common
+from experiments.common import spr_report as report
 from experiments.common import sweep
 from lowrank_jax import data, prompts
 
@@ -291,64 +291,6 @@ def _context(config, model, arrays, pre, seed) -> dict[str, Any]:
     return ctx
 
 
-# ----------------------------------------------------------------------------------------------
-# Report.
-
-
-def _ci(values) -> tuple[float, float]:
-    """``(mean, half-width of the 95% t-interval)`` over seeds (0 for a single seed)."""
-    v = np.asarray(values, np.float64)
-    if v.size < 2:
-        return float(v.mean()), 0.0
-    return float(v.mean()), float(
-        scipy.stats.t.ppf(0.975, v.size - 1) * v.std(ddof=1) / np.sqrt(v.size)
-    )
-
-
-def _table(config, cells) -> tuple[list[dict[str, Any]], dict[str, dict[str, float]]]:
-    cols = [f"f1@{r:g}" for r in config.missing.test_rates]
-    cols += ["complete", *(f"no_{v}" for v in config.data.views)]
-    rows, means = [], {}
-    for m in config.methods:
-        group = [cells[f"seed={s}/{m}"] for s in config.seeds]
-        row = {"method": m, "prompt_params": group[0]["prompt_params"]}
-        row["learning_rates"] = "/".join(f"{c['learning_rate']:g}" for c in group)
-        means[m] = {}
-        for col in cols:
-            mean, half = _ci([c[col] for c in group])
-            row[col] = f"{mean:.3f} ± {half:.3f}"
-            means[m][col] = mean
-        rows.append(row)
-    return rows, means
-
-
-def _checks(config, means) -> list[dict[str, Any]]:
-    rates = config.missing.test_rates
-    train = f"f1@{config.missing.train_rate:g}"
-    have = lambda *ms: all(m in means for m in ms)  # noqa: E731
-    out = []
-    if have("spr", "dcp", "map", "probe") and train in means["spr"]:
-        f = {m: means[m][train] for m in ("spr", "dcp", "map", "probe")}
-        ok = f["spr"] >= f["dcp"] >= f["map"] > f["probe"]
-        ev = ", ".join(f"{m} {v:.3f}" for m, v in f.items())
-        out.append(sweep.check(f"SPR ≥ DCP-like ≥ MAP > probe ({train})", ok, ev))
-    if have("spr", "map") and len(rates) > 1:
-        margins = {r: means["spr"][f"f1@{r:g}"] - means["map"][f"f1@{r:g}"] for r in rates}
-        ok = max(margins, key=margins.get) == max(rates)
-        ev = ", ".join(f"η={r:g}: {v:+.3f}" for r, v in margins.items())
-        out.append(sweep.check("SPR − MAP margin largest at the highest missing rate", ok, ev))
-    for ablation in ("spr-gif", "spr-lfr", "spr-cfs"):
-        if have("spr", ablation) and train in means["spr"]:
-            a, s = means[ablation][train], means["spr"][train]
-            module = ablation.split("-")[1].upper()
-            out.append(
-                sweep.check(
-                    f"removing {module} lowers F1 ({train})", a < s, f"{a:.3f} vs SPR {s:.3f}"
-                )
-            )
-    return out
-
-
 def _method_fns(model: Any, method: prompts.PromptMethod, num: int):
     """``(loss_fn, logits)`` of a method: the ``train_scan`` loss and the jitted forward
     ``logits(trainable, frozen, features, missing)``; one of each per method, compiled once."""
@@ -428,35 +370,4 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
             bar.update()
     bar.close()
     store.close()
-    rows, means = _table(config, store.cells)
-    checks = _checks(config, means)
-    plot = common.plot_curves(
-        os.path.join(workdir, "f1_vs_missing_rate.png"),
-        {
-            m: (
-                list(config.missing.test_rates),
-                [means[m][f"f1@{r:g}"] for r in config.missing.test_rates],
-            )
-            for m in config.methods
-        },
-        title="P13: test macro-F1 vs missing rate (trained at 70%)",
-        xlabel="missing rate η (missing-both)",
-        ylabel="macro-F1",
-    )
-    extra = {"plots": os.path.basename(plot), "views": "+".join(config.data.views)}
-    first = [store.cells[f"seed={s}/{config.methods[0]}"] for s in config.seeds]
-    if all("pretrain_valid_accuracy" in c for c in first):  # the frozen backbone, complete data
-        extra["pretrained backbone, complete valid accuracy"] = ", ".join(
-            f"{c['pretrain_valid_accuracy']:.3f}" for c in first
-        )
-    cmd = sweep.command_line("python -m experiments.train --config=configs/spr.py")
-    cols = list(rows[0])  # method, prompt_params, learning_rates, then the F1 columns
-    return sweep.write_sweep_results(
-        workdir,
-        rows,
-        checks,
-        title="P13 SPR: test macro-F1 (mean ± 95% t-interval over seeds) under missing modalities",
-        columns=cols,
-        command=cmd,
-        extra=extra,
-    )
+    return report.write_results(config, workdir, store.cells)
