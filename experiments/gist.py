@@ -5,11 +5,12 @@ one checkpoint and its Adam state per epoch); score the pool with every method o
 ``lowrank_jax.selection`` (factorised per-example LoRA gradients, chunked); keep the top
 ``select.fraction``; fine-tune LoRA from the base on each selection with one fixed recipe and
 evaluate on the target's test split. Data, model and base pre-training come from
-``data.name``: ``"shakespeare"`` (char-GPT pre-trained with ``experiments.common.fit``; target:
-the Histories) or ``"synthetic"`` (``selection.make_synthetic_pool``; MLP). Each seed's selection
-and each (method, seed) fine-tune is a cell of :mod:`experiments.common.sweep` (a rerun skips
-finished cells). Writes ``results.md``, ``summary.json``, ``cells/``, ``metrics.jsonl`` and
-``spectrum.png`` (cumulative energy of the validation-gradient spectrum). Diagnostic (specs §11
+``data.name``: ``"shakespeare"`` (``selection.make_shakespeare_pool``; char-GPT pre-trained with
+``experiments.common.fit``; target: the Histories) or ``"synthetic"``
+(``selection.make_synthetic_pool``; MLP). Each seed's selection and each (method, seed) fine-tune
+is a cell of :mod:`experiments.common.sweep` (a rerun skips finished cells); ``cells/`` and
+``metrics.jsonl``. :mod:`experiments.common.gist_report` writes ``results.md``, ``summary.json``
+and ``spectrum.png`` (cumulative energy of the validation-gradient spectrum). Diagnostic (specs §11
 (4a)): the off-diagonal energy ratio of the gradient second moment, LoRA factors vs an equal-size
 random subset of full-parameter gradients (:func:`selection.lora_vs_full_offdiag`), on the
 validation set and on ``select.offdiag_pool`` pool examples, at the last warm-up checkpoint.
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import itertools
 import os
 import time
 from typing import Any, NamedTuple
@@ -30,13 +30,14 @@ import numpy as np
 import optax
 
 from experiments import common
+from experiments.common import gist_report as report
 from experiments.common import sweep
+from experiments.common.digits_shift import adapter_loss, xent
 from lowrank_jax import adapters, data, models, selection
 
 __all__ = ["check_config", "run"]
 
 METHODS = ("random", "less", "gist", "gist_diag", "cosine", "oracle", "full")
-COMMAND = "python -m experiments.train --config=configs/gist.py"
 
 
 def check_config(config: Any) -> None:
@@ -56,9 +57,7 @@ def check_config(config: Any) -> None:
         c.check_positive(config, k, integer=True)
     for k in ("select.chunk_size", "select.gist_diag_k", "eval.num_seeds", "select.offdiag_pool"):
         c.check_positive(config, k, integer=True)
-    stops = c.get_path(config, "schedule.eval_steps")
-    if not stops or any(not isinstance(t, int) or t < 1 for t in stops):
-        raise c.ConfigError(f"config.schedule.eval_steps={stops!r}: a tuple of positive ints")
+    c.check_positive_ints(config, "schedule.eval_steps")
     for k in ("warmup.fraction", "select.fraction", "data.distractor_fraction"):
         c.check_fraction(config, k, allow_zero=k == "data.distractor_fraction")
     for k in ("optim.learning_rate", "warmup.learning_rate", "model.pretrain_lr"):
@@ -66,8 +65,7 @@ def check_config(config: Any) -> None:
     bad = [m for m in config.select.methods if m not in METHODS]
     if bad or not config.select.methods:
         raise c.ConfigError(f"config.select.methods has {bad}: choose from {METHODS}")
-    if not config.select.gist_ks or any(k < 1 for k in config.select.gist_ks):
-        raise c.ConfigError("config.select.gist_ks must be a non-empty tuple of positive ints")
+    c.check_positive_ints(config, "select.gist_ks")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -89,32 +87,16 @@ class Task(NamedTuple):
 
 
 @functools.cache
-def _gpt_losses(model):
+def _gpt_loss(model):
+    """``(adapters, variables, batch) -> scalar``: the adapted char-GPT's next-character loss."""
     fwd = adapters.adapt(model.apply)
-
-    def batch_loss(ad, variables, batch):
-        x = batch["x"]
-        logits = fwd(variables, ad, x[:, :-1])
-        return optax.softmax_cross_entropy_with_integer_labels(logits, x[:, 1:]).mean()
-
-    def example_loss(ad, variables, ex):
-        return batch_loss(ad, variables, {"x": ex["x"][None]})
-
-    return example_loss, batch_loss
+    return lambda ad, v, batch: xent(fwd(v, ad, batch["x"][:, :-1]), batch["x"][:, 1:])
 
 
 @functools.cache
-def _mlp_losses(model):
-    fwd = adapters.adapt(model.apply)
-
-    def batch_loss(ad, variables, batch):
-        logits = fwd(variables, ad, batch["x"])
-        return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
-
-    def example_loss(ad, variables, ex):
-        return batch_loss(ad, variables, {"x": ex["x"][None], "y": ex["y"][None]})
-
-    return example_loss, batch_loss
+def _example_loss(batch_loss):
+    """``(adapters, variables, one example) -> scalar``: ``batch_loss`` on a batch of one."""
+    return lambda ad, v, ex: batch_loss(ad, v, jax.tree.map(lambda a: a[None], ex))
 
 
 @functools.cache
@@ -124,7 +106,7 @@ def _eval_sums(batch_loss, accuracy_fn=None):
 
     @jax.jit
     def sums(ad, variables, chunk, w):
-        per = jax.vmap(lambda e: batch_loss(ad, variables, jax.tree.map(lambda a: a[None], e)))
+        per = jax.vmap(functools.partial(_example_loss(batch_loss), ad, variables))
         out = {"loss": jnp.sum(per(chunk) * w)}
         if accuracy_fn is not None:
             out["accuracy"] = jnp.sum(accuracy_fn(ad, variables, chunk) * w)
@@ -148,54 +130,29 @@ def _make_evaluate(batch_loss, variables, *, accuracy_fn=None, batch_size=256):
 
 def _shakespeare_task(config: Any, workdir: str) -> Task:
     d = config.data
-    per = d.pretrain_per_play + d.pool_per_play + d.val_per_play + d.test_per_play
-    ds = data.load_shakespeare(label="play", passage_chars=d.seq_len + 1, max_passages_per_play=per)
-    vocab = sorted(set("".join(ds.x)))
-    table = {ch: i for i, ch in enumerate(vocab)}
-    enc = np.asarray([[table[ch] for ch in s] for s in ds.x], np.int32)
-    rng = np.random.default_rng([config.seed, 11])
-    parts: dict[str, list] = {"pre": [], "pool": [], "val": [], "test": []}
-    pool_hist, val_sub = [], []
-    hist = [k for k in ds.class_names if data.PLAYS[k][0] == "history"]
-    for play, key in enumerate(ds.class_names):
-        idx = rng.permutation(np.flatnonzero(ds.y == play))
-        cut = np.cumsum([d.pretrain_per_play, d.pool_per_play, d.val_per_play])
-        pre, pool, val, test = np.split(idx, cut)
-        parts["pre"].append(pre)
-        parts["pool"].append(pool)
-        pool_hist += [key in hist] * len(pool)
-        if key in hist:
-            parts["val"].append(val)
-            parts["test"].append(test[: d.test_per_play])
-            val_sub += [hist.index(key)] * len(val)
-    pick = {k: enc[np.concatenate(v)] for k, v in parts.items()}
-    n_pool = len(pick["pool"])
-    n_bad = int(round(d.distractor_fraction * n_pool))
-    src = rng.choice(n_pool, n_bad, replace=False)
-    bad = pick["pool"][src].copy()
-    mask = rng.random(bad.shape) < d.corrupt_fraction
-    bad[mask] = rng.integers(0, len(vocab), int(mask.sum()))
-    pool = np.concatenate([pick["pool"], bad])
-    kind = np.concatenate([np.where(pool_hist, 0, 2), np.ones(n_bad, int)])
-
-    model = _char_gpt(config, len(vocab))
+    p = selection.make_shakespeare_pool(
+        config.seed, seq_len=d.seq_len, pretrain_per_play=d.pretrain_per_play,
+        pool_per_play=d.pool_per_play, val_per_play=d.val_per_play,
+        test_per_play=d.test_per_play, distractor_fraction=d.distractor_fraction,
+        corrupt_fraction=d.corrupt_fraction,
+    )  # fmt: skip
+    model = _char_gpt(config, len(p.vocab))
     tx, step = _pretrain_step(config, model)
-    params = model.init(jax.random.key(config.seed), pick["pre"][:1, :-1])["params"]
+    params = model.init(jax.random.key(config.seed), p.pretrain_x[:1, :-1])["params"]
     result = common.fit(
         {"params": params, "opt_state": tx.init(params), "step": 0}, None, step,
-        data.BatchIterator({"x": pick["pre"]}, batch_size=config.model.pretrain_batch, seed=0),
+        data.BatchIterator({"x": p.pretrain_x}, batch_size=config.model.pretrain_batch, seed=0),
         key=jax.random.key(0), num_steps=config.model.pretrain_steps,
         workdir=os.path.join(workdir, "base"), log_every=config.log.every,
         ckpt_every=config.model.pretrain_steps, progress=config.log.progress,
         description="base char-GPT",
     )  # fmt: skip
     variables = {"params": jax.device_get(result.state["params"])}
-    example_loss, batch_loss = _gpt_losses(model)
-    with_y = lambda x: {"x": x, "y": np.zeros(len(x), np.int32)}  # noqa: E731
+    batch_loss = _gpt_loss(model)
     return Task(
-        variables, [(t, _lora(config)) for t in config.adapter.targets], example_loss,
-        batch_loss, {"x": pool}, kind, {"x": pick["val"]}, np.asarray(val_sub), len(hist),
-        with_y(pick["test"]),
+        variables, [(t, _lora(config)) for t in config.adapter.targets], _example_loss(batch_loss),
+        batch_loss, {"x": p.pool_x}, p.pool_kind, {"x": p.val_x}, p.val_subtask,
+        len(p.subtasks), _with_y({"x": p.test_x}),
         _make_evaluate(batch_loss, variables, batch_size=config.eval.batch_size),
     )  # fmt: skip
 
@@ -245,7 +202,7 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
         state = {"params": params, "opt_state": jax.eval_shape(tx.init, params), "step": 0}
         batch = {"x": spec((config.model.pretrain_batch, d.seq_len + 1), jnp.int32)}
         out.append(common.fit_step(step, state, None, batch, mesh=mesh, name="base char-GPT"))
-        variables, (_, batch_loss) = {"params": params}, _gpt_losses(model)
+        variables, batch_loss = {"params": params}, _gpt_loss(model)
         n_pool = len(data.PLAYS) * d.pool_per_play
         pool = {"x": spec((n_pool + round(d.distractor_fraction * n_pool), d.seq_len + 1), jnp.int32)}  # fmt: skip
         accuracy = None
@@ -257,7 +214,7 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
         idx = spec((config.model.pretrain_steps, config.model.pretrain_batch), jnp.int32)
         out.append(sweep.train_scan_step("base MLP", variables, None, pre, idx, loss_fn=_full_mlp_loss(model),
                                          tx=sweep.adam(config.model.pretrain_lr), trace=False))  # fmt: skip
-        _, batch_loss = _mlp_losses(model)
+        batch_loss = adapter_loss(model)
         pool = {"x": spec((d.num_pool, dim), jnp.float32), "y": spec((d.num_pool,), jnp.int32)}
         accuracy = _mlp_accuracy(model)
     lora = jax.eval_shape(lambda v: adapters.init(key, v, [(t, _lora(config)) for t in config.adapter.targets]), variables)  # fmt: skip
@@ -294,11 +251,10 @@ def _synthetic_task(config: Any) -> Task:
         variables, None, pre, jnp.asarray(idx), loss_fn=_full_mlp_loss(model),
         tx=sweep.adam(config.model.pretrain_lr), trace=False,
     )  # fmt: skip
-    example_loss, batch_loss = _mlp_losses(model)
-    acc = _mlp_accuracy(model)
+    batch_loss, acc = adapter_loss(model), _mlp_accuracy(model)
     kind = np.asarray([0, 1, 2])[s.pool_kind]
     return Task(
-        variables, [(t, _lora(config)) for t in config.adapter.targets], example_loss,
+        variables, [(t, _lora(config)) for t in config.adapter.targets], _example_loss(batch_loss),
         batch_loss, {"x": s.pool_x, "y": s.pool_y}, kind, {"x": s.val_x, "y": s.val_y},
         s.val_subtask, int(s.val_subtask.max()) + 1, {"x": s.test_x, "y": s.test_y},
         _make_evaluate(batch_loss, variables, accuracy_fn=acc, batch_size=config.eval.batch_size),
@@ -313,11 +269,7 @@ def _mlp_accuracy(model):
 
 @functools.cache
 def _full_mlp_loss(model):
-    def loss(v, _, batch):
-        logits = model.apply(v, batch["x"])
-        return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
-
-    return loss
+    return lambda v, _, batch: xent(model.apply(v, batch["x"]), batch["y"])
 
 
 def _lora(config: Any):
@@ -329,13 +281,8 @@ def _lora(config: Any):
 
 
 @functools.cache
-def _warmup_tx(lr: float, steps: int) -> optax.GradientTransformation:
-    """AdamW with LESS's linear schedule (3% warm-up, then linear decay to 0)."""
-    warm = max(1, round(0.03 * steps))
-    sched = optax.join_schedules(
-        [optax.linear_schedule(0.0, lr, warm), optax.linear_schedule(lr, 0.0, steps - warm)], [warm]
-    )
-    return optax.adamw(sched, weight_decay=0.0), sched
+def _warmup_tx(lr: float, steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    return selection.warmup_optimizer(lr, num_steps=steps)  # one per (lr, steps): compiled once
 
 
 def _warmup(config: Any, task: Task, seed: int, pool: Any) -> list:
@@ -440,7 +387,7 @@ def _with_y(arrays):
 
 
 # ----------------------------------------------------------------------------------------------
-# The run and its report.
+# The run.
 
 
 def run(config: Any, workdir: str) -> dict[str, Any]:
@@ -463,69 +410,4 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
                              functools.partial(_finetune, config, task, v["indices"], seed))  # fmt: skip
             res.setdefault(name, []).append({**cell, "time_s": v["time_s"], "bytes": v["bytes"]})
     cells.close()
-    metric = "test_accuracy" if not text else "test_loss"
-    table = []
-    for name, rows in res.items():  # the step count is picked on the validation loss
-        stop = min(rows[0]["at"], key=lambda t: np.mean([r["at"][t]["valid_loss"] for r in rows]))
-        vals = [r["at"][stop][metric] for r in rows]
-        mean, sd = sweep.mean_sd(vals)
-        table.append({"method": name, metric: sweep.format_mean_sd(vals, 4),
-                      "mean": mean, "se": sd / np.sqrt(len(vals)), "steps": int(stop),
-                      "valid loss": sweep.format_mean_sd([r["at"][stop]["valid_loss"] for r in rows], 4),
-                      "target share": float(np.mean([r["target_share"] for r in rows])),
-                      "distractor share": float(np.mean([r["distractor_share"] for r in rows])),
-                      "bytes/example": rows[0]["bytes"],
-                      "selection s": float(np.mean([r["time_s"] for r in rows]))})  # fmt: skip
-    checks = _checks(table, sels[0], higher_better=not text)
-    offdiag = {f"offdiag_{split}_{k}": float(np.mean([x["offdiag"][split][k] for x in sels]))
-               for split in ("val", "pool") for k in ("lora", "full", "full_adapted", "lora_null",
-                                                      "full_null", "full_adapted_null")}  # fmt: skip
-    for split, null in itertools.product(("val", "pool"), (False, True)):  # ρ, or ρ / its null
-        r = {k: offdiag[f"offdiag_{split}_{k}"] / (offdiag[f"offdiag_{split}_{k}_null"] if null else 1)
-             for k in ("lora", "full", "full_adapted")}  # fmt: skip
-        checks.append(sweep.check(f"LoRA gradients further from diagonal than random full-parameter"
-                                  f" ones ({split}{', ρ / permutation null' if null else ''})",
-                                  r["lora"] > r["full"], ", ".join(f"{k} {v:.2f}" for k, v in r.items())))  # fmt: skip
-    spec = np.asarray(sels[0]["spectrum"]) ** 2
-    curves = {f"seed {s}": (list(range(1, len(x["spectrum"]) + 1)),
-                            list(np.cumsum(np.square(x["spectrum"])) / np.sum(np.square(x["spectrum"]))))
-              for s, x in zip(seeds, sels, strict=True)}  # fmt: skip
-    common.plot_curves(os.path.join(workdir, "spectrum.png"), curves, xlabel="k",
-                       ylabel="energy share of top-k", title="validation-gradient spectrum")  # fmt: skip
-    title = f"GIST vs LESS on {'Shakespeare (target: Histories)' if text else 'the synthetic pool'}"
-    return sweep.write_sweep_results(
-        workdir, table, checks, title=title,
-        columns=["method", metric, "steps", "valid loss", "target share", "distractor share",
-                 "bytes/example", "selection s"],
-        command=sweep.command_line(COMMAND),
-        extra={"base_" + metric.split("_")[1]: base.get(metric.split("_")[1]),
-               "num_lora_params": sels[0]["num_params"], "seeds": len(seeds),
-               "top9_energy": float(spec[:9].sum() / spec.sum()),
-               "less_d8192_bytes": sels[0]["less_paper_bytes"], **offdiag},
-    )  # fmt: skip
-
-
-def _checks(table, sel, *, higher_better: bool) -> list[dict[str, Any]]:
-    by = {r["method"]: r for r in table}
-    sign = 1.0 if higher_better else -1.0
-    out = []
-    less = by.get("less")
-    for name in [m for m in by if m.startswith("gist_k")]:
-        g = by[name]
-        if less:
-            se = float(np.hypot(g["se"], less["se"]))
-            out.append(sweep.check(f"{name} ≥ LESS within 1 SE", sign * (g["mean"] - less["mean"]) >= -se,
-                                   f"{g['mean']:.4f} vs {less['mean']:.4f} (SE {se:.4f})"))  # fmt: skip
-            ratio = g["bytes/example"] / sel["less_paper_bytes"]
-            out.append(sweep.check(f"{name} storage ≤ 1% of LESS (d=8192, 4 ckpts)", ratio <= 0.01,
-                                   f"ratio {ratio:.5f}"))  # fmt: skip
-            out.append(sweep.check(f"{name} faster than LESS", g["selection s"] < less["selection s"],
-                                   f"{g['selection s']:.1f}s vs {less['selection s']:.1f}s"))  # fmt: skip
-    rnd = by.get("random")
-    for name in [m for m in by if m.startswith("gist_k9") or m == "less"]:
-        if rnd:
-            se = float(np.hypot(by[name]["se"], rnd["se"]))
-            gap = sign * (by[name]["mean"] - rnd["mean"])
-            out.append(sweep.check(f"{name} clearly above random (> 2 SE)", gap > 2 * se,
-                                   f"gap {gap:.4f}, SE {se:.4f}"))  # fmt: skip
-    return out
+    return report.write_results(config, workdir, res, sels, base)

@@ -5,7 +5,9 @@ chunk by a projection) -> a scorer (:func:`gist_scores` on :func:`gist_basis` pr
 :func:`less_scores` on Adam-normalised (:func:`adam_update_direction`) JL-projected
 (:func:`jl_project`) features, :func:`cosine_scores`, :func:`random_scores`) -> :func:`select_top`.
 Diagnostic (specs §11 (4a)): :func:`offdiag_energy_ratio` of the gradient second moment, LoRA
-factors vs full parameters (:func:`lora_vs_full_offdiag`).
+factors vs full parameters (:func:`lora_vs_full_offdiag`). LESS's warm-up:
+:func:`warmup_optimizer`, :func:`warmup_checkpoint`. Problems to select from:
+:func:`make_synthetic_pool` (specs §11 (4)) and :func:`make_shakespeare_pool` (real text).
 """
 
 from lowrank_jax.selection.diagnostics import (
@@ -29,6 +31,7 @@ from lowrank_jax.selection.pipeline import (
     gist_pipeline,
     less_pipeline,
     warmup_checkpoint,
+    warmup_optimizer,
 )
 from lowrank_jax.selection.projection import jl_matrix, jl_project
 from lowrank_jax.selection.scoring import (
@@ -43,11 +46,13 @@ from lowrank_jax.selection.scoring import (
     subtask_means,
 )
 from lowrank_jax.selection.synthetic import POOL_KINDS, SyntheticPool, make_synthetic_pool
+from lowrank_jax.selection.text_pool import TextPool, make_shakespeare_pool
 
 __all__ = [
     "POOL_KINDS",
     "GistBasis",
     "SyntheticPool",
+    "TextPool",
     "WarmupCheckpoint",
     "adam_moments",
     "adam_precondition",
@@ -66,6 +71,7 @@ __all__ = [
     "less_pipeline",
     "less_scores",
     "lora_vs_full_offdiag",
+    "make_shakespeare_pool",
     "make_synthetic_pool",
     "offdiag_energy_ratio",
     "per_example_grads",
@@ -75,4 +81,5 @@ __all__ = [
     "subtask_means",
     "take_columns",
     "warmup_checkpoint",
+    "warmup_optimizer",
 ]

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from lowrank_jax.selection import gradients, projection, scoring
 
@@ -33,6 +34,7 @@ __all__ = [
     "gist_pipeline",
     "less_pipeline",
     "warmup_checkpoint",
+    "warmup_optimizer",
 ]
 
 
@@ -56,6 +58,60 @@ def warmup_checkpoint(trainable: Any, opt_state: Any, *, weight: float = 1.0) ->
     """
     mu, nu, _ = gradients.adam_moments(opt_state)
     return WarmupCheckpoint(trainable, _flat(mu), _flat(nu), float(weight))
+
+
+def warmup_optimizer(
+    learning_rate: float,
+    *,
+    num_steps: int,
+    warmup_fraction: float = 0.03,
+    weight_decay: float = 0.0,
+) -> tuple[optax.GradientTransformation, optax.Schedule]:
+    r"""LESS's warm-up optimizer: AdamW with a linear schedule, ``w = max(1, round(f·T))`` steps
+    from 0 up to ``learning_rate``, then linearly down to 0 at step ``T = num_steps``.
+
+    The schedule is returned too: LESS weighs the checkpoint saved after each warm-up epoch by
+    the epoch's mean learning rate (``warmup_checkpoint(..., weight=mean(schedule(i) for i in
+    epoch))``), and the checkpoints' Adam moments feed :func:`less_pipeline`.
+
+    Args:
+      learning_rate: the peak rate (> 0).
+      num_steps: ``T``, the warm-up's total optimizer steps (>= 1).
+      warmup_fraction: ``f``, the share of ``T`` spent rising, in [0, 1].
+      weight_decay: AdamW's decoupled weight decay (>= 0).
+
+    Returns:
+      ``(tx, schedule)``: ``optax.adamw(schedule, weight_decay=weight_decay)`` and the schedule.
+
+    Raises:
+      ValueError: a non-positive ``learning_rate`` or ``num_steps``, or ``warmup_fraction`` /
+        ``weight_decay`` out of range.
+
+    References:
+      P11 GIST / LESS (specs.md §11 (2), "Warm-up. Same recipe as LESS": AdamW, linear schedule
+      with 3% warm-up; 4 checkpoints weighted by their average learning rate).
+
+    Example::
+
+      tx, schedule = warmup_optimizer(2e-5, num_steps=4 * steps_per_epoch)
+    """
+    if not learning_rate > 0:
+        raise ValueError(f"learning_rate={learning_rate!r} is invalid: a rate > 0, e.g. 2e-5")
+    if not isinstance(num_steps, int) or num_steps < 1:
+        raise ValueError(f"num_steps={num_steps!r} is invalid: a positive int")
+    if not 0.0 <= warmup_fraction <= 1.0:
+        raise ValueError(f"warmup_fraction={warmup_fraction!r} is invalid: a fraction in [0, 1]")
+    if not weight_decay >= 0:
+        raise ValueError(f"weight_decay={weight_decay!r} is invalid: must be >= 0")
+    warm = max(1, round(warmup_fraction * num_steps))
+    schedule = optax.join_schedules(
+        [
+            optax.linear_schedule(0.0, learning_rate, warm),
+            optax.linear_schedule(learning_rate, 0.0, num_steps - warm),
+        ],
+        [warm],
+    )
+    return optax.adamw(schedule, weight_decay=weight_decay), schedule
 
 
 @functools.cache

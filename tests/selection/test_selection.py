@@ -240,3 +240,26 @@ def test_pipelines_match_their_pieces():
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     cos = selection.cosine_pipeline(loss, ad, variables, ex, val, chunk_size=5)
     np.testing.assert_allclose(cos, selection.cosine_scores(g_pool, g_val), rtol=1e-5, atol=1e-6)
+
+
+def test_warmup_optimizer_is_adamw_on_less_linear_schedule():
+    tx, schedule = selection.warmup_optimizer(2e-3, num_steps=100)
+    rates = np.asarray([schedule(i) for i in range(101)])
+    # 3 steps up from 0 to the peak, then linearly down to 0 at step 100.
+    np.testing.assert_allclose(rates[[0, 1, 3, 50, 100]], [0, 2e-3 / 3, 2e-3, 2e-3 * 50 / 97, 0], rtol=1e-6, atol=1e-9)  # fmt: skip
+    assert rates.argmax() == 3 and np.all(np.diff(rates[3:]) < 0)
+    # The transformation is AdamW (no weight decay) on that schedule.
+    ref = optax.adamw(schedule, weight_decay=0.0)
+    params = {"w": jnp.arange(4.0)}
+    s, r = tx.init(params), ref.init(params)
+    for i in range(5):
+        g = {"w": jnp.sin(jnp.arange(4.0) + i)}
+        u, s = tx.update(g, s, params)
+        v, r = ref.update(g, r, params)
+        np.testing.assert_allclose(u["w"], v["w"], rtol=1e-6, atol=1e-12)
+    _, short = selection.warmup_optimizer(1.0, num_steps=10)  # round(0.3) = 0: one step up
+    assert float(short(1)) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="num_steps=0 is invalid"):
+        selection.warmup_optimizer(1e-3, num_steps=0)
+    with pytest.raises(ValueError, match="learning_rate=0.0 is invalid"):
+        selection.warmup_optimizer(0.0, num_steps=10)
