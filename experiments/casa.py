@@ -12,7 +12,6 @@ hyper-parameters on the validation split and evaluates). Writes per-seed ``seed_
 from __future__ import annotations
 
 import functools
-import itertools
 import json
 import os
 from typing import Any
@@ -24,21 +23,10 @@ import optax
 from absl import logging
 
 from experiments import common
-from experiments.common import lowering
+from experiments.common import casa_report, lowering
 from lowrank_jax import adapters, data, merging, models
 
 METHODS = ("direct", "source_revert", "task_arithmetic", "ties", "dare", "casa", "oracle")
-DIAGNOSTICS = (
-    "weight_drift",
-    "spectrum_drift",
-    "rigidity_ratio",
-    "fft_near_degenerate_mass",
-    "fft_in_cluster_mass",
-    "in_cluster_pairs",
-    "sign_agreement_in_clusters",
-    "sign_agreement_elsewhere",
-    "multi_clusters",
-)
 
 
 def check_config(config: Any) -> None:
@@ -91,19 +79,9 @@ def _hidden(passage_chars: int, per_play: int, seq_len: int, first_layer: int):
     genre = np.asarray([data.GENRES.index(data.PLAYS[ds.class_names[p]][0]) for p in ds.y])
     batch = models.tokenize(tokenizer, list(ds.x), max_len=seq_len)
     full = batch["attention_mask"].all(axis=1)
-    prefix_config, prefix_vars, _ = models.split_encoder(bert_config, variables, first_layer)
-    encode = _prefix_encoder(prefix_config)
     ids = batch["input_ids"][full]
-    hidden = np.concatenate(
-        [np.asarray(encode(prefix_vars, ids[i : i + 64])) for i in range(0, len(ids), 64)]
-    )
+    hidden = models.encode_prefix(bert_config, variables, ids, first_layer=first_layer)
     return hidden, genre[full].astype(np.int32), ds.y[full], ds.class_names
-
-
-def _prefix_encoder(prefix_config: Any):
-    """The jitted cached lower layers: ``encode(variables, input_ids) -> hidden``."""
-    encoder = models.BertEncoder(prefix_config)
-    return jax.jit(lambda v, i: encoder.apply(v, i, jnp.ones_like(i)))
 
 
 def _task_splits(config: Any, seed: int) -> dict[str, dict[str, dict[str, np.ndarray]]]:
@@ -247,65 +225,46 @@ def _rank(delivered) -> int:
 
 
 def _candidates(config, source, target, lora, key):
-    """``{method: [(hparams, top-layer weights, delivered adapter rank), ...]}``."""
+    """``{method: [(hparams, top-layer weights, delivered adapter rank), ...]}``: each merge
+    of ``[tau, lora]`` (``tau`` the target's task vector) delivered relative to ``tau``."""
     r, m = config.merge.rank, config.merge
     tau = merging.task_vector(
         {"params": target}, {"params": source}, targets=config.adapter.targets
     )
-    sets = {
-        "task_arithmetic": [
-            (
-                {"scale": s},
-                merging.merge_task_arithmetic(
-                    [tau, lora], weights=(1.0, s), rank=r, relative_to=tau
-                ),
-            )  # fmt: skip
-            for s in m.scales
-        ],
-        "ties": [
-            (
-                {"density": d, "scale": s},
-                merging.merge_ties(
-                    [tau, lora],
-                    density=d,
-                    weights=(1.0, s),
-                    trim=m.ties_trim,
-                    rank=r,
-                    relative_to=tau,
-                ),
-            )  # fmt: skip
-            for d, s in m.ties
-        ],
-        "dare": [
-            (
-                {"density": d, "scale": s},
-                merging.merge_dare(
-                    [tau, lora], key, density=d, weights=(1.0, s), rank=r, relative_to=tau
-                ),
-            )  # fmt: skip
-            for d, s in m.dare
-        ],
-        "casa": [
-            (
-                {"rotation_threshold": t, "scale": s},
-                merging.casa(
-                    {"params": source},
-                    {"params": target},
-                    lora,
-                    rank=r,
-                    weight=s,
-                    rotation_threshold=t,
-                ),
-            )  # fmt: skip
-            for t, s in m.casa
-        ],
+    pair, onto = [tau, lora], {"rank": r, "relative_to": tau}
+    merges = {  # method: (hyper-parameter names, their candidates, merge(*values) -> adapters)
+        "task_arithmetic": (
+            ("scale",),
+            [(s,) for s in m.scales],
+            lambda s: merging.merge_task_arithmetic(pair, weights=(1.0, s), **onto),
+        ),
+        "ties": (
+            ("density", "scale"),
+            m.ties,
+            lambda d, s: merging.merge_ties(
+                pair, density=d, weights=(1.0, s), trim=m.ties_trim, **onto
+            ),
+        ),
+        "dare": (
+            ("density", "scale"),
+            m.dare,
+            lambda d, s: merging.merge_dare(pair, key, density=d, weights=(1.0, s), **onto),
+        ),
+        "casa": (
+            ("rotation_threshold", "scale"),
+            m.casa,
+            lambda t, s: merging.casa(
+                {"params": source}, {"params": target}, lora, rank=r, weight=s, rotation_threshold=t
+            ),
+        ),
     }
     out = {
         "direct": [({}, _merged(target, lora), _rank(lora))],
         "source_revert": [({}, _merged(source, lora), _rank(lora))],
     }
-    for method, cands in sets.items():
-        out[method] = [(hp, _merged(target, ads), _rank(ads)) for hp, ads in cands]
+    for method, (names, grid, merge) in merges.items():
+        delivered = [(dict(zip(names, values, strict=True)), merge(*values)) for values in grid]
+        out[method] = [(hp, _merged(target, ads), _rank(ads)) for hp, ads in delivered]
     return out
 
 
@@ -374,7 +333,7 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
     eval_x = jax.ShapeDtypeStruct((config.eval.batch_size, *x.shape[1:]), jnp.float32)
     ids = jax.ShapeDtypeStruct((64, d.seq_len), jnp.int32)  # _hidden's chunks of 64 passages
     return [
-        common.Step("prefix encoder", _prefix_encoder(prefix_config), (prefix_vars, ids)),
+        common.Step("prefix encoder", models.prefix_encoder(prefix_config), (prefix_vars, ids)),
         common.fit_step(target_step, target, top, batch, mesh=mesh, name="target"),
         common.fit_step(lora_step, lora, top, batch, mesh=mesh, name="lora"),
         common.Step("logits", logits, ({**top, "head": target["params"]["head"]}, eval_x)),
@@ -424,12 +383,10 @@ def _run_seed(config, seed, workdir, bert_config):
     rows["target_alone"] = evaluate(target, play_head, genre_head, split="test")
     rows["source_lora"] = evaluate(ref_body, play_head, genre_head, split="test")
     diag = merging.casa_diagnostics({"params": source}, {"params": target}, lora)
-    diagnostics = {k: float(np.mean([v[k] for v in diag.values()])) for k in DIAGNOSTICS}
+    diagnostics = {
+        k: float(np.mean([v[k] for v in diag.values()])) for k in casa_report.DIAGNOSTICS
+    }
     return {"rows": rows, "diagnostics": diagnostics, "per_kernel": diag}
-
-
-def _mean_std(values):
-    return f"{np.mean(values):.3f} ± {np.std(values):.3f}"
 
 
 def run(config: Any, workdir: str) -> dict[str, Any]:
@@ -444,58 +401,4 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
             common.write_json(path, _run_seed(config, seed, os.path.join(workdir, f"seed_{seed}"), bert_config))  # fmt: skip
         with open(path) as f:
             results.append(json.load(f))
-    names = (*METHODS, "target_alone", "source_lora")
-    metrics = ("play_accuracy", "genre_accuracy", "genre_agreement", "norm_inflation", "combined")
-    table, summary = [], {}
-    for name in names:
-        row = {"method": name}
-        for k in metrics:
-            vals = [r["rows"][name].get(k, np.nan) for r in results]
-            row[k] = _mean_std(vals)
-            summary[f"{name}/{k}"] = float(np.mean(vals))
-        row["chosen (per seed)"] = "; ".join(
-            ",".join(f"{a}={b}" for a, b in r["rows"][name].get("hparams", {}).items()) or "-"
-            for r in results
-        )
-        table.append(row)
-    wins = {
-        other: sum(r["rows"]["casa"]["combined"] > r["rows"][other]["combined"] for r in results)
-        for other in ("ties", "dare", "task_arithmetic", "direct", "source_revert")
-    }
-    diag_row = {k: _mean_std([r["diagnostics"][k] for r in results]) for k in DIAGNOSTICS}
-    summary.update({f"casa_beats/{k}": v for k, v in wins.items()})
-    notes = (
-        f"{len(results)} seed(s), mean ± std over seeds; test split. play_accuracy: the LoRA task "
-        "on the target; genre_accuracy / genre_agreement: the target's own behaviour (retention) "
-        "and agreement with the unmodified target; norm_inflation: mean pooled-feature norm on "
-        "the play inputs over that of source + LoRA. Hyper-parameters chosen on the validation "
-        f"split by `combined` = mean(play, genre accuracy); adapters of rank {config.merge.rank}. "
-        f"CASA's combined score above the other method on (seeds): {wins}.\n\n"
-        "## Spectral-rigidity diagnostics (mean over adapted kernels)\n\n"
-        "| " + " | ".join(DIAGNOSTICS) + " |\n|" + "---|" * len(DIAGNOSTICS) + "\n| "
-        + " | ".join(diag_row[k] for k in DIAGNOSTICS) + " |\n"
-    )  # fmt: skip
-    common.write_results_md(workdir, table, title="CASA: LoRA transfer to a fine-tuned MiniLM", notes=notes)  # fmt: skip
-    common.write_json(os.path.join(workdir, "results.json"), {"summary": summary, "seeds": results})
-    _plot(workdir, results)
-    return summary
-
-
-def _plot(workdir, results):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4.5))
-    for name, marker in zip((*METHODS, "target_alone"), itertools.cycle("osD^v*Px")):
-        xs = [r["rows"][name]["genre_accuracy"] for r in results]
-        ys = [r["rows"][name]["play_accuracy"] for r in results]
-        ax.scatter(np.mean(xs), np.mean(ys), marker=marker, s=60, label=name)
-    ax.set_xlabel("genre accuracy (target's own task, retention)")
-    ax.set_ylabel("play accuracy (LoRA task on the target)")
-    ax.set_title("LoRA transfer to the fine-tuned target (mean over seeds)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(os.path.join(workdir, "transfer.png"), dpi=120)
-    plt.close(fig)
+    return casa_report.write_report(config, workdir, results, methods=METHODS)

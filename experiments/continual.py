@@ -34,7 +34,6 @@ other config change is refused). Outputs in the workdir:
 from __future__ import annotations
 
 import functools
-import math
 import os
 from typing import Any
 
@@ -55,12 +54,11 @@ from experiments.continual_setup import (
     check_setup,
     load_stream,
     make_model,
-    prefix_encoder,
     pretrain_setup,
     stream_shapes,
 )
 from lowrank_jax import continual, data, models
-from lowrank_jax import optim as lj_optim
+from lowrank_jax.continual.evaluation import evaluate_tasks
 
 __all__ = [
     "METHODS",
@@ -266,7 +264,9 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
         bert_config, encoder = lowering.abstract_minilm()
         prefix = models.split_encoder(bert_config, encoder, config.model.first_layer)
         ids = jax.ShapeDtypeStruct((64, config.data.seq_len), jnp.int32)  # chunks of 64
-        out.append(common.Step("prefix encoder", prefix_encoder(prefix[0]), (prefix[1], ids)))
+        out.append(
+            common.Step("prefix encoder", models.prefix_encoder(prefix[0]), (prefix[1], ids))
+        )
     if shapes["base"] is not None:
         x_shape, classes = shapes["base"]
         state, step = common.eval_shape_with_static(
@@ -303,28 +303,17 @@ def _spec(shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.ShapeDtypeStr
 def evaluate(
     method: continual.ContinualMethod, state: Any, stream: Stream, t: int, batch_size: int
 ) -> tuple[list[float], float]:
-    """Accuracy on the test sets of tasks ``0..t`` (and the module-selection accuracy, if any)."""
-    seen = np.zeros(stream.num_classes, bool)
-    for j in range(t + 1):
-        seen[stream.task_classes[j]] = True
-    accs, selected_ok, total = [], 0, 0
-    til = stream.protocol == "til"
-    for j in range(t + 1):
-        test = stream.tasks[j]["test"]
-        eval_mask = np.zeros(stream.num_classes, bool)
-        eval_mask[stream.task_classes[j]] = True
-        eval_mask = eval_mask if til else seen
-        correct = 0
-        for i in range(0, len(test["y"]), batch_size):
-            x, y = test["x"][i : i + batch_size], test["y"][i : i + batch_size]
-            logits, selected = method.predict(state, x, task_id=j if til else None)
-            if selected is not None:
-                selected_ok += int(np.sum(selected == j))
-                total += len(selected)
-            pred = np.argmax(np.where(eval_mask, np.asarray(logits), -np.inf), -1)
-            correct += int(np.sum(pred == y))
-        accs.append(correct / len(test["y"]))
-    return accs, (selected_ok / total if total else math.nan)
+    """Accuracy on the test sets of tasks ``0..t`` (and the module-selection accuracy, if any):
+    :func:`lowrank_jax.continual.evaluation.evaluate_tasks` on the stream."""
+    return evaluate_tasks(
+        method,
+        state,
+        [task["test"] for task in stream.tasks[: t + 1]],
+        stream.task_classes[: t + 1],
+        num_classes=stream.num_classes,
+        task_incremental=stream.protocol == "til",
+        batch_size=batch_size,
+    )
 
 
 def run_method(
@@ -372,23 +361,10 @@ def run_method(
             return {"interrupted": True}
         # host copies: with several processes fit's arrays span all of them (fully replicated)
         state = method.end_task(state, jax.device_get(result.state["trainable"]), frozen, task)
-        recycling = [
-            float(s.recycled_fraction)
-            for s in jax.tree.leaves(
-                result.state["opt_state"],
-                is_leaf=lambda x: isinstance(x, lj_optim.GradientRecyclingState),
-            )
-            if isinstance(s, lj_optim.GradientRecyclingState)
-        ]
-        out["recycled_fraction"] += recycling[:1]
-        if state.memory:
-            fill = [int(mem.size) / mem.basis.shape[0] for mem in state.memory.values()]
-            out["memory_fill"].append(float(np.mean(fill)))
-        updates.append(
-            np.concatenate(
-                [np.ravel(np.asarray(state.update[k], np.float32)) for k in state.kernels]
-            )
-        )
+        measures = report.task_measures(state, result.state["opt_state"])
+        out["recycled_fraction"] += measures["recycled_fraction"]
+        out["memory_fill"] += measures["memory_fill"]
+        updates.append(measures["update"])
         out["diagnostics"].append(method.diagnostics(state))
         accs, selection = evaluate(
             method, state, stream, num_tasks - 1 if joint else t, c.eval.batch_size
@@ -471,34 +447,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
             out["summary"] = report.summary(out["R"], final_row_only=name == "joint")
             records[name].append(out)
             logging.info("%s seed %d: %s", name, seed, out["summary"])
-    seeds = ", ".join(str(s) for s in config.seeds)
-    notes = (
-        f"Benchmark `{bench}` ({PROTOCOLS[bench]}), {config.data.num_tasks} tasks, seeds ({seeds}), "
-        f"LoRA rank {config.adapter.rank}, {config.schedule.steps_per_task} steps per task, "
-        + (
-            "head chosen per method on validation (below). "
-            if config.search.heads
-            else f"head `{config.head}`. "
-        )
-        + "final_acc: mean accuracy on all tasks after the last; avg_inc_acc: mean over steps of the "
-        "accuracy on the tasks seen so far; forgetting/bwt: from the accuracy matrix; plasticity: "
-        "mean accuracy on each task right after learning it; update_cos: mean |cos| between "
-        "different tasks' updates ΔW_t (all adapted kernels). Mean ± sd over seeds."
-    )
-    if chosen:
-        heads = tuple(config.search.heads)
-        what = f"{config.search.trials} random-search trials" if config.search.trials else ""
-        what += (" × " if what else "the configured values × ") + "heads " if heads else ""
-        what += ", ".join(heads)
-        notes += (
-            f"\n\nHyper-parameters chosen per method by {what} "
-            f"on seed {config.seeds[0]}'s validation split ({config.data.valid_fraction:.0%} "
-            "of each class's training rows; final validation accuracy; experiments/"
-            "continual_search.py), then every seed trained on all training rows with them:\n\n"
-            + search.search_markdown(chosen, workdir)
-        )
-        if heads:
-            notes += "\n\nValidation final accuracy per head:\n\n" + search.heads_markdown(chosen)
+    notes = report.notes(config, chosen, workdir, protocol=PROTOCOLS[bench])
     table = report.write_continual_outputs(
         workdir, records, title=f"Continual learning on {bench}", notes=notes
     )

@@ -35,9 +35,10 @@ The head (``config.head``: masked, aligned, prototype) can be a dimension of the
 with ``config.search.heads`` non-empty (``configs/saber.py:compare_heads``) every trial is run
 once per listed head (the same trial values for each head), and the head is chosen with the other
 values by validation final accuracy; with ``config.search.trials = 0`` the trials are just the
-configured values, so the run compares the heads alone, on validation (:func:`heads_markdown`
-tabulates every method × head). Finished trials are stored by
-:class:`experiments.common.sweep.CellStore` under ``<workdir>/search/``, so a search resumes.
+configured values, so the run compares the heads alone, on validation
+(:func:`experiments.common.continual_report.heads_markdown` tabulates every method × head).
+Finished trials are stored by :class:`experiments.common.sweep.CellStore` under
+``<workdir>/search/``, so a search resumes.
 """
 
 from __future__ import annotations
@@ -50,7 +51,6 @@ from typing import Any
 
 import numpy as np
 
-from experiments.common import metrics as metrics_lib
 from experiments.common import sweep
 from experiments.continual_setup import Stream
 
@@ -58,10 +58,8 @@ __all__ = [
     "SPACES",
     "apply_values",
     "candidates",
-    "heads_markdown",
     "sample_trials",
     "search",
-    "search_markdown",
     "valid_indices",
     "validation_stream",
 ]
@@ -217,46 +215,3 @@ def search(
         return {"values": {}, "valid_final_acc": math.nan, "trials": []}
     best = max(range(len(scored)), key=lambda i: (scored[i]["valid_final_acc"], -i))
     return {**scored[best], "trial": best, "trials": scored}
-
-
-def search_markdown(chosen: Mapping[str, Mapping[str, Any]], workdir: str) -> str:
-    """The chosen values as a Markdown table (also written to ``<workdir>/search.json``)."""
-    metrics_lib.write_json(os.path.join(workdir, "search.json"), dict(chosen))
-    rows = []
-    for method, c in chosen.items():
-        scores = [t["valid_final_acc"] for t in c["trials"]]
-        values = ", ".join(
-            f"{k.split('.')[-1]}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-            for k, v in c["values"].items()
-        )
-        rows.append(
-            {
-                "method": method,
-                "trials": len(scores),
-                "valid_final_acc (chosen)": c["valid_final_acc"],
-                "valid range": f"{min(scores):.3f}–{max(scores):.3f}" if scores else "",
-                "chosen values": values,
-            }
-        )
-    cols = [(c, c) for c in ("method", "trials", "valid_final_acc (chosen)", "valid range")]
-    return sweep.markdown_table(rows, [*cols, ("chosen values", "chosen values")])
-
-
-def heads_markdown(chosen: Mapping[str, Mapping[str, Any]]) -> str:
-    """Validation final accuracy of every method × head (the best trial of each), as Markdown."""
-    heads = list(
-        dict.fromkeys(
-            t["values"]["head"]
-            for c in chosen.values()
-            for t in c["trials"]
-            if "head" in t["values"]
-        )
-    )
-    rows = []
-    for method, c in chosen.items():
-        row: dict[str, Any] = {"method": method}
-        for h in heads:
-            scores = [t["valid_final_acc"] for t in c["trials"] if t["values"].get("head") == h]
-            row[h] = max(scores) if scores else math.nan
-        rows.append(row)
-    return sweep.markdown_table(rows, [("method", "method"), *((f"valid {h}", h) for h in heads)])

@@ -300,8 +300,6 @@ def _minilm_hidden(
     batch = models.tokenize(tokenizer, list(ds.x), max_len=seq_len)
     full = batch["attention_mask"].all(axis=1)
     ids, y = batch["input_ids"][full], y[full]
-    prefix_config, prefix_vars, _ = models.split_encoder(bert_config, variables, first_layer)
-    encode = prefix_encoder(prefix_config)
     logging.info(
         "shakespeare_plays: encoding %d passages (%d dropped as shorter than %d tokens) with "
         "MiniLM layers 0..%d",
@@ -310,17 +308,7 @@ def _minilm_hidden(
         seq_len,
         first_layer - 1,
     )
-    chunk = 64
-    hidden = np.concatenate(
-        [np.asarray(encode(prefix_vars, ids[i : i + chunk])) for i in range(0, len(ids), chunk)]
-    )
-    return hidden, y
-
-
-def prefix_encoder(prefix_config: Any):
-    """The jitted frozen bottom layers: ``encode(variables, input_ids) -> hidden states``."""
-    encoder = models.BertEncoder(prefix_config)
-    return jax.jit(lambda v, i: encoder.apply(v, i, jnp.ones_like(i)))
+    return models.encode_prefix(bert_config, variables, ids, first_layer=first_layer), y
 
 
 def _minilm_config() -> Any:

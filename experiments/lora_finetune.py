@@ -23,7 +23,6 @@ reports test accuracy, the number of trained parameters and the mean step time, 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -34,6 +33,7 @@ import optax
 from absl import logging
 
 from experiments import common
+from experiments.common import lora_finetune_report as report
 from experiments.common import lowering
 from lowrank_jax import adapters, data, models
 
@@ -451,26 +451,5 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
     if result.interrupted:
         return final
     final.update(evaluate(result.state, frozen, arrays["test"], "test"))
-    _write_outputs(config, workdir, final, result.history)
+    report.write_report(config, workdir, final, result.history)
     return final
-
-
-def _write_outputs(config: Any, workdir: str, final: Mapping[str, Any], history: list) -> None:
-    row = {
-        "method": final["method"],
-        "trained params": final["trainable_params"],
-        "% of model": 100.0 * final["trainable_params"] / final["total_params"],
-        "valid accuracy": final.get("valid/accuracy", math.nan),
-        "test accuracy": final["test/accuracy"],
-        "test loss": final["test/loss"],
-        "step time (s)": final["step_time_s"],
-        "steps": final["steps"],
-    }
-    title = f"{config.model.name} on {config.data.name}: {final['method']}"
-    notes = (
-        f"Batch {config.data.batch_size}, {jax.device_count()} device(s) "
-        f"({jax.devices()[0].platform}); step time is the mean wall time of a training step "
-        "after compilation, evaluation excluded."
-    )
-    common.write_results_md(workdir, [row], title=title, notes=notes)
-    common.plot_metrics(workdir, history, title_prefix=f"{config.data.name} {final['method']}: ")

@@ -15,6 +15,8 @@ from lowrank_jax.models.bert import classifier_variables as classifier_variables
 from lowrank_jax.models.bert import mean_pool as mean_pool
 from lowrank_jax.models.bert import sentence_embedding as sentence_embedding
 from lowrank_jax.models.bert import split_encoder as split_encoder
+from lowrank_jax.models.bert_prefix import encode_prefix as encode_prefix
+from lowrank_jax.models.bert_prefix import prefix_encoder as prefix_encoder
 from lowrank_jax.models.cnn import CNN as CNN
 from lowrank_jax.models.decoder import DecoderLM as DecoderLM
 from lowrank_jax.models.decoder import KVCache as KVCache
@@ -80,6 +82,7 @@ __all__ = [
     "config_from_hf",
     "config_to_hf",
     "convert_bert_weights",
+    "encode_prefix",
     "decoder_partition_rules",
     "decoder_partition_specs",
     "flax_path_from_peft",
@@ -93,6 +96,7 @@ __all__ = [
     "minilm_dir",
     "path_from_hf_module",
     "peft_module_name",
+    "prefix_encoder",
     "rope_frequencies",
     "save_hf_decoder",
     "sentence_embedding",

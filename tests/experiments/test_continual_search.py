@@ -11,7 +11,7 @@ import pytest
 
 from configs import saber as saber_config
 from experiments import common, continual, continual_search
-from experiments.common import plots
+from experiments.common import continual_report, plots
 from lowrank_jax import data
 
 
@@ -148,7 +148,7 @@ def test_compare_heads_crosses_every_trial_with_every_head():
             ]
         }
     }
-    table = continual_search.heads_markdown(chosen)
+    table = continual_report.heads_markdown(chosen)
     assert "| saber | 0.500 | 0.750 | 0.625 |" in table and "valid aligned" in table
     # several trials per head: one column per head, the best trial of each
     chosen["o_lora"] = {
@@ -156,7 +156,7 @@ def test_compare_heads_crosses_every_trial_with_every_head():
             {"values": v, "valid_final_acc": 0.1 * (i + 1)} for i, (_, _, v) in enumerate(crossed)
         ]
     }
-    table = continual_search.heads_markdown(chosen)
+    table = continual_report.heads_markdown(chosen)
     assert table.splitlines()[0].count("valid masked") == 1
     assert "| o_lora | 0.400 | 0.500 | 0.600 |" in table
     config.search.heads = ("masked", "lda")
