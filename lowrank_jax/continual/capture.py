@@ -21,7 +21,9 @@ reverse pass (:func:`jax.vjp` of the adapted function at ``P = 0``) then returns
 ``x`` stacked as ``(*L, b, n)``, exactly, under ``jit``, ``remat`` and any scan, with no host
 callback. ``b`` (the rows one layer's matmul sees) is read from a shape-only trace first. A kernel
 of a stack must be used once per layer and its output must reach ``apply_fn``'s output (every
-projection of a transformer layer is and does).
+projection of a transformer layer is and does): uses of different sizes in one layer raise, but
+two of the same size cannot be told apart (their inputs would be summed), and an output that
+does not reach ``apply_fn``'s leaves zeros.
 """
 
 from __future__ import annotations

@@ -161,6 +161,15 @@ def test_unrolled_layers_are_the_same_function(variables):
     np.testing.assert_allclose(
         unrolled_logits(flat, x), scanned_logits(variables, x), atol=1e-5, rtol=0
     )
+    # ... with a KV cache too (the unrolled layers' caches stacked as the scan's)
+    cache = models.init_cache(CONFIG, 3, 8)
+    got, got_cache = UNROLLED_LM.apply(flat, x, cache=cache)
+    want, want_cache = SCANNED_LM.apply(variables, x, cache=cache)
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(got_cache.k, want_cache.k, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(got_cache.v, want_cache.v, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="stacked layout"):  # the HF layout is the stack's
+        models.save_hf_decoder("unused", UNROLLED_LM.config, flat)
     # Layer inputs recorded inside the scan (probe cotangents) == per-layer linen interception.
     stacked_paths = continual.kernel_paths(variables, STACKED)
     _, inside = jax.jit(lambda v, x: continual.layer_inputs(scanned_logits, stacked_paths, v, x))(
