@@ -229,3 +229,21 @@ def test_method_on_the_stack_equals_it_on_unrolled_layers(name, variables, monke
         want, picked = method.predict(scanned, x, task_id)
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
         np.testing.assert_array_equal(picked_u, picked)  # GR-LoRA's module choice (else None)
+
+
+def test_capture_inside_the_scan_lowers_for_tpu_and_gpu():
+    # bfloat16 compute under remat: no host callback, no float64 (as test_lowering checks steps)
+    config = dataclasses.replace(CONFIG, dtype="bfloat16", remat_policy="nothing_saveable")
+    model = models.DecoderLM(config)
+    variables = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 6), jnp.int32))
+    paths = continual.kernel_paths(variables, STACKED)
+
+    def capture(v, x):
+        return continual.layer_inputs(lambda v, x: model.apply(v, x)[:, -1], paths, v, x)[1]
+
+    tokens = jax.ShapeDtypeStruct((4, 6), jnp.int32)
+    exported = jax.export.export(jax.jit(capture), platforms=("tpu", "cuda"))(variables, tokens)
+    text = exported.mlir_module()
+    assert "callback" not in text.lower() and "f64" not in text
+    shapes = {a.shape for a in exported.out_avals}
+    assert shapes == {(L, 24, 32), (L, 24, 48)}  # (L, b·t, n) per stacked kernel
