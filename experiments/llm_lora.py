@@ -220,7 +220,8 @@ def pretrain(config: Any, texts: dict, workdir: str, mesh: Any) -> tuple[Any, di
         return None, {}
     hf_dir = os.path.join(workdir, "pretrained_hf")
     models.save_hf_decoder(hf_dir, mc, jax.device_get(result.state["params"]))
-    _, loaded = models.load_hf_decoder(hf_dir, config=mc)
+    # replicated on the mesh: with several processes, the first device is not every process's
+    _, loaded = models.load_hf_decoder(hf_dir, config=mc, shardings=common.replicated(mesh))
     return loaded, {**result.last_eval, "pretrain/step_time_s": result.step_time_s}
 
 
@@ -309,9 +310,14 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
 
     model = models.DecoderLM(model_config(config))
     evaluate = make_evaluate(lora_forward(config), mesh, batch_size=config.eval.batch_size)
-    zero = adapters.init(jax.random.key(0), variables, lora_rules(config))  # B = 0: the base
+
+    def on_mesh(tree):  # as fit places parameters: evaluate's batches are on the mesh
+        shardings = common.param_sharding(mesh, tree, fsdp=config.parallel.fsdp)
+        return common.sharding.put_global(tree, shardings)
+
+    zero = on_mesh(adapters.init(jax.random.key(0), variables, lora_rules(config)))  # B = 0
     bases = list(dict.fromkeys((*config.finetune.bases, *config.finetune.methods)))
-    frozen = {base: frozen_base(config, variables, base) for base in bases}
+    frozen = {base: on_mesh(frozen_base(config, variables, base)) for base in bases}
     sizes = {base: adapters.quant.base_bytes(f) for base, f in frozen.items()}
     test = texts["finetune/test"]
     before = {base: evaluate(zero, f, test, "test")["test/ppl"] for base, f in frozen.items()}

@@ -63,6 +63,19 @@ def optimizer(
     return optax.chain(*parts)
 
 
+def per_layer(fn: Callable[..., Any], like: Any, in_axes: Any = 0) -> Callable[..., Any]:
+    """``fn`` of one layer's matrices lifted by ``vmap`` over the stack axes of ``like``.
+
+    ``like`` is any array ``(*L, ·, ·)`` of the kernel (the kernel, a factor, layer inputs): a
+    kernel ``(*L, n, m)`` (``nn.scan``) is ``prod(L)`` layers, each treated as a separate 2-D
+    kernel would be; for a 2-D one ``fn`` is returned unchanged. ``in_axes`` as ``vmap``'s (e.g.
+    ``1`` for per-task records ``(T, *L, n, m)``); outputs get the stack axes first.
+    """
+    for _ in range(jnp.ndim(like) - 2):
+        fn = jax.vmap(fn, in_axes=in_axes)
+    return fn
+
+
 def check_common(*, rank: int, alpha: float, learning_rate: float, grad_clip: float) -> None:
     if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
         raise ValueError(f"rank must be a positive int, got {rank!r}.")
@@ -125,14 +138,9 @@ class MethodBase(NamedTuple):
         kernels = kernel_paths(variables, self.targets)
         w0 = {k: jnp.asarray(get_path(variables, k)) for k in kernels}
         check_rank(self.rank, {k: w.shape for k, w in w0.items()})
-        stacked = [k for k, w in w0.items() if w.ndim > 2]
-        if memory and stacked:
-            raise ValueError(
-                f"{stacked[0]!r} is a stack of layers {w0[stacked[0]].shape} (nn.scan): this "
-                "method keeps a subspace memory of each kernel's inputs, which is not implemented "
-                "for stacked kernels; use sequential_lora on them, or target 2-D kernels."
-            )
-        mem = {k: init_subspace_memory(w0[k].shape[0]) for k in kernels} if memory else {}
+        mem = {}
+        if memory:  # one memory per layer of a stack (*L, n, m): basis (*L, n, n)
+            mem = {k: init_subspace_memory(w.shape[-2], stack=w.shape[:-2]) for k, w in w0.items()}
         return ContinualState(
             params=drop_path(variables, self.head_path),
             head=get_path(variables, self.head_path),
@@ -160,7 +168,8 @@ class MethodBase(NamedTuple):
         return optimizer(self.learning_rate, self.grad_clip, extra)
 
     def layer_inputs(self, state: ContinualState, x: Any) -> dict[str, jax.Array]:
-        """The inputs ``(b, n)`` of every adapted kernel on ``x`` under the consolidated model."""
+        """The inputs ``(b, n)`` (a stack: ``(*L, b, n)``) of every adapted kernel on ``x`` under
+        the consolidated model."""
         kernels = tuple(state.kernels)
         if kernels not in self.jitted:
             self.jitted[kernels] = jax.jit(

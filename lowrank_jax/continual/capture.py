@@ -10,11 +10,26 @@ any model:
   machinery: each chosen kernel is wrapped (:func:`lowrank_jax.adapters.adapt`, ``quax``
   backend) with a recording adapter that adds zero and keeps the input of every matmul over the
   kernel's input axes.
+
+**Stacked layers.** A kernel ``(*L, n, m)`` with more than two axes is a stack of layers run
+under ``lax.scan``/``nn.scan`` (``models.DecoderLM``): its matmuls happen inside the scanned body,
+where a traced value cannot be taken out of the scan by Python. Its inputs leave the body through
+autodiff instead: the recording adapter holds a zero *probe* factor ``P: (*L, b, n)`` (the scan
+slices it per layer like any adapter factor) and adds ``tap(P, x) = 0`` to the layer's output,
+a ``jax.custom_vjp`` whose backward gives ``P`` the cotangent ``x`` whatever reaches it. One
+reverse pass (:func:`jax.vjp` of the adapted function at ``P = 0``) then returns every layer's
+``x`` stacked as ``(*L, b, n)``, exactly, under ``jit``, ``remat`` and any scan, with no host
+callback. ``b`` (the rows one layer's matmul sees) is read from a shape-only trace first. A kernel
+of a stack must be used once per layer and its output must reach ``apply_fn``'s output (every
+projection of a transformer layer is and does): uses of different sizes in one layer raise, but
+two of the same size cannot be told apart (their inputs would be summed), and an output that
+does not reach ``apply_fn``'s leaves zeros.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
@@ -22,34 +37,49 @@ from typing import Any, Literal
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 __all__ = ["layer_inputs"]
 
 
 def _linen_inputs(apply_fn, wanted, params, args, kwargs):
+    """Intercepted ``Dense`` inputs, and the wanted kernels seen sliced (inside a scan)."""
+    from lowrank_jax.adapters import named_leaves
+
+    outer = {p: jnp.shape(leaf) for p, leaf in named_leaves(params).items() if p in wanted}
     found: dict[str, list[jax.Array]] = {}
+    sliced: set[str] = set()
 
     def interceptor(next_fun, call_args, call_kwargs, context):
         module = context.module
         if context.method_name == "__call__" and isinstance(module, nn.Dense | nn.DenseGeneral):
             path = "/".join(("params", *module.path, "kernel"))
             if path in wanted:
-                x = jnp.asarray(call_args[0])
-                n = module.variables["params"]["kernel"].shape[0]
-                found.setdefault(path, []).append(jnp.reshape(x, (-1, n)))
+                kernel_shape = module.variables["params"]["kernel"].shape
+                if kernel_shape != outer.get(path, kernel_shape):  # a layer of a scanned stack
+                    sliced.add(path)
+                else:
+                    x = jnp.reshape(jnp.asarray(call_args[0]), (-1, kernel_shape[0]))
+                    found.setdefault(path, []).append(x)
         return next_fun(*call_args, **call_kwargs)
 
     with nn.intercept_methods(interceptor):
         out = apply_fn(params, *args, **kwargs)
-    return out, found
+    return out, found, sorted(sliced)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class _Recorder:
-    """An adapter kind that contributes zero and appends its (flattened) input to ``sink``."""
+    """An adapter kind that contributes zero and records its (flattened) input in ``sink``.
+
+    ``mode="inputs"``: appends the input (a 2-D kernel, traced outside any scan);
+    ``mode="shapes"``: appends only its shape (a stacked kernel's shape-only trace). A
+    ``"probe"`` factor (a stacked kernel's second pass) makes it :func:`_tap` instead.
+    """
 
     path: str
     sink: dict = dataclasses.field(repr=False)
+    mode: Literal["inputs", "shapes"] = "inputs"
     in_ndim: int | None = None
     out_ndim: int | None = None
 
@@ -61,8 +91,10 @@ class _Recorder:
         return {}
 
     def apply_delta(self, factors, x, *, shape, key=None):
-        del factors, key
-        self.sink.setdefault(self.path, []).append(x)
+        del key
+        if "probe" in factors:  # x leaves the scanned body as the probe's cotangent
+            return _tap(factors["probe"], x, shape[1])
+        self.sink.setdefault(self.path, []).append(x.shape if self.mode == "shapes" else x)
         return jnp.zeros((x.shape[0], shape[1]), x.dtype)
 
     def apply_delta_transposed(self, factors, y, *, shape):
@@ -81,17 +113,89 @@ class _Recorder:
         return {}
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _tap(probe: jax.Array, x: jax.Array, m: int) -> jax.Array:
+    """``zeros (b, m)``, whose backward hands ``x`` to ``probe`` (and nothing to ``x``)."""
+    del probe
+    return jnp.zeros((x.shape[0], m), x.dtype)
+
+
+def _tap_fwd(probe, x, m):
+    return _tap(probe, x, m), (x, jnp.zeros((), probe.dtype))
+
+
+def _tap_bwd(m, residual, cotangent):
+    del m, cotangent
+    x, like = residual
+    return x.astype(like.dtype), jnp.zeros_like(x)
+
+
+_tap.defvjp(_tap_fwd, _tap_bwd)
+
+
+def _ones_like_output(out: Any) -> Any:
+    """The cotangent that pulls the probes back: ones (any nonzero would do), float0 for ints."""
+
+    def one(leaf):
+        leaf = jnp.asarray(leaf)
+        if jnp.issubdtype(leaf.dtype, jnp.inexact):
+            return jnp.ones_like(leaf)
+        return np.zeros(leaf.shape, jax.dtypes.float0)
+
+    return jax.tree.map(one, out)
+
+
+def _stacked_inputs(apply_fn, stacked, params, args, kwargs):
+    """``(output, {path: (*L, b, n)})`` for kernels ``(*L, n, m)`` used inside a scan."""
+    from lowrank_jax import adapters
+
+    kernels = {p: jnp.shape(leaf) for p, leaf in adapters.named_leaves(params).items()}
+    shapes: dict[str, list[tuple[int, ...]]] = {}
+    rules = [(re.escape(p), _Recorder(p, shapes, "shapes", 1, 1)) for p in stacked]
+    recorders = adapters.init(jax.random.key(0), params, rules)
+    run = adapters.adapt(apply_fn)
+    jax.eval_shape(lambda p: run(p, recorders, *args, **kwargs), params)
+    probes = {}
+    for path in stacked:
+        rows = sorted({s[0] for s in shapes.get(path, [])})
+        if len(rows) > 1:
+            raise ValueError(
+                f"{path!r} (a stack of layers) is used in matmuls of {rows} rows in one layer: "
+                "layer_inputs records a stacked kernel used once per layer only."
+            )
+        if rows:
+            probes[path] = jnp.zeros((*kernels[path][:-2], rows[0], kernels[path][-2]))
+
+    def probed(pr):
+        tapped = {p: recorders[p].replace(factors={"probe": x}) for p, x in pr.items()}
+        return run(params, tapped, *args, **kwargs)
+
+    out, pullback = jax.vjp(probed, probes)
+    (inputs,) = pullback(_ones_like_output(out))
+    return out, {p: [x] for p, x in inputs.items()}
+
+
 def _adapter_inputs(apply_fn, wanted, params, args, kwargs):
+    """Recording adapters: a 2-D kernel's inputs directly, a stacked kernel's through probes."""
     from lowrank_jax import adapters  # (adapters imports nothing from continual)
 
-    sink: dict[str, list[jax.Array]] = {}
-    present = sorted(wanted & set(adapters.named_leaves(params)))  # the rest: reported missing
-    if not present:
-        return apply_fn(params, *args, **kwargs), sink
-    rules = [(re.escape(p), _Recorder(p, sink)) for p in present]
-    recorders = adapters.init(jax.random.key(0), params, rules)
-    out = adapters.adapt(apply_fn)(params, recorders, *args, **kwargs)
-    return out, sink
+    leaves = adapters.named_leaves(params)
+    present = sorted(wanted & set(leaves))  # the rest: reported missing
+    stacked = [p for p in present if jnp.ndim(leaves[p]) > 2]
+    flat = [p for p in present if jnp.ndim(leaves[p]) <= 2]
+    out, found = None, {}
+    if stacked:
+        out, found = _stacked_inputs(apply_fn, stacked, params, args, kwargs)
+    if flat:
+        sink: dict[str, list[jax.Array]] = {}
+        recorders = adapters.init(
+            jax.random.key(0), params, [(re.escape(p), _Recorder(p, sink)) for p in flat]
+        )
+        out = adapters.adapt(apply_fn)(params, recorders, *args, **kwargs)
+        found.update(sink)
+    if out is None:
+        out = apply_fn(params, *args, **kwargs)
+    return out, found
 
 
 def layer_inputs(
@@ -107,9 +211,10 @@ def layer_inputs(
     Every matmul of a kernel whose path (the adapter-rule names: ``"params/dense_0/kernel"`` for
     linen variables, the '/'-joined pytree path for an nnx ``State`` or a plain dict) is in
     ``kernel_paths`` has its input ``x: (..., n)`` recorded as ``(b, n)`` with all leading axes
-    flattened (tokens and examples alike). Pure and jittable (the records are returned, never
-    stored); the recording must happen in the traced function itself, not inside a
-    ``lax.scan``/``nn.scan`` body (stacked layers are not supported).
+    flattened (tokens and examples alike). A stacked kernel ``(*L, n, m)`` run under
+    ``lax.scan``/``nn.scan`` gets its inputs per layer, ``(*L, b, n)`` (through a probe's
+    cotangent, see the module docstring). Pure and jittable (the records are returned, never
+    stored).
 
     Args:
       apply_fn: a linen ``model.apply``, ``lambda state, x: nnx.merge(graphdef, state)(x)``, or
@@ -117,17 +222,19 @@ def layer_inputs(
       kernel_paths: kernel paths to record, e.g. ``("params/dense_0/kernel",)``.
       params: the parameters passed to ``apply_fn`` (merge adapters in first if they should act).
       *args: positional inputs of ``apply_fn``.
-      capture: ``"linen"`` (intercept linen ``Dense``/``DenseGeneral`` calls), ``"adapters"``
-        (recording adapters: any function), or ``"auto"`` (linen when it finds every path, else
-        adapters).
+      capture: ``"linen"`` (intercept linen ``Dense``/``DenseGeneral`` calls; not inside
+        ``nn.scan``), ``"adapters"`` (recording adapters: any function, any scan), or ``"auto"``
+        (linen for the kernels it sees whole, adapters for the rest).
       **kwargs: keyword inputs of ``apply_fn``.
 
     Returns:
-      ``(output, {path: (b, n)})``; a kernel used several times gets its inputs concatenated.
+      ``(output, {path: (b, n) or (*L, b, n)})``; a 2-D kernel used several times gets its
+      inputs concatenated.
 
     Raises:
-      ValueError: a path in ``kernel_paths`` was never used in a matmul, or an unknown
-        ``capture``.
+      ValueError: a path in ``kernel_paths`` was never used in a matmul, a stacked kernel is
+        used in matmuls of different sizes in one layer, ``capture="linen"`` for a kernel used
+        inside ``nn.scan``, or an unknown ``capture``.
 
     Example:
       >>> _, inputs = layer_inputs(model.apply, ["params/dense_0/kernel"], variables, x)
@@ -140,9 +247,16 @@ def layer_inputs(
     found: dict[str, list[jax.Array]] = {}
     out = None
     if capture in ("auto", "linen"):
-        out, found = _linen_inputs(apply_fn, wanted, params, args, kwargs)
-    if capture == "adapters" or (capture == "auto" and wanted - set(found)):
-        out, found = _adapter_inputs(apply_fn, wanted, params, args, kwargs)
+        out, found, sliced = _linen_inputs(apply_fn, wanted, params, args, kwargs)
+        if capture == "linen" and sliced:
+            raise ValueError(
+                f"kernels {sliced} are layers of a stack run under nn.scan, where linen capture "
+                "cannot record; use capture='adapters' (or 'auto')."
+            )
+    rest = wanted if capture == "adapters" else wanted - set(found)
+    if capture != "linen" and rest:
+        out, more = _adapter_inputs(apply_fn, rest, params, args, kwargs)
+        found = {**found, **more}
     missing = sorted(wanted - set(found))
     if missing:
         raise ValueError(

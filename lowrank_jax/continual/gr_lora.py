@@ -293,7 +293,8 @@ def gr_lora(
       memory_threshold, memory_examples: as :func:`~lowrank_jax.continual.inflora`.
       recycle_scale: ``≥ 0`` (0: pure projection).
       lambda_local, lambda_global: ``≥ 0`` weights of the mismatch terms (both 0 for a
-        task-incremental stream, where the task id picks the module).
+        task-incremental stream, where the task id picks the module, and for a model of token
+        ids such as ``models.DecoderLM``: the synthetic inputs are Gaussian, not tokens).
       ood_batch: synthetic points per term and step.
 
     Returns:

@@ -66,16 +66,24 @@ HEADS = ("masked", "aligned", "prototype")
 PROTOTYPE_METRICS = ("euclidean", "cosine", "lda")
 
 
+def _affine(f: Any, head: Any) -> Any:
+    """``f W + b`` of a dense head ``{'kernel', 'bias'}``, or ``f W`` without a bias (an LM's
+    ``lm_head``)."""
+    out = f @ head["kernel"]
+    return out + head["bias"] if "bias" in head else out
+
+
 def _transpose_features(logits_of_head: Callable[[Any], jax.Array], head: Any) -> jax.Array:
-    """``f: (n, d)`` with ``logits_of_head(h) = f h['kernel'] + h['bias']`` (a dense last layer).
+    """``f: (n, d)`` with ``logits_of_head(h) = f h['kernel'] (+ h['bias'])`` (a dense last layer).
 
     With ``b = 0`` and ``W = w e_0ᵀ`` the first logit is linear in ``w``, ``z_{:,0}(w) = f w``;
     its transpose maps the cotangent ``e_n`` to ``f_n``, so one ``jax.vjp`` (one forward pass)
     and the transpose vmapped over the rows give ``f`` exactly (one-hot cotangents)."""
-    kernel, bias = jnp.zeros_like(head["kernel"]), jnp.zeros_like(head["bias"])
+    zero = jax.tree.map(jnp.zeros_like, dict(head))
+    kernel = zero["kernel"]
 
     def first_logit(w):
-        return logits_of_head({"kernel": kernel.at[:, 0].set(w), "bias": bias})[:, 0]
+        return logits_of_head({**zero, "kernel": kernel.at[:, 0].set(w)})[:, 0]
 
     first, transpose = jax.vjp(first_logit, kernel[:, 0])
     (f,) = jax.vmap(transpose)(jnp.eye(first.shape[0], dtype=kernel.dtype))  # row n: f_n
@@ -106,7 +114,7 @@ def _model_head_inputs(params, x, *, apply_fn, head_path):
 @functools.partial(jax.jit, static_argnames=("learning_rate",))
 def _refit_step(head, opt_state, f, y, mask, *, learning_rate):
     def loss_fn(h):  # the model's logits: its frozen backbone's features through the head
-        return masked_cross_entropy(f @ h["kernel"] + h["bias"], y, mask)
+        return masked_cross_entropy(_affine(f, h), y, mask)
 
     grads = jax.grad(loss_fn)(head)
     updates, opt_state = optax.adam(learning_rate).update(grads, opt_state, head)
@@ -133,8 +141,9 @@ def refit_head(
     Minimises the cross-entropy over ``classes`` (the other logits masked out) of
     ``apply_fn(params with head at head_path, x)``; batches of ``min(batch_size, N)`` rows drawn
     without replacement by ``numpy.random.default_rng(seed)`` (deterministic). The head must be
-    the model's last, dense layer (``logits = f W + b``): the frozen backbone's features ``f``
-    are computed once (one forward pass over ``x``) and every step reads them.
+    the model's last, dense layer (``logits = f W + b``, or ``f W`` without a bias as an LM's
+    ``lm_head``): the frozen backbone's features ``f`` are computed once (one forward pass over
+    ``x``) and every step reads them.
 
     Args:
       apply_fn: the plain model ``apply(variables, x) -> logits (b, C)`` (hashable: a linen
@@ -273,8 +282,7 @@ def head_inputs(
 
 def _check_affine(logits: Any, f: np.ndarray, head: Any) -> None:
     """Raises ValueError unless ``logits ≈ f W + b`` (the head is the model's last dense layer)."""
-    head = jax.tree.map(np.asarray, head)
-    want = f @ head["kernel"] + head["bias"]
+    want = _affine(f, jax.tree.map(np.asarray, dict(head)))
     if np.abs(np.asarray(logits) - want).max() > 1e-3 * (1.0 + np.abs(want).max()):
         raise ValueError(
             "the logits are not an affine function of the recovered head inputs: the head must "

@@ -23,6 +23,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -36,6 +37,7 @@ from lowrank_jax.continual._src import (
     method_base,
     no_diagnostics,
     no_penalty,
+    per_layer,
     replace_a,
 )
 from lowrank_jax.continual.baselines import (
@@ -70,13 +72,14 @@ __all__ = [
 
 
 class OLoRAState(NamedTuple):
-    """O-LoRA's record: ``old_a[path]: (T, n, r)``, the ``A`` factors of the tasks so far."""
+    """O-LoRA's record: ``old_a[path]: (T, *L, n, r)``, the ``A`` factors of the tasks so far."""
 
     old_a: dict[str, jax.Array]
 
 
 class SDLoRAState(NamedTuple):
-    """SD-LoRA's record per kernel: unit directions ``(T, n, m)`` and magnitudes ``(T,)``."""
+    """SD-LoRA's record per kernel: unit directions ``(T, *L, n, m)`` and magnitudes ``(T, *L)``
+    (one per layer of a stack ``(*L, n, m)``, as for ``prod(L)`` separate kernels)."""
 
     directions: dict[str, jax.Array]
     magnitudes: dict[str, jax.Array]
@@ -98,6 +101,11 @@ def _extend_memory(
         for k in state.kernels
     }
     return state._replace(memory=memory)
+
+
+def _sd_kernel(w0: jax.Array, directions: jax.Array, magnitudes: jax.Array) -> jax.Array:
+    """:func:`sd_lora_kernel` per layer: ``w0 (*L, n, m)``, ``(T, *L, n, m)``, ``(T, *L)``."""
+    return per_layer(sd_lora_kernel, w0, in_axes=(0, 1, 1))(w0, directions, magnitudes)
 
 
 def _shared_forward(base: MethodBase) -> Callable[..., jax.Array]:
@@ -196,7 +204,7 @@ def o_lora(
             variables,
             memory=False,
             extra=lambda w0: OLoRAState(
-                {k: jnp.zeros((0, w.shape[0], rank)) for k, w in w0.items()}
+                {k: jnp.zeros((0, *w.shape[:-1], rank)) for k, w in w0.items()}
             ),
         )
 
@@ -206,9 +214,12 @@ def o_lora(
 
     def loss(trainable, frozen, batch, key):
         del batch, key
+
+        def penalty(a, old):  # summed over the layers of a stack
+            return jnp.sum(per_layer(o_lora_penalty, a, in_axes=(0, 1))(a, old))
+
         return lambda_orth * sum(
-            o_lora_penalty(ad.factors["a"], frozen["old_a"][k])
-            for k, ad in trainable["shared"].items()
+            penalty(ad.factors["a"], frozen["old_a"][k]) for k, ad in trainable["shared"].items()
         )
 
     def end_task(state, trainable, frozen, task):
@@ -252,9 +263,8 @@ def inflora(
     def begin_task(state, key, task):
         template = base.lora(key, state)
         inputs = base.layer_inputs(state, task.x[:memory_examples])
-        a = {
-            k: inflora_down_projection(inputs[k], state.memory[k], rank=rank) for k in state.kernels
-        }
+        down = functools.partial(inflora_down_projection, rank=rank)
+        a = {k: per_layer(down, w)(inputs[k], state.memory[k]) for k, w in state.kernels.items()}
         frozen = {**_begin_frozen(base, state), "a": a, "template": template}
         trainable = {"b": {k: ad.factors["b"] for k, ad in template.items()}, "head": state.head}
         return trainable, frozen, base.tx()
@@ -358,7 +368,7 @@ def sd_lora(
         def extra(w0):
             return SDLoRAState(
                 {k: jnp.zeros((0, *w.shape)) for k, w in w0.items()},
-                {k: jnp.zeros((0,)) for k in w0},
+                {k: jnp.zeros((0, *w.shape[:-2])) for k, w in w0.items()},
             )
 
         return base.init(variables, memory=False, extra=extra)
@@ -378,8 +388,8 @@ def sd_lora(
     def apply(trainable, frozen, x):
         params = base.full(frozen["params"], trainable["head"])
         if "alpha" in trainable:
-            for k in frozen["w0"]:
-                kernel = sd_lora_kernel(frozen["w0"][k], frozen["dirs"][k], trainable["alpha"][k])
+            for k, w0 in frozen["w0"].items():
+                kernel = _sd_kernel(w0, frozen["dirs"][k], trainable["alpha"][k])
                 params = set_path(params, k, kernel)
         return base.adapted(params, {"shared": trainable["shared"]}, x)
 
@@ -389,12 +399,12 @@ def sd_lora(
         deltas = base.deltas(state, trained["shared"])
         dirs, mags = dict(state.extra.directions), dict(state.extra.magnitudes)
         params = state.params
-        for k in state.kernels:
-            direction, norm = unit_direction(deltas[k])
+        for k, w0 in state.kernels.items():
+            direction, norm = per_layer(unit_direction, w0)(deltas[k])  # per layer of a stack
             dirs[k] = jnp.concatenate([dirs[k], direction[None]])
             old = trained["alpha"][k] if "alpha" in trained else mags[k]
             mags[k] = jnp.concatenate([jnp.asarray(old), norm[None]])
-            params = set_path(params, k, sd_lora_kernel(state.kernels[k], dirs[k], mags[k]))
+            params = set_path(params, k, _sd_kernel(w0, dirs[k], mags[k]))
         return state._replace(
             params=params, head=trained["head"], update=deltas, extra=SDLoRAState(dirs, mags)
         )

@@ -47,6 +47,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, NamedTuple
 
@@ -58,6 +59,7 @@ from lowrank_jax.continual._src import (
     check_threshold,
     common_args,
     method_base,
+    per_layer,
     replace_a,
 )
 from lowrank_jax.continual.heads import refit_head
@@ -251,12 +253,16 @@ def recompose(
 class SaberState(NamedTuple):
     """SABER's record per kernel path (``state.memory`` holds the shared subspace ``U_s``).
 
+    A stacked kernel ``(*L, n, m)`` (``nn.scan``) keeps one record per layer, as ``prod(L)``
+    separate kernels would: the shapes below get ``*L`` after any task axis.
+
     Attributes:
       specific: ``Q``, the basis of the column spaces of the specific parts so far.
       old_cov: ``C_old: (n, n)``, the summed input covariance of the tasks so far.
       shared_parts: ``(T, n, m)`` the balanced shared parts ``S_t``.
       specific_parts: ``(T, n, m)`` the specific parts ``D_t``.
-      weights: ``{"lambda": (T,), "beta": (T,)}`` the last recomposition's weights.
+      weights: ``{"lambda": (T,), "beta": (T,)}`` the last recomposition's weights (a stack:
+        ``(*L, T)``).
     """
 
     specific: dict[str, SubspaceMemory]
@@ -340,8 +346,10 @@ def saber(
     def init(variables):
         def extra(w0):
             return SaberState(
-                specific={k: init_subspace_memory(w.shape[0]) for k, w in w0.items()},
-                old_cov={k: jnp.zeros((w.shape[0],) * 2) for k, w in w0.items()},
+                specific={
+                    k: init_subspace_memory(w.shape[-2], stack=w.shape[:-2]) for k, w in w0.items()
+                },
+                old_cov={k: jnp.zeros((*w.shape[:-1], w.shape[-2])) for k, w in w0.items()},
                 shared_parts={k: jnp.zeros((0, *w.shape)) for k, w in w0.items()},
                 specific_parts={k: jnp.zeros((0, *w.shape)) for k, w in w0.items()},
                 weights={},
@@ -358,8 +366,10 @@ def saber(
         sh = replace_a(
             sh,
             {
-                k: jnp.where(
-                    mem[k].size > 0, project_onto(mem[k], ad.factors["a"]), ad.factors["a"]
+                k: jnp.where(  # per layer of a stack: sizes (*L,)
+                    mem[k].size[..., None, None] > 0,
+                    project_onto(mem[k], ad.factors["a"]),
+                    ad.factors["a"],
                 )
                 for k, ad in sh.items()
             },
@@ -376,8 +386,12 @@ def saber(
 
     def loss(trainable, frozen, batch, key):
         del batch, key
+
+        def penalty(a, shared):  # summed over the layers of a stack
+            return jnp.sum(per_layer(alignment_penalty, a)(a, shared))
+
         return lambda_align * sum(
-            alignment_penalty(ad.factors["a"], frozen["shared_mem"][k])
+            penalty(ad.factors["a"], frozen["shared_mem"][k])
             for k, ad in trainable["shared"].items()
         )
 
@@ -392,20 +406,24 @@ def saber(
         spec, cov, s_parts, d_parts = (dict(ex.specific), dict(ex.old_cov),
                                        dict(ex.shared_parts), dict(ex.specific_parts))  # fmt: skip
         weights, params = {}, state.params
-        for k in state.kernels:
-            s, d = decompose_update(raw[k], state.memory[k], spec[k])
-            x = before[k]
-            new_cov = x.T @ x / x.shape[0]
-            s = balance_by_input_energy(s, cov[k], new_cov, strength=energy_strength)
+        balance = functools.partial(balance_by_input_energy, strength=energy_strength)
+        combine = functools.partial(
+            recompose, gamma=gamma, min_weight=min_weight, shared_mode=shared_mode
+        )
+        for k, w0 in state.kernels.items():  # a stack (*L, n, m): every step per layer
+            s, d = per_layer(decompose_update, w0)(raw[k], state.memory[k], spec[k])
+            x = before[k]  # (*L, b, n)
+            new_cov = jnp.swapaxes(x, -1, -2) @ x / x.shape[-2]
+            s = per_layer(balance, w0)(s, cov[k], new_cov)
             cov[k] = cov[k] + new_cov
             s_parts[k] = jnp.concatenate([s_parts[k], s[None]])
             d_parts[k] = jnp.concatenate([d_parts[k], d[None]])
-            total, lam, beta = recompose(
-                s_parts[k], d_parts[k], gamma=gamma, min_weight=min_weight, shared_mode=shared_mode
-            )
+            total, lam, beta = per_layer(combine, w0, in_axes=1)(s_parts[k], d_parts[k])
             weights[k] = {"lambda": lam, "beta": beta}
-            params = set_path(params, k, state.kernels[k] + total)
-            spec[k] = extend_subspace_memory(spec[k], d.T, threshold=specific_threshold)
+            params = set_path(params, k, w0 + total)
+            spec[k] = extend_subspace_memory(
+                spec[k], jnp.swapaxes(d, -1, -2), threshold=specific_threshold
+            )
         head = refit_head(
             base.apply_fn,
             base.full(params, trained["head"]),

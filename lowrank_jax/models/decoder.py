@@ -28,7 +28,9 @@ with RMSNorm `y = x / rms(x) · (offset + w)` (offset 1 for Gemma), `c = query_p
 (default k^-1/2) and `cap(z) = cap·tanh(z / cap)` soft-capping (Gemma-2). Embeddings are scaled by
 sqrt(d) for Gemma; logits are `x_L Eᵀ` with tied embeddings, soft-capped by `final_logit_softcapping`.
 
-The stack runs under `nn.scan` (one compiled layer; `remat_policy` wraps it in `nn.remat`). Layers
+The stack runs under `nn.scan` (one compiled layer; `remat_policy` wraps it in `nn.remat`);
+`DecoderConfig(scan_layers=False)` unrolls it into modules `layers_0 ... layers_{L-1}` with 2-D
+kernels (the same function, for debugging and per-layer checks; loaders need the stack). Layers
 that differ (sliding vs full attention, Gemma-3's local vs global RoPE base) receive their window
 and RoPE choice as per-layer scan inputs, so the stack stays one program. A `KVCache` is explicit
 state: `DecoderLM.__call__(tokens, mask, cache=cache)` returns `(logits, new_cache)`.
@@ -280,13 +282,16 @@ class DecoderModel(nn.Module):
         if cfg.remat_policy is not None:
             policy = getattr(jax.checkpoint_policies, cfg.remat_policy)
             layer = nn.remat(layer, policy=policy, prevent_cse=False)
-        self.layers = nn.scan(
-            layer,
-            variable_axes={"params": 0},
-            split_rngs={"params": True},
-            in_axes=(0, nn.broadcast),
-            length=cfg.num_hidden_layers,
-        )(cfg)
+        if cfg.scan_layers:
+            self.layers = nn.scan(
+                layer,
+                variable_axes={"params": 0},
+                split_rngs={"params": True},
+                in_axes=(0, nn.broadcast),
+                length=cfg.num_hidden_layers,
+            )(cfg)
+        else:  # named layers_0 ... layers_{L-1} by linen
+            self.layers = [layer(cfg) for _ in range(cfg.num_hidden_layers)]
         self.norm = _norm(cfg, None)
 
     def __call__(
@@ -323,7 +328,14 @@ class DecoderModel(nn.Module):
                 cache.index,
             )
             per_layer = _PerLayer(jnp.asarray(window), jnp.asarray(local), cache.k, cache.v)
-        x, new_kv = self.layers(x, per_layer, shared)
+        if cfg.scan_layers:
+            x, new_kv = self.layers(x, per_layer, shared)
+        else:
+            new_kv = []
+            for i, layer in enumerate(self.layers):
+                x, kv = layer(x, jax.tree.map(lambda a, i=i: a[i], per_layer), shared)
+                new_kv.append(kv)
+            new_kv = jax.tree.map(lambda *a: jnp.stack(a), *new_kv)  # None without a cache
         x = self.norm(x)
         if cache is None:
             return x, None

@@ -90,6 +90,11 @@ class DecoderConfig:
       dtype: compute dtype (default bfloat16); `param_dtype`: parameter dtype (float32).
       remat_policy: None (no rematerialisation) or a `jax.checkpoint_policies` name applied to
         each scanned layer (`"nothing_saveable"` keeps only the layer inputs).
+      scan_layers: True (default): the layers run under `nn.scan`, parameters stacked
+        `layers/... (L, ...)`. False: L separate modules `layers_0 ... layers_{L-1}` with 2-D
+        kernels, run one after the other (the same function; for debugging and for checking a
+        method on the stack against its per-layer form). The checkpoint loaders, PEFT module
+        names and partition rules read the stacked layout only.
     """
 
     family: str = "llama"
@@ -124,6 +129,7 @@ class DecoderConfig:
     dtype: str = "bfloat16"
     param_dtype: str = "float32"
     remat_policy: str | None = None
+    scan_layers: bool = True
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:

@@ -146,6 +146,14 @@ def _sharding_for(shardings: Any, path: str, named: dict[str, Any]) -> jax.shard
     return named[path]
 
 
+def _check_stacked(config: DecoderConfig) -> None:
+    if not config.scan_layers:
+        raise ValueError(
+            "Hugging Face checkpoints map to the stacked layout (layers/...): use "
+            "DecoderConfig(scan_layers=True)."
+        )
+
+
 def load_hf_decoder(
     directory: str | os.PathLike,
     *,
@@ -173,7 +181,8 @@ def load_hf_decoder(
 
     Raises:
       FileNotFoundError: missing files.
-      ValueError: missing tensors, tensors no parameter takes (named), or wrong shapes.
+      ValueError: missing tensors, tensors no parameter takes (named), wrong shapes, or a
+        config with `scan_layers=False`.
 
     Example:
       >>> config, variables = load_hf_decoder("llama-dir")  # doctest: +SKIP
@@ -181,6 +190,7 @@ def load_hf_decoder(
     """
     directory = os.fspath(directory)
     config = config or config_from_hf(directory)
+    _check_stacked(config)
     files = _checkpoint_files(directory)
     expected = jax.eval_shape(
         DecoderLM(config).init, jax.random.key(0), jnp.zeros((1, 1), jnp.int32)
@@ -290,9 +300,10 @@ def save_hf_decoder(
       The files written.
 
     Raises:
-      ValueError: variables whose structure differs from `DecoderLM(config)`'s, or a config the
-        family's HF class cannot express.
+      ValueError: variables whose structure differs from `DecoderLM(config)`'s, a config the
+        family's HF class cannot express, or one with `scan_layers=False`.
     """
+    _check_stacked(config)
     directory = os.fspath(directory)
     limit = _parse_size(max_shard_size)
     dtype = dtype or config.param_dtype

@@ -214,6 +214,36 @@ def test_layer_inputs_for_nnx_and_plain_functions():
     np.testing.assert_allclose(inputs[second], jax.nn.relu(net.first(x)), rtol=1e-5, atol=1e-6)
 
 
+def test_layer_inputs_of_a_stack_inside_lax_scan_and_remat():
+    # A plain function scanning stacked kernels w: (L, n, n) (as nn.scan does): every layer's
+    # input, recorded inside the (rematerialised) body, comes out stacked (L, b, n), exactly.
+    w = jax.random.normal(jax.random.key(1), (3, 4, 4)) / 2
+    head = jax.random.normal(jax.random.key(2), (4, 2))
+    x = jax.random.normal(jax.random.key(0), (2, 5, 4))  # (b, t, n): tokens are flattened
+
+    def plain(params, x):
+        def layer(h, w):
+            return jnp.tanh(h @ w), None
+
+        h, _ = jax.lax.scan(jax.checkpoint(layer), x, params["w"])
+        return h[:, -1] @ params["head"]
+
+    params = {"w": w, "head": head}
+    out, inputs = jax.jit(lambda p, a: continual.layer_inputs(plain, ("w", "head"), p, a))(
+        params, x
+    )
+    h, want = x, []
+    for i in range(3):
+        want.append(h.reshape(-1, 4))
+        h = jnp.tanh(h @ w[i])
+    assert inputs["w"].shape == (3, 10, 4) and inputs["head"].shape == (2, 4)
+    np.testing.assert_allclose(inputs["w"], jnp.stack(want), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(inputs["head"], h[:, -1], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out, plain(params, x), rtol=1e-6)
+    with pytest.raises(ValueError, match="never used"):
+        continual.layer_inputs(lambda p, a: a @ p["head"], ("w",), params, x[:, -1])
+
+
 def test_projection_before_adam_is_detected():
     params = {"a": jnp.ones((4, 2))}
     memory = {"a": optim.init_subspace_memory(4)}

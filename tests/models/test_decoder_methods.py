@@ -2,7 +2,8 @@
 
 `continual.sequential_lora` trains stacked LoRA factors on the scanned projections and merges
 them into the stacked kernels; TIES merges two stacked LoRAs layer by layer. Tiny Llama-like
-model, float32.
+model, float32. (Every continual method on the stack against its unrolled layers:
+`test_decoder_continual.py`.)
 """
 
 import jax
@@ -114,10 +115,3 @@ def test_ties_merge_of_two_stacked_loras(decoder):
     factorised = adapters.adapt(model.apply)(variables, merged, tokens)
     dense = model.apply(adapters.merge(variables, merged), tokens)
     np.testing.assert_allclose(factorised, dense, atol=1e-5, rtol=0)
-
-
-def test_methods_with_input_memories_refuse_stacked_kernels(decoder):
-    model, variables = decoder
-    method = continual.gpm_lora(model.apply, targets=TARGETS, head_path="params/lm_head")
-    with pytest.raises(ValueError, match="stack of layers"):
-        method.init(variables)
