@@ -466,6 +466,11 @@ def report(
         "lora_vs_peft_rss": _ratio(timings["lora-fused"].peak_rss, timings["peft"].peak_rss)
         if "peft" in timings
         else None,
+        # The step's own transient (peak − RSS before the step) next to PEFT's: the peak RSS of
+        # one process holding every method shares the rest (.notes/adapter_rss_phases.py).
+        "lora_vs_peft_rss_rise": _ratio(timings["lora-fused"].rss_rise, timings["peft"].rss_rise)
+        if "peft" in timings
+        else None,
         "lora_vs_full_cpu_fused": _ratio(cpu["lora-fused"], cpu["full"]),
         "lora_vs_peft_step_fused": _ratio(med["lora-fused"], peft),
         "lora_fused_weight_shaped_dots": len(fused.weight_dots or []),
