@@ -34,7 +34,9 @@ Then the **memory curve** (``--depths 1,2,4,8``, batch ``--curve-batch``×seq): 
 during the step, XLA temp and temp + argument bytes (``memory_analysis``, load-independent), and
 the trainable + optimizer state. The plot goes to ``<--out>/memory_curve.png``; the rows are also
 under ``"curve"`` in the final JSON line, whose headline keys ``lora_vs_full_step``,
-``lora_vs_full_temp_bytes`` and ``lora_vs_peft_rss`` are the single-block ``lora-fused`` figures.
+``lora_vs_full_temp_bytes`` and ``lora_vs_peft_rss`` are the single-block ``lora-fused`` figures
+(``lora_vs_peft_rss_rise``: its RSS rise during the step over PEFT's, without the RSS that every
+method shares in the one process).
 
 Default run: the single-block table plus the curve; see ``.notes/bench.md`` for the measured
 numbers and times. ``--depths ''`` skips the curve; ``--quick`` is a tiny shape without the curve,
@@ -464,6 +466,11 @@ def report(
         "lora_vs_full_step": _ratio(med["lora-fused"], full),
         "lora_vs_full_temp_bytes": _ratio(fused.stats.temp, by["full"].stats.temp),
         "lora_vs_peft_rss": _ratio(timings["lora-fused"].peak_rss, timings["peft"].peak_rss)
+        if "peft" in timings
+        else None,
+        # The step's own transient (peak − RSS before the step) next to PEFT's: the peak RSS of
+        # one process holding every method shares the rest (.notes/adapter_rss_phases.py).
+        "lora_vs_peft_rss_rise": _ratio(timings["lora-fused"].rss_rise, timings["peft"].rss_rise)
         if "peft" in timings
         else None,
         "lora_vs_full_cpu_fused": _ratio(cpu["lora-fused"], cpu["full"]),

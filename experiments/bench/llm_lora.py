@@ -17,11 +17,13 @@ LoRA r=8, alpha=16 on all seven projections (factors stacked on the layer axis):
   ``extra(min T) / adapter bytes``; larger ``T`` shows what LoRA's activations add per token.
   ``..._by_layers`` repeats it at other depths (``--depth-curve``, default 2, 8, 26: Gemma-2-2B
   has 26 layers). Measured: 1.0 is the stacked factor
-  gradients themselves (Adam reads them after the backward); the rest is about one layer's
-  factor bytes (1.4-1.6 MB here, whatever ``L``) of per-iteration transients of the backward scan
-  (the layer's factor slices and their gradient before the ``dynamic-update-slice`` into the
-  stacked gradient), so the ratio is ``≈ 1 + 1/L``: no copy of the base or of the stacked
-  factors per adapter (MaxText #5129's re-stacking would be hundreds).
+  gradients themselves (Adam reads them after the backward); the rest
+  (``scan_lora_per_iteration_bytes = extra − adapter bytes``, 1.56 MB at every ``L``) is the
+  backward scan body's copies of the current layer's factor slices (``dynamic-slice`` of the
+  stacked ``a``, ``b``; XLA:CPU materialises a dot operand, as it does the layer's frozen kernel
+  slices in both steps), i.e. ``layer_factor_bytes = adapter bytes / L`` (1.60 MB), so the ratio
+  is ``≈ 1 + 1/L``: no copy of the base or of the stacked factors per adapter (MaxText #5129's
+  re-stacking would be hundreds). ``docs/guides/decoder.md`` lists what was tried against it.
 * ``nf4_base_bytes_ratio``: bytes of the projection kernels stored as NF4 (4-bit codes, one
   float32 scale per block of 64: ``adapters.low_precision_base(..., "nf4")``) over their float32
   bytes; the whole model's ratio at the benchmark vocabulary (embeddings and norms stay float32,
@@ -351,6 +353,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f"\n# extra / adapter bytes at {args.tokens[0]} tokens by depth: "
         + ", ".join(f"L={k}: {v:.3f}" for k, v in by_layers.items())
     )
+    per_iteration = mem["rows"][0]["extra"] - mem["adapter_bytes"]
+    print(
+        f"# beyond the stacked factor gradients at L={args.layers}: {per_iteration / 1e6:.3f} MB "
+        f"(one layer's factors: {mem['adapter_bytes'] / args.layers / 1e6:.3f} MB)"
+    )
     sizes = base_bytes(args)
     f32 = sizes["float32"]
     print()
@@ -381,6 +388,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     hf = None if args.no_hf else hf_parity(families)
     headline = {
         "scan_lora_extra_over_adapter_bytes": mem["ratio"],
+        "scan_lora_extra_layers": args.layers,
+        "scan_lora_per_iteration_bytes": mem["rows"][0]["extra"] - mem["adapter_bytes"],
+        "layer_factor_bytes": mem["adapter_bytes"] // args.layers,
         "scan_lora_extra_over_adapter_bytes_by_layers": {str(k): v for k, v in by_layers.items()},
         "scan_lora_extra_bytes_by_tokens": {str(r["tokens"]): r["extra"] for r in mem["rows"]},
         "adapter_bytes": mem["adapter_bytes"],

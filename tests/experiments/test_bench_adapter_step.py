@@ -25,6 +25,7 @@ KEYS = {
     "lora_vs_full_step",
     "lora_vs_full_temp_bytes",
     "lora_vs_peft_rss",
+    "lora_vs_peft_rss_rise",
     "lora_vs_full_cpu_fused",
     "lora_fused_weight_shaped_dots",
     "factorised_vs_full_temp_bytes",
@@ -88,8 +89,11 @@ def test_last_line_is_the_json_headline(quick):
     if HAS_PEFT:
         assert headline["lora_vs_peft_step"] > 0 and "peft" in headline["step_s"]
         assert headline["lora_vs_peft_rss"] > 0
+        rise = headline["lora_vs_peft_rss_rise"]  # None where PEFT's step raised RSS by nothing
+        assert rise is None or rise >= 0
     else:
         assert headline["lora_vs_peft_step"] is None and headline["lora_vs_peft_rss"] is None
+        assert headline["lora_vs_peft_rss_rise"] is None
 
 
 def test_table_lists_every_method(quick):

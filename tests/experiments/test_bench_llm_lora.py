@@ -57,6 +57,9 @@ def test_identities_of_the_quick_run(quick):
     # step's buffers at this tiny size), never a copy of the frozen kernels.
     extra = quick["scan_lora_extra_over_adapter_bytes"] * quick["adapter_bytes"]
     assert 0 < extra < 0.5 * quick["base_bytes"]["float32"]["kernels"]
+    assert quick["scan_lora_extra_layers"] == 1
+    assert quick["layer_factor_bytes"] == quick["adapter_bytes"]  # one layer: all the factors
+    assert quick["scan_lora_per_iteration_bytes"] == round(extra) - quick["adapter_bytes"]
     assert quick["lora_vs_full_step"] > 0 and quick["qlora_vs_full_step"] > 0
     assert quick["hf_logits_maxdiff"] is None  # --no-hf
 
