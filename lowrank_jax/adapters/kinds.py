@@ -47,6 +47,23 @@ def matrix_dims(shape: Any, kind: str = "this adapter kind") -> tuple[int, int]:
     return int(n), int(m)
 
 
+def dropout(x: jax.Array, key: jax.Array | None, rate: float) -> jax.Array:
+    """Inverted dropout of an adapter's input: ``x`` itself when ``key`` is ``None`` or ``rate`` 0.
+
+    Args:
+      x: the input, any shape.
+      key: PRNG key, or ``None`` (no dropout, e.g. at evaluation).
+      rate: the probability of zeroing an entry, in ``[0, 1)``.
+
+    Returns:
+      ``x`` with entries zeroed with probability ``rate`` and the rest scaled by ``1/(1 − rate)``.
+    """
+    if key is None or rate <= 0.0:
+        return x
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
+
+
 class AdapterKind(Protocol):
     """The interface every adapter kind implements (see the module docstring)."""
 
@@ -167,9 +184,7 @@ class LoRA:
         key: jax.Array | None = None,
     ) -> jax.Array:
         del shape  # A and B carry it.
-        if key is not None and self.dropout > 0.0:
-            keep = jax.random.bernoulli(key, 1.0 - self.dropout, x.shape)
-            x = jnp.where(keep, x / (1.0 - self.dropout), 0).astype(x.dtype)
+        x = dropout(x, key, self.dropout)
         a, b = factors["a"], factors["b"]
         return ((x.astype(a.dtype) @ a) @ b) * jnp.asarray(self.scale, a.dtype)
 
