@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from lowrank_jax import adapters as A
-from tests.adapters.models import perturb
+from tests.adapters.models import perturb, perturb_torch
 
 pytestmark = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in ("torch", "peft")),
@@ -96,7 +96,9 @@ def _torch_net():
         for module, leaves in PARAMS.items():
             for leaf, value in leaves.items():
                 name = "bias" if leaf == "bias" else "weight"
-                getattr(getattr(net, module), name).copy_(torch.from_numpy(_torch_weight(value, leaf)))
+                getattr(getattr(net, module), name).copy_(
+                    torch.from_numpy(_torch_weight(value, leaf))
+                )
     return net
 
 
@@ -120,7 +122,6 @@ def test_the_torch_twin_computes_forward():
     ],
 )
 def test_peft_adapter_loads_exactly(tmp_path, targets, bias, saved):
-    import torch
     from peft import LoraConfig, get_peft_model
 
     config = LoraConfig(
@@ -131,12 +132,7 @@ def test_peft_adapter_loads_exactly(tmp_path, targets, bias, saved):
         modules_to_save=saved,
         init_lora_weights=False,
     )
-    model = get_peft_model(_torch_net(), config)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():  # "training": move every trainable tensor
-        for p in model.parameters():
-            if p.requires_grad:
-                p.add_(0.1 * torch.randn(p.shape, generator=g))
+    model = perturb_torch(get_peft_model(_torch_net(), config), 0.1)
     model.eval().save_pretrained(str(tmp_path))
     theirs = _torch_out(model)
 
@@ -180,17 +176,11 @@ def test_our_adapter_loads_in_peft_and_back(tmp_path):
 
 @pytest.mark.parametrize("direction", ["peft_to_ours", "ours_to_peft"])
 def test_dora_matches_peft(tmp_path, direction):
-    import torch
     from peft import LoraConfig, PeftModel, get_peft_model
 
     if direction == "peft_to_ours":
         config = LoraConfig(r=2, lora_alpha=4, target_modules=["lin", "head"], use_dora=True)
-        model = get_peft_model(_torch_net(), config)
-        g = torch.Generator().manual_seed(1)
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if p.requires_grad:
-                    p.add_(0.2 * torch.randn(p.shape, generator=g))
+        model = perturb_torch(get_peft_model(_torch_net(), config), 0.2, seed=1)
         model.eval().save_pretrained(str(tmp_path))
         dora = A.load_peft(tmp_path, PARAMS, module_path=module_path)
         assert isinstance(dora["lin/kernel"].kind, A.DoRA)
