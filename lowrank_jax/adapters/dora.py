@@ -130,16 +130,24 @@ class DoRA:
         key: jax.Array | None = None,
         kernel: jax.Array | None = None,
         base: jax.Array | None = None,
+        whole: bool = False,
     ) -> jax.Array:
         """``x·W' − x·W = (c − 1) ⊙ (x_d·W) + c ⊙ s·(x_d·A)·B`` for ``x: (t, n)``, ``x_d`` the
-        dropped-out input; ``base = x·W`` is reused when dropout is off."""
+        dropped-out input; ``base = x·W`` is reused when dropout is off. With ``whole`` (and
+        ``base``), ``x·W'`` itself: ``c ⊙ (x·W + s·(x·A)·B)`` without dropout, which keeps one
+        token-sized sum for the backward instead of ``x·W`` and the LoRA product apart."""
         c = self._factor(factors, kernel)
+        given = base
         if key is not None and self.lora.dropout > 0.0:  # PEFT: x·W recomputed on dropout(x)
             x, base = dropout(x, key, self.lora.dropout), None
+        if whole and given is None:
+            raise ValueError("DoRA.apply_delta(..., whole=True) needs base = x·W.")
+        if whole and base is not None:
+            return c.astype(base.dtype) * (base + self.lora.apply_delta(factors, x))
         if base is None:
             base = x @ kernel.astype(x.dtype)
-        lora_out = self.lora.apply_delta(factors, x)
-        return (c - 1).astype(base.dtype) * base + c * lora_out
+        delta = (c - 1).astype(base.dtype) * base + c * self.lora.apply_delta(factors, x)
+        return given + delta if whole else delta
 
     def apply_delta_transposed(
         self,

@@ -107,11 +107,15 @@ def _delta_matmul(
     w_is_lhs: bool,
     dimension_numbers: Any,
     base: jax.Array | None = None,
-) -> jax.Array | None:
+    whole: bool = False,
+    with_flag: bool = False,
+) -> Any:
     """``x·ΔW`` arranged like ``dot_general``'s output, or ``None`` if there is no rule.
 
     ``base`` (the frozen product ``x·W`` as ``dot_general`` arranges it) is handed to kinds that
-    rescale it (DoRA), so they do not recompute it."""
+    rescale it (DoRA), so they do not recompute it; with ``whole`` (one such adapter) the kind
+    returns ``x·W + x·ΔW`` itself (DoRA: ``c ⊙ (x·W + s·(x·A)·B)``, one token-sized sum kept for
+    the backward instead of two). ``with_flag``: return ``(result, includes_base)``."""
     (lc, rc), (lb, rb) = dimension_numbers
     x = rhs if w_is_lhs else lhs
     xc, wc = (rc, lc) if w_is_lhs else (lc, rc)
@@ -128,7 +132,7 @@ def _delta_matmul(
         return None
     x, free = _flatten_input(x, xc, wc, axes)
     result_shape = tuple(w.w.shape[ax] for ax in result_axes)
-    total = None
+    total, includes_base = None, False
     for adapter, key in zip(w.adapters, w.keys, strict=True):
         extra = {}
         if needs_kernel(adapter):  # DoRA: the frozen kernel's matrix view and x·W
@@ -136,6 +140,7 @@ def _delta_matmul(
             if not transposed and base is not None:
                 b = jnp.moveaxis(base, range(len(result_shape)), range(-len(result_shape), 0))
                 extra["base"] = jnp.reshape(b if w_is_lhs else base, (x.shape[0], -1))
+                extra["whole"] = includes_base = whole
         if transposed:
             d = adapter.kind.apply_delta_transposed(
                 adapter.factors, x, shape=adapter.matrix, **extra
@@ -146,7 +151,7 @@ def _delta_matmul(
     total = jnp.reshape(total, (*free, *result_shape))
     if w_is_lhs:  # dot_general puts the kernel's free axes first.
         total = jnp.moveaxis(total, range(len(free), total.ndim), range(len(result_shape)))
-    return total
+    return (total, includes_base) if with_flag else total
 
 
 def _fused_matmul(
@@ -192,11 +197,13 @@ def _dot_general(lhs: Any, rhs: Any, w: AdaptedArray, w_is_lhs: bool, params: di
         base = _base_matmul(lhs, rhs, w.base(), w_is_lhs, params)
         return base + d.astype(base.dtype)
     base = _base_matmul(lhs, rhs, w.base(), w_is_lhs, params)
-    d = _delta_matmul(lhs, rhs, w, w_is_lhs, dn, base)
+    whole = len(w.adapters) == 1
+    d = _delta_matmul(lhs, rhs, w, w_is_lhs, dn, base, whole, with_flag=True)
     if d is None:
         dense = w.materialise()  # raises unless allow_dense
         return lax.dot_general_p.bind(*((dense, rhs) if w_is_lhs else (lhs, dense)), **params)
-    return base + d.astype(base.dtype)
+    d, includes_base = d
+    return d.astype(base.dtype) if includes_base else base + d.astype(base.dtype)
 
 
 @quax.register(lax.dot_general_p)

@@ -140,6 +140,11 @@ def test_dropout_recomputes_the_base_product_on_the_dropped_input():
     c = factors["m"] / A.dora_column_norms(w, factors["a"], factors["b"], scale=spec.scale)
     want = (c - 1) * (x_d @ w) + c * (spec.scale * (x_d @ factors["a"]) @ factors["b"])
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    # whole=True returns x·W + the delta (adapt's path for a kernel with one DoRA adapter).
+    for k in (key, None):
+        whole = spec.apply_delta(factors, X, key=k, kernel=w, base=X @ w, whole=True)
+        delta = spec.apply_delta(factors, X, key=k, kernel=w)
+        np.testing.assert_allclose(whole, X @ w + delta, rtol=1e-5, atol=1e-5)
     ad = {"fc/kernel": _trained()["fc/kernel"].replace(kind=spec)}
     dropped = A.adapt(f)(PARAMS, ad, X, adapter_key=key)
     assert not np.allclose(dropped, A.adapt(f)(PARAMS, ad, X), atol=1e-3)
