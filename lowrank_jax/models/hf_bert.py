@@ -64,7 +64,6 @@ _TOP = {
     "embeddings/position/embedding": "embeddings.position_embeddings",
     "embeddings/token_type/embedding": "embeddings.token_type_embeddings",
     "embeddings/ln/scale": "embeddings.LayerNorm",
-    "head/kernel": "classifier",  # BertClassifier's head, BertForSequenceClassification's name
 }
 _LAYER = {f"{k}/kernel": v for k, v in _PROJECTIONS.items()} | _LAYER_OTHER
 _LAYER_INV = {v: k for k, v in _LAYER.items()}
@@ -101,7 +100,6 @@ def peft_module_name(path: str) -> str:
         pooler/dense/kernel                     ->  pooler.dense
         embeddings/{word,position,token_type}/embedding -> embeddings.{word,...}_embeddings
         embeddings/ln/scale                     ->  embeddings.LayerNorm
-        head/kernel (BertClassifier)            ->  classifier
 
     The embeddings and LayerNorms are named for PEFT's embedding LoRA, ``bias="all"`` and
     ``modules_to_save``. The HF `Linear` weight is `<name>.weight` (m, n), the transpose of our kernel (n, m); PEFT

@@ -125,11 +125,20 @@ def test_dropout_needs_key_and_is_inverted(block):
 
 def test_other_ops_raise_unless_allow_dense(plain):
     p, ad = plain
-    gather = lambda p, i: p["emb"][i]
+    column_sums = lambda p: jnp.sum(p["emb"], axis=0)
     with pytest.raises(NotImplementedError, match="no factorised rule"):
-        jax.jit(A.adapt(gather))(p, ad, jnp.array([1, 2]))
-    got = jax.jit(A.adapt(gather, allow_dense=True))(p, ad, jnp.array([1, 2]))
-    np.testing.assert_allclose(got, A.merge(p, ad)["emb"][jnp.array([1, 2])], atol=1e-6)
+        jax.jit(A.adapt(column_sums))(p, ad)
+    got = jax.jit(A.adapt(column_sums, allow_dense=True))(p, ad)
+    np.testing.assert_allclose(got, column_sums(A.merge(p, ad)), atol=1e-5)
+
+
+def test_row_lookups_are_factorised(plain):
+    """An embedding lookup ``E[ids]`` is ``E[ids] + s·A[ids]·B`` (PEFT's embedding LoRA)."""
+    p, ad = plain
+    ids = jnp.array([[1, 2], [3, 1]])
+    for lookup in (lambda p, i: p["emb"][i], lambda p, i: jnp.take(p["emb"], i, axis=0)):
+        got = jax.jit(A.adapt(lookup))(p, ad, ids)
+        np.testing.assert_allclose(got, lookup(A.merge(p, ad), ids), atol=1e-6)
 
 
 def test_bf16_compute_casts_factors(plain):
