@@ -13,7 +13,10 @@ Every kind works on the *matrix view* of a kernel: a kernel of shape ``(*stack, 
 * ``factor_specs(in_spec, out_spec)``: each factor's partitioning given the mesh axes of the
   kernel's input and output dimensions (for ``jax.sharding``);
 
-so new kinds (FrameFT, spectral SBVI adapters) slot in beside :class:`LoRA`. ``shape = (n, m)``
+so new kinds (FrameFT, spectral SBVI adapters) slot in beside :class:`LoRA`. A kind whose update
+depends on the frozen kernel (DoRA, :mod:`lowrank_jax.adapters.dora`) sets ``needs_kernel = True``;
+its ``apply_delta``, ``apply_delta_transposed`` and ``materialize`` then also take ``kernel=`` (the
+``(n, m)`` matrix view), and ``apply_delta`` may take ``base = x @ W`` to reuse it. ``shape = (n, m)``
 is the matrix view (``Adapter.matrix``); the callers pass it, so kinds whose trainable arrays do
 not reveal ``m`` (FrameFT, FourierFT, VeRA) keep no shape record in their factors.
 """

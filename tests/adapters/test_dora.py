@@ -167,3 +167,14 @@ def test_a_dora_training_step_lowers_for_tpu_and_gpu():
     abstract = jax.tree.map(lambda t: jax.ShapeDtypeStruct(t.shape, t.dtype), ad)
     spec = lowering.Step("dora grad", step, (abstract, jax.ShapeDtypeStruct(X.shape, X.dtype)))
     assert lowering.check_exported(lowering.export_step(spec), spec) == []
+
+
+def test_the_magnitude_is_sharded_like_the_kernel_outputs():
+    from jax.sharding import PartitionSpec as P
+
+    specs = A.partition_specs(_trained(), {"fc": {"kernel": P("data", "model")}})
+    assert specs["fc/kernel"].factors == {
+        "a": P("data", None),
+        "b": P(None, "model"),
+        "m": P("model"),
+    }
