@@ -18,7 +18,7 @@ Besides ``nn.Linear`` LoRA, the format covers (both ways):
 * **embedding LoRA**: ``<module>.lora_embedding_A`` ``(r, vocab)`` and ``lora_embedding_B``
   ``(dim, r)`` are ``aᵀ``, ``bᵀ`` of a LoRA on the ``(vocab, dim)`` table (our path ends in
   ``/embedding``); ``ΔE = s·a b``;
-* **convolution LoRA** (Conv1d/2d/3d): ``lora_A.weight`` ``(r, in, *window)`` is ``a`` reshaped from
+* **convolution LoRA** (Conv1d/2d; Conv3d takes the same path): ``lora_A.weight`` ``(r, in, *window)`` is ``a`` reshaped from
   flax's kernel layout ``(*window, in, r)``, ``lora_B.weight`` ``(out, r, 1, ...)`` is ``bᵀ``;
 * **trained biases and modules** (``bias="lora_only"``/``"all"``, ``modules_to_save``): a *trained*
   tree, see :mod:`lowrank_jax.adapters.peft_trained` (``load_peft(..., with_trained=True)``,
