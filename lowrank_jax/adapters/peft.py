@@ -45,14 +45,14 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from lowrank_jax.adapters import paths, peft_trained
+from lowrank_jax.adapters import paths, peft_layout, peft_trained
 from lowrank_jax.adapters.core import Adapter, AdapterSet, resolve_layout, split_shape
 from lowrank_jax.adapters.dora import DoRA
 from lowrank_jax.adapters.kinds import LoRA
 
 WEIGHTS_NAME = "adapter_model.safetensors"
 CONFIG_NAME = "adapter_config.json"
-_PREFIX = "base_model.model."
+_PREFIX = peft_layout.PREFIX
 
 # adapter_config.json keys that do not change the adapted function (metadata, initialisation,
 # target selection already reflected by the saved tensors).
@@ -133,67 +133,6 @@ def _pattern_value(patterns: dict[str, Any], name: str, default: Any) -> Any:
     return default
 
 
-_FACTOR_KEYS = {
-    ".lora_A.weight": "a",
-    ".lora_B.weight": "b",
-    ".lora_embedding_A": "a",
-    ".lora_embedding_B": "b",
-    ".lora_magnitude_vector": "m",
-}
-
-
-def _parse_tensors(
-    tensors: dict[str, np.ndarray], file: str
-) -> tuple[dict[str, dict[str, Any]], dict[str, np.ndarray]]:
-    """Splits the file's tensors into ``{module: {"a", "b", "m"?, "embedding"}}`` (as stored) and
-    the other tensors (trained biases and modules, keyed without the prefix)."""
-    modules: dict[str, dict[str, Any]] = {}
-    others: dict[str, np.ndarray] = {}
-    for key in sorted(tensors):
-        body = key.removeprefix(_PREFIX)
-        suffix = next((x for x in _FACTOR_KEYS if body.endswith(x)), None)
-        if suffix is None:
-            others[body] = tensors[key]
-            continue
-        entry = modules.setdefault(body[: -len(suffix)], {})
-        entry[_FACTOR_KEYS[suffix]] = tensors[key]
-        if "embedding" in suffix:
-            entry["embedding"] = True
-    for name, entry in modules.items():
-        for factor, what in (("a", "lora_A"), ("b", "lora_B")):
-            if factor not in entry:
-                raise ValueError(f"{file}: module {name!r} has no {what} tensor.")
-    if not modules:
-        raise ValueError(f"{file} holds no lora_A/lora_B tensors.")
-    return modules, others
-
-
-def _factors_from_peft(entry: dict[str, Any], name: str, use_dora: bool, file: str) -> dict:
-    """Our ``a: (n, r)``, ``b: (r, m)`` (and DoRA's ``m``) from one module's PEFT tensors, and the
-    kernel's input axes for a convolution (``lora_A`` ``(r, in, *window)``)."""
-    a, b = np.asarray(entry["a"]), np.asarray(entry["b"])
-    r = a.shape[0]
-    out = {"in_ndim": None}
-    if a.ndim > 2:  # a convolution: (r, in, *window) -> (*window, in, r) -> (n, r)
-        out["in_ndim"] = a.ndim - 1
-        a = np.transpose(a, (*range(2, a.ndim), 1, 0)).reshape(-1, r).T
-        b = b.reshape(b.shape[0], r)
-    out["a"], out["b"] = a.T, b.T
-    if use_dora != ("m" in entry):
-        raise ValueError(
-            f"{file}: module {name!r} {'lacks' if use_dora else 'has'} a lora_magnitude_vector "
-            f"but the config says use_dora={use_dora}."
-        )
-    if use_dora and (entry.get("embedding") or out["in_ndim"]):
-        raise ValueError(
-            f"{file}: module {name!r} is DoRA on an embedding or a convolution; DoRA loads for "
-            "linear layers only."
-        )
-    if use_dora:
-        out["m"] = np.asarray(entry["m"]).reshape(-1)
-    return out
-
-
 def _takes_layer(module_name: Callable[..., str]) -> bool:
     """Whether ``module_name(path, layer)`` is a valid call (a name map for stacked layers)."""
     try:
@@ -263,24 +202,6 @@ def save_peft(
     return [write(directory, adapters)]
 
 
-def _is_conv(path: str, adapter: Adapter, kernels: dict[str, Any]) -> bool:
-    shape = getattr(kernels.get(path), "shape", ())
-    return 3 <= len(shape) <= 5 and adapter.in_ndim == len(shape) - 1 and adapter.out_ndim == 1
-
-
-def _module_tensors(name: str, a: np.ndarray, b: np.ndarray, layout: Any) -> dict[str, np.ndarray]:
-    """PEFT's tensors of one module from ``a: (n, r)``, ``b: (r, m)``; ``layout`` is
-    ``"embedding"``, a conv kernel shape ``(*window, in, out)`` or ``None`` (linear)."""
-    if layout == "embedding":
-        return {f"{name}.lora_embedding_A": a.T.copy(), f"{name}.lora_embedding_B": b.T.copy()}
-    if layout is None:
-        return {f"{name}.lora_A.weight": a.T.copy(), f"{name}.lora_B.weight": b.T.copy()}
-    r, nd = a.shape[1], len(layout)
-    a_conv = np.reshape(a, (*layout[:-1], r)).transpose((nd - 1, nd - 2, *range(nd - 2)))
-    b_conv = np.reshape(b.T, (b.shape[1], r) + (1,) * (nd - 2))
-    return {f"{name}.lora_A.weight": a_conv.copy(), f"{name}.lora_B.weight": b_conv}
-
-
 def _save_one(
     directory: str | os.PathLike,
     adapters: AdapterSet,
@@ -318,13 +239,13 @@ def _save_one(
         layout = None
         if path.endswith("/embedding"):
             layout = "embedding"
-        elif f["a"].ndim == 2 and _is_conv(path, adapter, kernels):
+        elif f["a"].ndim == 2 and peft_layout.is_conv(path, adapter, kernels):
             layout = tuple(kernels[path].shape)
         for name, f_i in per_module.items():
             tensors.update(
                 {
                     _PREFIX + k: v
-                    for k, v in _module_tensors(name, f_i["a"], f_i["b"], layout).items()
+                    for k, v in peft_layout.module_tensors(name, f_i["a"], f_i["b"], layout).items()
                 }
             )
             if "m" in f_i:
@@ -497,7 +418,7 @@ def load_peft(
     file = os.path.join(directory, WEIGHTS_NAME)
     if not os.path.isfile(file):
         raise FileNotFoundError(f"{file} does not exist: not a PEFT adapter directory.")
-    modules, others = _parse_tensors(load_file(file), file)
+    modules, others = peft_layout.parse_tensors(load_file(file), file)
     if others and not with_trained:
         raise ValueError(
             f"{file} holds trained parameters besides LoRA factors ({sorted(others)[0]!r}, ...: "
@@ -523,7 +444,7 @@ def load_peft(
             "name": name,
             "rank": int(rank),
             "alpha": float(alpha),
-            **_factors_from_peft(entry, name, use_dora, file),
+            **peft_layout.factors_from_peft(entry, name, use_dora, file),
         }
     out: AdapterSet = {}
     for path, layers in found.items():
