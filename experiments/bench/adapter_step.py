@@ -14,6 +14,9 @@ of 64×128 tokens and a squared-error loss against a fixed random target, and ti
   ``x·(W + s·A·B)`` per projection with a hand-written backward
   (:mod:`lowrank_jax.adapters.fused`): no weight gradient, and no second token-sized buffer per
   projection (the headline LoRA step);
+* ``dora-quax``: DoRA (:func:`lowrank_jax.adapters.dora`, same rank and targets) on the factorised
+  path: the LoRA product plus the detached column norm ``‖W + s·A·B‖`` from an ``(r, m)`` product
+  with the frozen kernel;
 * ``lora-bf16`` / ``lora-int8``: ``lora-fused`` on a frozen base stored in bfloat16 / int8
   (``adapters.low_precision_base``; float32 adapters, Adam state and output);
 * ``peft``: Hugging Face PEFT's LoRA on PyTorch (CPU, same thread count) for the same block,
@@ -237,6 +240,12 @@ def _jax_method(
     )
 
 
+def _dora(args: argparse.Namespace, variables: Any) -> Any:
+    """DoRA adapters (same rank, alpha and targets as the LoRA ones; start at the base model)."""
+    rules = [(RULES_PATTERN, adapters.dora(args.rank, alpha=args.alpha))]
+    return adapters.init(jax.random.key(0), variables, rules)
+
+
 def build_jax_methods(
     args: argparse.Namespace,
     model: nn.Module,
@@ -263,6 +272,11 @@ def build_jax_methods(
         "lora-quax": (lambda a, v, x, y: _mse(quax_fwd(v, a, x), y), ad, variables),
         "lora-linen": (lambda a, v, x, y: _mse(linen_fwd(v, a, x), y), ad, variables),
         "lora-fused": (fused_loss, ad, variables),
+        "dora-quax": (
+            lambda a, v, x, y: _mse(quax_fwd(v, a, x), y),
+            _dora(args, variables),
+            variables,
+        ),
     }
     for name, dtype in LOW_PRECISION.items():
         frozen = adapters.low_precision_base(variables, dtype, patterns=(RULES_PATTERN,))

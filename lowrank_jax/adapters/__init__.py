@@ -13,6 +13,7 @@ from lowrank_jax.adapters.core import (
     split_trainable,
     unmerge,
 )
+from lowrank_jax.adapters.dora import DoRA, dora, dora_column_norms, dora_norms, unmerge_dora
 from lowrank_jax.adapters.fourierft import FourierFT, fourier_frequencies, fourierft
 from lowrank_jax.adapters.frameft import FrameFT, frame_positions, frameft
 from lowrank_jax.adapters.initializers import (
@@ -43,6 +44,7 @@ __all__ = [
     "Adapter",
     "AdapterKind",
     "AdapterSet",
+    "DoRA",
     "FourierFT",
     "FrameFT",
     "KFACStats",
@@ -56,6 +58,9 @@ __all__ = [
     "delta",
     "dequantize",
     "dequantize_base",
+    "dora",
+    "dora_column_norms",
+    "dora_norms",
     "eva",
     "fourier_frequencies",
     "fourierft",
@@ -82,6 +87,7 @@ __all__ = [
     "spectral",
     "split_trainable",
     "unmerge",
+    "unmerge_dora",
     "vera",
     "vera_projections",
 ]

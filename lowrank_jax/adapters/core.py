@@ -151,11 +151,39 @@ def as_sets(adapters: Any) -> list[AdapterSet]:
     )
 
 
-def delta(adapter: Adapter, kernel_shape: Sequence[int]) -> jax.Array:
-    """The full update ``ΔW`` in the kernel's shape (for merging and export, never in training)."""
+def needs_kernel(adapter: Adapter) -> bool:
+    """Whether the adapter's update depends on the frozen kernel (DoRA), not only its factors."""
+    return bool(getattr(adapter.kind, "needs_kernel", False))
+
+
+def delta(adapter: Adapter, kernel_shape: Sequence[int], kernel: Any = None) -> jax.Array:
+    """The full update ``ΔW`` in the kernel's shape (for merging and export, never in training).
+
+    Args:
+      adapter: one kernel's adapter.
+      kernel_shape: the kernel's shape ``(*stack, *in_shape, *out_shape)``.
+      kernel: the frozen kernel itself; needed by kinds whose update depends on it (DoRA's
+        ``W·diag(c) − W``), ignored by the others.
+
+    Returns:
+      ``ΔW`` of shape ``kernel_shape``.
+
+    Raises:
+      ValueError: the kind needs the kernel and none was given.
+    """
     stack, n, m = adapter.matrix_shape(kernel_shape)
     flat = jax.tree.map(lambda f: jnp.reshape(f, (-1, *f.shape[len(stack) :])), adapter.factors)
-    dw = jax.vmap(functools.partial(adapter.kind.materialize, shape=(n, m)))(flat)
+    fn = functools.partial(adapter.kind.materialize, shape=(n, m))
+    if needs_kernel(adapter):
+        if kernel is None:
+            raise ValueError(
+                f"{type(adapter.kind).__name__}'s update depends on the frozen kernel: pass "
+                "delta(adapter, kernel.shape, kernel)."
+            )
+        w = jnp.reshape(dequantize(kernel), (-1, n, m))
+        dw = jax.vmap(lambda f, w: fn(f, kernel=w))(flat, w)
+    else:
+        dw = jax.vmap(fn)(flat)
     return jnp.reshape(dw, tuple(kernel_shape))
 
 
@@ -196,7 +224,13 @@ def map_adapted(params: Any, adapters: Any, fn: Callable[[str, Any, list[Adapter
 def _apply_to_kernels(params: Any, adapters: Any, sign: float) -> Any:
     def update(path, leaf, ads):
         leaf = dequantize(leaf)  # an int8 base merges into float32 kernels
-        total = sum(delta(a, leaf.shape) for a in ads)
+        if sign < 0 and any(needs_kernel(a) for a in ads):
+            raise ValueError(
+                f"{path!r} carries a DoRA adapter, whose merge cannot be undone from the merged "
+                "kernel alone; use adapters.unmerge_dora(params, adapters, norms) with norms = "
+                "adapters.dora_norms(params_before_merge, adapters)."
+            )
+        total = sum(delta(a, leaf.shape, leaf) for a in ads)
         dtype = jnp.result_type(leaf.dtype, total.dtype)  # bf16 base + f32 factors: float32
         return (leaf.astype(dtype) + sign * total.astype(dtype)).astype(dtype)
 
@@ -213,7 +247,8 @@ def merge(params: Any, adapters: Any) -> Any:
     Returns:
       ``params`` with every adapted kernel replaced by ``W + ΔW``, in the kernel's dtype promoted
       with the factors' (a bfloat16 base with float32 factors gives float32); an int8 kernel
-      (:mod:`lowrank_jax.adapters.quant`) is dequantised first.
+      (:mod:`lowrank_jax.adapters.quant`) is dequantised first. Every ``ΔW`` is taken from the
+      unmerged kernel; a DoRA adapter's is ``(W + s·A B)·diag(c) − W``.
     """
     return _apply_to_kernels(params, adapters, 1.0)
 
@@ -223,6 +258,9 @@ def unmerge(params: Any, adapters: Any) -> Any:
 
     Also turns a data-aware initialisation (PiSSA, ...) into a residual base: after
     ``params = unmerge(params, adapters)`` the adapted model starts at the original function.
+
+    Raises:
+      ValueError: a kernel carries a DoRA adapter (use :func:`lowrank_jax.adapters.unmerge_dora`).
     """
     return _apply_to_kernels(params, adapters, -1.0)
 

@@ -13,7 +13,10 @@ Every kind works on the *matrix view* of a kernel: a kernel of shape ``(*stack, 
 * ``factor_specs(in_spec, out_spec)``: each factor's partitioning given the mesh axes of the
   kernel's input and output dimensions (for ``jax.sharding``);
 
-so new kinds (FrameFT, spectral SBVI adapters) slot in beside :class:`LoRA`. ``shape = (n, m)``
+so new kinds (FrameFT, spectral SBVI adapters) slot in beside :class:`LoRA`. A kind whose update
+depends on the frozen kernel (DoRA, :mod:`lowrank_jax.adapters.dora`) sets ``needs_kernel = True``;
+its ``apply_delta``, ``apply_delta_transposed`` and ``materialize`` then also take ``kernel=`` (the
+``(n, m)`` matrix view), and ``apply_delta`` may take ``base = x @ W`` to reuse it. ``shape = (n, m)``
 is the matrix view (``Adapter.matrix``); the callers pass it, so kinds whose trainable arrays do
 not reveal ``m`` (FrameFT, FourierFT, VeRA) keep no shape record in their factors.
 """
@@ -45,6 +48,23 @@ def matrix_dims(shape: Any, kind: str = "this adapter kind") -> tuple[int, int]:
         )
     n, m = shape
     return int(n), int(m)
+
+
+def dropout(x: jax.Array, key: jax.Array | None, rate: float) -> jax.Array:
+    """Inverted dropout of an adapter's input: ``x`` itself when ``key`` is ``None`` or ``rate`` 0.
+
+    Args:
+      x: the input, any shape.
+      key: PRNG key, or ``None`` (no dropout, e.g. at evaluation).
+      rate: the probability of zeroing an entry, in ``[0, 1)``.
+
+    Returns:
+      ``x`` with entries zeroed with probability ``rate`` and the rest scaled by ``1/(1 − rate)``.
+    """
+    if key is None or rate <= 0.0:
+        return x
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
 
 
 class AdapterKind(Protocol):
@@ -167,9 +187,7 @@ class LoRA:
         key: jax.Array | None = None,
     ) -> jax.Array:
         del shape  # A and B carry it.
-        if key is not None and self.dropout > 0.0:
-            keep = jax.random.bernoulli(key, 1.0 - self.dropout, x.shape)
-            x = jnp.where(keep, x / (1.0 - self.dropout), 0).astype(x.dtype)
+        x = dropout(x, key, self.dropout)
         a, b = factors["a"], factors["b"]
         return ((x.astype(a.dtype) @ a) @ b) * jnp.asarray(self.scale, a.dtype)
 

@@ -11,10 +11,22 @@ Module names come from a user-supplied map (for the MiniLM BERT of :mod:`lowrank
 ``models.hf_module_name`` / ``models.path_from_hf_module`` do for the decoder family, and the
 per-layer factors are stacked back on the layer axis. No pickle is read or written.
 
+Besides ``nn.Linear`` LoRA, the format covers (both ways):
+
+* **DoRA** (``use_dora=True``): ``<module>.lora_magnitude_vector`` ``(out,)`` is the factor ``m`` of
+  :class:`lowrank_jax.adapters.DoRA`;
+* **embedding LoRA**: ``<module>.lora_embedding_A`` ``(r, vocab)`` and ``lora_embedding_B``
+  ``(dim, r)`` are ``aᵀ``, ``bᵀ`` of a LoRA on the ``(vocab, dim)`` table (our path ends in
+  ``/embedding``); ``ΔE = s·a b``;
+* **convolution LoRA** (Conv1d/2d; Conv3d takes the same path): ``lora_A.weight`` ``(r, in, *window)`` is ``a`` reshaped from
+  flax's kernel layout ``(*window, in, r)``, ``lora_B.weight`` ``(out, r, 1, ...)`` is ``bᵀ``;
+* **trained biases and modules** (``bias="lora_only"``/``"all"``, ``modules_to_save``): a *trained*
+  tree, see :mod:`lowrank_jax.adapters.peft_trained` (``load_peft(..., with_trained=True)``,
+  ``save_peft(..., trained=...)``).
+
 Loading is strict: every tensor of the file and every setting of ``adapter_config.json`` that would
-change the adapted model is either used or refused with an error naming it (DoRA's
-``lora_magnitude_vector``, embedding LoRA's ``lora_embedding_A/B``, ``bias="lora_only"`` tensors,
-``modules_to_save``, ...), never silently dropped. ``rank_pattern``/``alpha_pattern`` keys match a
+change the adapted model is either used or refused with an error naming it (``lora_bias``,
+``trainable_token_indices``, DoRA on an embedding or convolution, ...), never silently dropped. ``rank_pattern``/``alpha_pattern`` keys match a
 module name as PEFT matches them: the key is a regular expression for the name's dotted suffix,
 ``(.*\.)?key$``, and the first matching key wins.
 """
@@ -33,13 +45,14 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from lowrank_jax.adapters import paths
+from lowrank_jax.adapters import paths, peft_layout, peft_trained
 from lowrank_jax.adapters.core import Adapter, AdapterSet, resolve_layout, split_shape
+from lowrank_jax.adapters.dora import DoRA
 from lowrank_jax.adapters.kinds import LoRA
 
 WEIGHTS_NAME = "adapter_model.safetensors"
 CONFIG_NAME = "adapter_config.json"
-_PREFIX = "base_model.model."
+_PREFIX = peft_layout.PREFIX
 
 # adapter_config.json keys that do not change the adapted function (metadata, initialisation,
 # target selection already reflected by the saved tensors).
@@ -54,14 +67,12 @@ _METADATA_KEYS = frozenset(
 )  # fmt: skip
 # Keys this loader reads.
 _USED_KEYS = frozenset(
-    {"r", "lora_alpha", "lora_dropout", "use_rslora", "rank_pattern", "alpha_pattern"}
-)
+    {"r", "lora_alpha", "lora_dropout", "use_rslora", "rank_pattern", "alpha_pattern", "use_dora",
+     "bias", "modules_to_save"}
+)  # fmt: skip
 # Keys that change the model and are not supported: allowed only at their neutral value.
 _WHY_UNSUPPORTED = {
-    "use_dora": "DoRA (magnitude vectors) is not supported; merge the DoRA adapter in PEFT first",
-    "bias": 'bias training is not supported; only bias="none" loads',
-    "lora_bias": "LoRA bias terms are not supported",
-    "modules_to_save": "fully trained modules (modules_to_save) are not supported",
+    "lora_bias": "LoRA bias terms (lora_B with a bias) are not supported",
     "trainable_token_indices": "trainable tokens are not supported",
     "use_qalora": "QA-LoRA is not supported",
     "alora_invocation_tokens": "activated LoRA (aLoRA) is not supported",
@@ -99,6 +110,13 @@ def _read_config(directory: str | os.PathLike) -> dict[str, Any]:
     for key in ("rank_pattern", "alpha_pattern"):
         if not isinstance(config.get(key) or {}, dict):
             raise ValueError(f"{file}: {key!r} must be an object of module-name patterns.")
+    if config.get("bias", "none") not in ("none", "lora_only", "all"):
+        raise ValueError(
+            f"{file}: bias={config['bias']!r}; PEFT's values are none, lora_only, all."
+        )
+    saved = config.get("modules_to_save") or []
+    if not isinstance(saved, list) or not all(isinstance(m, str) for m in saved):
+        raise ValueError(f"{file}: modules_to_save must be a list of module names, not {saved!r}.")
     for key, value in config.items():
         if key in _METADATA_KEYS or key in _USED_KEYS or value in _NEUTRAL:
             continue
@@ -113,35 +131,6 @@ def _pattern_value(patterns: dict[str, Any], name: str, default: Any) -> Any:
         if re.match(rf"(.*\.)?({key})$", name):
             return value
     return default
-
-
-def _check_tensor_keys(tensors: dict[str, np.ndarray], file: str) -> list[str]:
-    """Returns the module names with LoRA A/B pairs; any other tensor is an error naming it."""
-    names = []
-    for key in sorted(tensors):
-        body = key.removeprefix(_PREFIX)
-        if body.endswith(".lora_A.weight"):
-            name = body[: -len(".lora_A.weight")]
-            if f"{_PREFIX}{name}.lora_B.weight" not in tensors:
-                raise ValueError(f"{file}: {key!r} has no matching lora_B.weight.")
-            names.append(name)
-        elif body.endswith(".lora_B.weight"):
-            if f"{_PREFIX}{body[: -len('.lora_B.weight')]}.lora_A.weight" not in tensors:
-                raise ValueError(f"{file}: {key!r} has no matching lora_A.weight.")
-        elif "lora_magnitude_vector" in body:
-            raise ValueError(f"{file}: {key!r} is a DoRA magnitude vector; DoRA is not supported.")
-        elif "lora_embedding_" in body:
-            raise ValueError(
-                f"{file}: {key!r} is an embedding LoRA factor; embedding LoRA is not supported."
-            )
-        else:
-            raise ValueError(
-                f"{file}: tensor {key!r} is not a LoRA factor (a bias, a module to save, ...); "
-                "only lora_A/lora_B weights load."
-            )
-    if not names:
-        raise ValueError(f"{file} holds no lora_A/lora_B tensors.")
-    return names
 
 
 def _takes_layer(module_name: Callable[..., str]) -> bool:
@@ -167,17 +156,20 @@ def save_peft(
     module_name: Callable[..., str],
     base_model: str = "",
     task_type: str | None = None,
+    params: Any = None,
+    trained: Any = None,
 ) -> list[str]:
-    """Writes LoRA adapters in PEFT's format so ``PeftModel.from_pretrained`` can load them.
+    """Writes LoRA/DoRA adapters in PEFT's format so ``PeftModel.from_pretrained`` can load them.
 
     Args:
       directory: created if missing; ``adapter_model.safetensors`` and ``adapter_config.json`` go
         there. For named sets, one sub-directory per name (``directory/<name>/``), as PEFT's
         ``save_pretrained`` writes extra adapters; load each with ``PeftModel.from_pretrained(
         model, directory/<name>, adapter_name=<name>)``.
-      adapters: one adapter set from :func:`lowrank_jax.adapters.init` (LoRA kind; factors with
-        at most one stacked layer axis), or named sets ``{name: set}`` as
-        :func:`lowrank_jax.adapters.adapt` takes them.
+      adapters: one adapter set from :func:`lowrank_jax.adapters.init` (all :class:`LoRA` or all
+        :class:`DoRA`; factors with at most one stacked layer axis), or named sets
+        ``{name: set}`` as :func:`lowrank_jax.adapters.adapt` takes them. A LoRA on a path that
+        ends in ``/embedding`` is written as PEFT's embedding LoRA.
       module_name: maps our kernel path to the PyTorch module name, e.g. ``params/encoder/layer_0/
         attention/query/kernel`` -> ``encoder.layer.0.attention.self.query``. For adapters
         stacked on a layer axis it is called as ``module_name(path, layer)`` for each layer
@@ -185,22 +177,29 @@ def save_peft(
       base_model: ``base_model_name_or_path`` recorded in the config (for MiniLM:
         ``models.MINILM_NAME``).
       task_type: PEFT task type (``None``, ``"SEQ_CLS"``, ...).
+      params: the parameter pytree; needed with ``trained`` and for convolutions: with it, an
+        unstacked kernel of 3 to 5 axes whose adapter reads all but the last as inputs (flax's
+        ``nn.Conv`` layout ``(*window, in, out)``) is written as a PyTorch convolution's LoRA.
+      trained: trained biases and modules, a tree shaped like ``params`` with ``None`` elsewhere
+        (from :func:`lowrank_jax.adapters.split_trainable` or ``load_peft(..., with_trained=True)``);
+        written as ``bias="lora_only"``/``"all"`` tensors and ``modules_to_save``.
 
     Returns:
       The directories written (one, or one per named set).
 
     Raises:
-      TypeError: an adapter is not LoRA.
-      ValueError: stacked adapters with a ``module_name`` that takes no layer index or with more
-        than one stacked axis, dropout rates that differ (PEFT has one ``lora_dropout``), or an
-        empty set.
+      TypeError: an adapter is neither LoRA nor DoRA.
+      ValueError: a set that mixes LoRA and DoRA (PEFT has one ``use_dora``), stacked adapters
+        with a ``module_name`` that takes no layer index or with more than one stacked axis,
+        dropout rates that differ (PEFT has one ``lora_dropout``), ``trained`` without
+        ``params``, a trained leaf no module owns, or an empty set.
     """
+    if trained is not None and params is None:
+        raise ValueError("save_peft(..., trained=...) needs params= to name the trained leaves.")
+    write = lambda d, s: _save_one(d, s, module_name, base_model, task_type, params, trained)  # noqa: E731
     if adapters and all(isinstance(v, dict) for v in adapters.values()):
-        return [
-            _save_one(os.path.join(directory, str(name)), s, module_name, base_model, task_type)
-            for name, s in adapters.items()
-        ]
-    return [_save_one(directory, adapters, module_name, base_model, task_type)]
+        return [write(os.path.join(directory, str(name)), s) for name, s in adapters.items()]
+    return [write(directory, adapters)]
 
 
 def _save_one(
@@ -209,29 +208,48 @@ def _save_one(
     module_name: Callable[..., str],
     base_model: str,
     task_type: str | None,
+    params: Any,
+    trained: Any,
 ) -> str:
     if not adapters:
         raise ValueError("save_peft got an empty adapter set; nothing to write.")
-    tensors, ranks, alphas, dropouts, rslora = {}, {}, {}, set(), set()
+    kernels = paths.named_leaves(params) if params is not None else {}
+    tensors, ranks, alphas, dropouts, rslora, dora = {}, {}, {}, set(), set(), set()
     for path, adapter in adapters.items():
-        if not isinstance(adapter, Adapter) or not isinstance(adapter.kind, LoRA):
+        if not isinstance(adapter, Adapter) or not isinstance(adapter.kind, LoRA | DoRA):
             kind = type(getattr(adapter, "kind", adapter)).__name__
-            raise TypeError(f"{path!r} is a {kind}; PEFT export is LoRA only.")
-        a, b = _numpy(adapter.factors["a"]), _numpy(adapter.factors["b"])
-        if a.ndim == 2:
-            per_module = {module_name(path): (a, b)}
-        elif a.ndim == 3 and _takes_layer(module_name):
-            per_module = {module_name(path, i): (a[i], b[i]) for i in range(a.shape[0])}
+            raise TypeError(f"{path!r} is a {kind}; PEFT export is LoRA and DoRA only.")
+        kind = adapter.kind.lora if isinstance(adapter.kind, DoRA) else adapter.kind
+        dora.add(isinstance(adapter.kind, DoRA))
+        names = ("a", "b", "m") if isinstance(adapter.kind, DoRA) else ("a", "b")
+        f = {k: _numpy(adapter.factors[k]) for k in names}
+        if f["a"].ndim == 2:
+            per_module = {module_name(path): f}
+        elif f["a"].ndim == 3 and _takes_layer(module_name):
+            per_module = {
+                module_name(path, i): {k: v[i] for k, v in f.items()}
+                for i in range(f["a"].shape[0])
+            }
         else:
             raise ValueError(
-                f"{path!r} is stacked (nn.scan) with factor shape {a.shape}: PEFT export needs "
+                f"{path!r} is stacked (nn.scan) with factor shape {f['a'].shape}: PEFT export needs "
                 "one stacked layer axis and a module_name(path, layer) that names each layer's "
                 "module (e.g. models.hf_module_name), or unstacked layers."
             )
-        kind = adapter.kind
-        for name, (a_i, b_i) in per_module.items():
-            tensors[f"{_PREFIX}{name}.lora_A.weight"] = a_i.T.copy()
-            tensors[f"{_PREFIX}{name}.lora_B.weight"] = b_i.T.copy()
+        layout = None
+        if path.endswith("/embedding"):
+            layout = "embedding"
+        elif f["a"].ndim == 2 and peft_layout.is_conv(path, adapter, kernels):
+            layout = tuple(kernels[path].shape)
+        for name, f_i in per_module.items():
+            tensors.update(
+                {
+                    _PREFIX + k: v
+                    for k, v in peft_layout.module_tensors(name, f_i["a"], f_i["b"], layout).items()
+                }
+            )
+            if "m" in f_i:
+                tensors[f"{_PREFIX}{name}.lora_magnitude_vector"] = f_i["m"].copy()
             ranks[name] = kind.rank
             alphas[name] = float(kind.rank if kind.alpha is None else kind.alpha)
         dropouts.add(kind.dropout)
@@ -240,6 +258,12 @@ def _save_one(
         raise ValueError(
             "PEFT has one lora_dropout and one use_rslora per adapter; make them equal."
         )
+    if len(dora) > 1:
+        raise ValueError("PEFT has one use_dora per adapter; save LoRA and DoRA sets apart.")
+    bias, saved = "none", None
+    if trained is not None:
+        extra, bias, saved = peft_trained.save_trained(trained, params, module_name, set(ranks))
+        tensors.update({_PREFIX + k: v for k, v in extra.items()})
     r = max(set(ranks.values()), key=list(ranks.values()).count)
     alpha = max(set(alphas.values()), key=list(alphas.values()).count)
     config = {
@@ -250,13 +274,14 @@ def _save_one(
         "lora_alpha": alpha,
         "lora_dropout": dropouts.pop() if dropouts else 0.0,
         "use_rslora": rslora.pop() if rslora else False,
+        "use_dora": dora.pop(),
         "target_modules": sorted(ranks),
         "rank_pattern": {k: v for k, v in ranks.items() if v != r},
         "alpha_pattern": {k: v for k, v in alphas.items() if v != alpha},
-        "bias": "none",
+        "bias": bias,
         "fan_in_fan_out": False,
         "init_lora_weights": True,
-        "modules_to_save": None,
+        "modules_to_save": saved or None,
         "inference_mode": True,
     }
     os.makedirs(directory, exist_ok=True)
@@ -268,7 +293,7 @@ def _save_one(
 
 def _adapter_from_peft(
     path: str,
-    layers: dict[int | None, tuple],
+    layers: dict[int | None, dict[str, Any]],
     kernel: Any,
     spec: Any,
     config: dict[str, Any],
@@ -276,11 +301,12 @@ def _adapter_from_peft(
 ) -> Adapter:
     """One ``Adapter`` from the PEFT modules of one kernel: a single module (``layers`` keyed by
     ``None``) or one per layer of a stacked kernel (keyed by layer index; absent layers get zero
-    factors, i.e. no update, as PEFT's ``layers_to_transform`` leaves them)."""
+    factors, i.e. no update, as PEFT's ``layers_to_transform`` leaves them; a DoRA magnitude of an
+    absent layer is its column norm, which is no update either)."""
     stacked = None not in layers
     if not stacked and len(layers) > 1:
         raise ValueError(f"{path!r} gets both a whole-kernel module and per-layer modules.")
-    settings = {(v[3], v[4]) for v in layers.values()}
+    settings = {(v["rank"], v["alpha"]) for v in layers.values()}
     if len(settings) > 1:
         raise ValueError(
             f"the layers of {path!r} have different (rank, alpha) {sorted(settings)} in the PEFT "
@@ -288,6 +314,9 @@ def _adapter_from_peft(
         )
     rank, alpha = settings.pop()
     in_ndim, out_ndim = getattr(spec, "in_ndim", None), getattr(spec, "out_ndim", None)
+    conv = {v["in_ndim"] for v in layers.values()} - {None}
+    if conv:
+        in_ndim, out_ndim = conv.pop(), 1
     if stacked and in_ndim is None and out_ndim is None:
         in_ndim = out_ndim = 1  # (L, n, m): one matrix per layer
     kind = LoRA(
@@ -298,6 +327,7 @@ def _adapter_from_peft(
         in_ndim=in_ndim,
         out_ndim=out_ndim,
     )
+    use_dora = bool(config.get("use_dora", False))
     shape = tuple(kernel.shape)
     i, o = resolve_layout(kind, shape, path)
     stack, n, m = split_shape(shape, i, o)
@@ -307,25 +337,37 @@ def _adapter_from_peft(
             f"it {'per layer' if stacked else 'as one matrix'}; module_path must return "
             "(path, layer) exactly for the layers of a kernel with one stacked axis."
         )
-    for name, a, b, *_ in layers.values():
-        if a.shape != (n, rank) or b.shape != (rank, m):
+    for v in layers.values():
+        if v["a"].shape != (n, rank) or v["b"].shape != (rank, m):
             raise ValueError(
-                f"PEFT tensors for {name!r} have shapes A{a.shape[::-1]}, B{b.shape[::-1]}; the "
-                f"kernel {path!r} {shape} needs A({rank}, {n}) and B({m}, {rank})."
+                f"PEFT tensors for {v['name']!r} have shapes A{v['a'].shape[::-1]}, "
+                f"B{v['b'].shape[::-1]} (as a matrix); the kernel {path!r} {shape} needs "
+                f"A({rank}, {n}) and B({m}, {rank})."
             )
+        if use_dora and v["m"].shape != (m,):
+            raise ValueError(f"{v['name']!r}: lora_magnitude_vector {v['m'].shape}, need ({m},).")
+    names = ("a", "b", "m") if use_dora else ("a", "b")
     if not stacked:
-        _, a, b, *_ = layers[None]
+        factors = {f: layers[None][f] for f in names}
     else:
         bad = sorted(k for k in layers if not 0 <= k < stack[0])
         if bad:
             raise ValueError(f"layers {bad} of {path!r} do not exist (it has {stack[0]}).")
         first = next(iter(layers.values()))
-        a = np.zeros((stack[0], n, rank), first[1].dtype)
-        b = np.zeros((stack[0], rank, m), first[2].dtype)
-        for k, (_, a_k, b_k, *_) in layers.items():
-            a[k], b[k] = a_k, b_k
-    factors = {"a": jnp.asarray(a, dtype), "b": jnp.asarray(b, dtype)}
-    return Adapter(factors=factors, kind=kind, in_ndim=i, out_ndim=o, matrix=(n, m))
+        factors = {f: np.zeros((stack[0], *first[f].shape), first[f].dtype) for f in names}
+        if use_dora:  # absent layers: magnitude = column norm of W, i.e. no update
+            factors["m"][:] = np.linalg.norm(np.asarray(kernel, np.float32), axis=1)
+        for k, v in layers.items():
+            for f in names:
+                factors[f][k] = v[f]
+    factors = {f: jnp.asarray(x, dtype) for f, x in factors.items()}
+    return Adapter(
+        factors=factors,
+        kind=DoRA(lora=kind) if use_dora else kind,
+        in_ndim=i,
+        out_ndim=o,
+        matrix=(n, m),
+    )
 
 
 def load_peft(
@@ -335,30 +377,39 @@ def load_peft(
     module_path: Callable[[str], str | tuple[str, int | None]],
     dtype: Any = None,
     rules: paths.Rules | None = None,
-) -> AdapterSet:
+    with_trained: bool = False,
+) -> AdapterSet | tuple[AdapterSet, Any]:
     """Reads a PEFT LoRA adapter into an adapter set for ``params``; the mirror of `save_peft`.
 
     Args:
       directory: holds ``adapter_model.safetensors`` and ``adapter_config.json``.
       params: the parameter pytree to adapt (kernel shapes are checked against the tensors).
-      module_path: maps a PyTorch module name to our kernel path: the inverse of ``save_peft``'s
-        ``module_name`` (for MiniLM: ``models.flax_path_from_peft``). It may return ``(path,
-        layer)`` for one layer of a kernel stacked on a layer axis (``(path, None)``: a whole
-        kernel), e.g. ``models.path_from_hf_module``; the layers' factors are stacked on that
-        axis, and layers PEFT did not adapt get zero factors.
+      module_path: maps a PyTorch module name to our path of the module's kernel (an embedding's
+        ``embedding``, a LayerNorm's ``scale``): the inverse of ``save_peft``'s ``module_name``
+        (for MiniLM: ``models.flax_path_from_peft``). It may return ``(path, layer)`` for one
+        layer of a kernel stacked on a layer axis (``(path, None)``: a whole kernel), e.g.
+        ``models.path_from_hf_module``; the layers' factors are stacked on that axis, and layers
+        PEFT did not adapt get zero factors.
       dtype: dtype of the factors (default: as stored).
-      rules: only needed for kernels that are not 2-D, to give their ``in_ndim``/``out_ndim``.
+      rules: only needed for kernels that are not 2-D and not convolutions, to give their
+        ``in_ndim``/``out_ndim``.
+      with_trained: also return the trained biases and modules (``bias="lora_only"``/``"all"``,
+        ``modules_to_save``) as a tree shaped like ``params`` with ``None`` elsewhere; required
+        when the file holds any (see :mod:`lowrank_jax.adapters.peft_trained`).
 
     Returns:
-      ``{path: Adapter}`` equal to what was saved.
+      ``{path: Adapter}`` equal to what was saved (:class:`LoRA`, or :class:`DoRA` for
+      ``use_dora=True``); with ``with_trained``, ``(adapters, trained)``: the adapted model is
+      ``adapt(apply)(combine(trained, params), adapters, ...)``.
 
     Raises:
       FileNotFoundError: a file is missing.
       ValueError: not a LoRA adapter; a config that is not valid JSON, lacks ``r`` or
-        ``lora_alpha``, or sets something this loader cannot honour (DoRA, bias training,
-        modules to save, ...: the message names the key); a tensor that is not a LoRA factor
-        (DoRA magnitudes, embedding LoRA, biases); a module that maps to no kernel; shapes
-        that disagree; or layers of one stacked kernel with different ranks or alphas.
+        ``lora_alpha``, or sets something this loader cannot honour (``lora_bias``, trainable
+        tokens, ...: the message names the key); a tensor that the config does not explain, or
+        trained tensors without ``with_trained``; DoRA on an embedding or convolution; a module
+        that maps to no kernel; shapes that disagree; or layers of one stacked kernel with
+        different ranks or alphas.
 
     Example:
       >>> lora = load_peft("out/", variables, module_path=models.flax_path_from_peft)  # doctest: +SKIP
@@ -367,28 +418,39 @@ def load_peft(
     file = os.path.join(directory, WEIGHTS_NAME)
     if not os.path.isfile(file):
         raise FileNotFoundError(f"{file} does not exist: not a PEFT adapter directory.")
-    tensors = load_file(file)
-    names = _check_tensor_keys(tensors, file)
+    modules, others = peft_layout.parse_tensors(load_file(file), file)
+    if others and not with_trained:
+        raise ValueError(
+            f"{file} holds trained parameters besides LoRA factors ({sorted(others)[0]!r}, ...: "
+            "bias or modules_to_save); pass with_trained=True to get them as (adapters, trained)."
+        )
+    use_dora = bool(config.get("use_dora", False))
     kernels = paths.named_leaves(params)
     layouts = (
         {p: spec for p, (_, spec) in paths.match_rules(params, rules).items()} if rules else {}
     )
-    found: dict[str, dict[int | None, tuple]] = {}
-    for name in names:
+    found: dict[str, dict[int | None, dict[str, Any]]] = {}
+    for name, entry in modules.items():
         target = module_path(name)
         path, layer = target if isinstance(target, tuple) else (target, None)
         if path not in kernels:
             raise ValueError(f"PEFT module {name!r} maps to {path!r}, which is not in params.")
         if layer in found.get(path, {}):
-            raise ValueError(f"PEFT modules {found[path][layer][0]!r} and {name!r} both map to "
-                             f"{path!r}{'' if layer is None else f' layer {layer}'}.")  # fmt: skip
+            raise ValueError(f"PEFT modules {found[path][layer]['name']!r} and {name!r} both map "
+                             f"to {path!r}{'' if layer is None else f' layer {layer}'}.")  # fmt: skip
         rank = _pattern_value(config.get("rank_pattern") or {}, name, config["r"])
         alpha = _pattern_value(config.get("alpha_pattern") or {}, name, config["lora_alpha"])
-        a = tensors[f"{_PREFIX}{name}.lora_A.weight"].T
-        b = tensors[f"{_PREFIX}{name}.lora_B.weight"].T
-        found.setdefault(path, {})[layer] = (name, a, b, int(rank), float(alpha))
+        found.setdefault(path, {})[layer] = {
+            "name": name,
+            "rank": int(rank),
+            "alpha": float(alpha),
+            **peft_layout.factors_from_peft(entry, name, use_dora, file),
+        }
     out: AdapterSet = {}
     for path, layers in found.items():
         spec = layouts.get(path)
         out[path] = _adapter_from_peft(path, layers, kernels[path], spec, config, dtype)
-    return out
+    if not with_trained:
+        return out
+    trained = peft_trained.load_trained(others, params, module_path, config, set(modules), file)
+    return out, trained

@@ -19,11 +19,13 @@ import equinox as eqx
 import jax
 import jax.extend.core
 import jax.numpy as jnp
+import numpy as np
 import quax
 from jax import lax
 
 from lowrank_jax.adapters import fused, quant
-from lowrank_jax.adapters.core import Adapter, delta
+from lowrank_jax.adapters.core import Adapter, delta, needs_kernel
+from lowrank_jax.adapters.kinds import LoRA, dropout
 
 
 class AdaptedArray(quax.ArrayValue):
@@ -66,9 +68,16 @@ class AdaptedArray(quax.ArrayValue):
         perm = (*range(stack), *second, *first) if self.transposed else tuple(range(self.ndim))
         shape = tuple(self.w.shape[p] for p in perm)  # the kernel's shape before transposition
         total = quant.dequantize(self.base())
+        kernel = jnp.transpose(total, np.argsort(perm))  # as before transposition
         for a in self.adapters:
-            total = total + jnp.transpose(delta(a, shape), perm).astype(total.dtype)
+            total = total + jnp.transpose(delta(a, shape, kernel), perm).astype(total.dtype)
         return total
+
+    def kernel_matrix(self) -> jax.Array:
+        """The frozen kernel's ``(n, m)`` matrix view (unstacked kernels; dequantised)."""
+        n, m = self.adapters[0].matrix
+        dense = quant.dequantize(self.base())
+        return jnp.reshape(dense, (m, n)).T if self.transposed else jnp.reshape(dense, (n, m))
 
     def blocks(self) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
         """Number of stacked axes, then the axes of the first and second block after them.
@@ -92,9 +101,21 @@ def _flatten_input(x: jax.Array, xc, wc, axes) -> tuple[jax.Array, tuple[int, ..
 
 
 def _delta_matmul(
-    lhs: Any, rhs: Any, w: AdaptedArray, w_is_lhs: bool, dimension_numbers: Any
-) -> jax.Array | None:
-    """``x·ΔW`` arranged like ``dot_general``'s output, or ``None`` if there is no rule."""
+    lhs: Any,
+    rhs: Any,
+    w: AdaptedArray,
+    w_is_lhs: bool,
+    dimension_numbers: Any,
+    base: jax.Array | None = None,
+    whole: bool = False,
+    with_flag: bool = False,
+) -> Any:
+    """``x·ΔW`` arranged like ``dot_general``'s output, or ``None`` if there is no rule.
+
+    ``base`` (the frozen product ``x·W`` as ``dot_general`` arranges it) is handed to kinds that
+    rescale it (DoRA), so they do not recompute it; with ``whole`` (one such adapter) the kind
+    returns ``x·W + x·ΔW`` itself (DoRA: ``c ⊙ (x·W + s·(x·A)·B)``, one token-sized sum kept for
+    the backward instead of two). ``with_flag``: return ``(result, includes_base)``."""
     (lc, rc), (lb, rb) = dimension_numbers
     x = rhs if w_is_lhs else lhs
     xc, wc = (rc, lc) if w_is_lhs else (lc, rc)
@@ -111,17 +132,26 @@ def _delta_matmul(
         return None
     x, free = _flatten_input(x, xc, wc, axes)
     result_shape = tuple(w.w.shape[ax] for ax in result_axes)
-    total = None
+    total, includes_base = None, False
     for adapter, key in zip(w.adapters, w.keys, strict=True):
+        extra = {}
+        if needs_kernel(adapter):  # DoRA: the frozen kernel's matrix view and x·W
+            extra["kernel"] = w.kernel_matrix()
+            if not transposed and base is not None:
+                b = jnp.moveaxis(base, range(len(result_shape)), range(-len(result_shape), 0))
+                extra["base"] = jnp.reshape(b if w_is_lhs else base, (x.shape[0], -1))
+                extra["whole"] = includes_base = whole
         if transposed:
-            d = adapter.kind.apply_delta_transposed(adapter.factors, x, shape=adapter.matrix)
+            d = adapter.kind.apply_delta_transposed(
+                adapter.factors, x, shape=adapter.matrix, **extra
+            )
         else:
-            d = adapter.kind.apply_delta(adapter.factors, x, shape=adapter.matrix, key=key)
+            d = adapter.kind.apply_delta(adapter.factors, x, shape=adapter.matrix, key=key, **extra)
         total = d if total is None else total + d
     total = jnp.reshape(total, (*free, *result_shape))
     if w_is_lhs:  # dot_general puts the kernel's free axes first.
         total = jnp.moveaxis(total, range(len(free), total.ndim), range(len(result_shape)))
-    return total
+    return (total, includes_base) if with_flag else total
 
 
 def _fused_matmul(
@@ -159,12 +189,21 @@ def _dot_general(lhs: Any, rhs: Any, w: AdaptedArray, w_is_lhs: bool, params: di
         if y is not None:
             out_dtype = params.get("preferred_element_type") or jnp.result_type(lhs, rhs)
             return y.astype(out_dtype)
-    d = _delta_matmul(lhs, rhs, w, w_is_lhs, dn)
+    if not any(needs_kernel(a) for a in w.adapters):
+        d = _delta_matmul(lhs, rhs, w, w_is_lhs, dn)
+        if d is None:
+            dense = w.materialise()  # raises unless allow_dense
+            return lax.dot_general_p.bind(*((dense, rhs) if w_is_lhs else (lhs, dense)), **params)
+        base = _base_matmul(lhs, rhs, w.base(), w_is_lhs, params)
+        return base + d.astype(base.dtype)
+    base = _base_matmul(lhs, rhs, w.base(), w_is_lhs, params)
+    whole = len(w.adapters) == 1
+    d = _delta_matmul(lhs, rhs, w, w_is_lhs, dn, base, whole, with_flag=True)
     if d is None:
         dense = w.materialise()  # raises unless allow_dense
         return lax.dot_general_p.bind(*((dense, rhs) if w_is_lhs else (lhs, dense)), **params)
-    base = _base_matmul(lhs, rhs, w.base(), w_is_lhs, params)
-    return base + d.astype(base.dtype)
+    d, includes_base = d
+    return d.astype(base.dtype) if includes_base else base + d.astype(base.dtype)
 
 
 @quax.register(lax.dot_general_p)
@@ -180,6 +219,68 @@ def _(lhs: jax.typing.ArrayLike, rhs: AdaptedArray, **params: Any) -> Any:
 @quax.register(lax.dot_general_p)
 def _(lhs: AdaptedArray, rhs: AdaptedArray, **params: Any) -> Any:
     return lax.dot_general_p.bind(lhs.materialise(), rhs.materialise(), **params)
+
+
+def _lora_only(w: AdaptedArray) -> bool:
+    return (
+        not w.blocks()[0] and not w.transposed and all(isinstance(a.kind, LoRA) for a in w.adapters)
+    )
+
+
+@quax.register(lax.gather_p)
+def _(operand: AdaptedArray, indices: jax.typing.ArrayLike, **params: Any) -> Any:
+    """Embedding lookup ``W[ids]`` (rows of the kernel) as ``W[ids] + Σ s·A[ids]·B`` (PEFT's
+    embedding LoRA); any other gather of an adapted kernel materialises (``allow_dense``)."""
+    dn, sizes = params["dimension_numbers"], params["slice_sizes"]
+    w = operand
+    rows = (
+        w.ndim == 2
+        and _lora_only(w)
+        and tuple(dn.collapsed_slice_dims) == (0,)
+        and tuple(dn.start_index_map) == (0,)
+        and not dn.operand_batching_dims
+        and tuple(sizes) == (1, w.shape[1])
+    )
+    if not rows:
+        return lax.gather_p.bind(w.materialise(), indices, **params)
+    out = lax.gather_p.bind(quant.dequantize(w.base()), indices, **params)
+    for ad in w.adapters:
+        a = ad.factors["a"]
+        picked = lax.gather_p.bind(a, indices, **{**params, "slice_sizes": (1, a.shape[1])})
+        d = (picked @ ad.factors["b"]) * jnp.asarray(ad.kind.scale, a.dtype)  # (..., r) -> (..., m)
+        out = out + d.astype(out.dtype)
+    return out
+
+
+@quax.register(lax.conv_general_dilated_p)
+def _(lhs: jax.typing.ArrayLike, rhs: AdaptedArray, **params: Any) -> Any:
+    """A convolution with an adapted kernel in flax's layout ``(*window, in, out)`` as
+    ``conv(x, W) + Σ s·conv(dropout(x), A)·B`` with ``A`` reshaped to ``(*window, in, r)``: PEFT's
+    Conv LoRA (``lora_A`` a convolution to ``r`` channels, ``lora_B`` a 1×1 one)."""
+    w = rhs
+    dn = params["dimension_numbers"]
+    flax_layout = (
+        _lora_only(w)
+        and tuple(dn.rhs_spec[:2]) == (w.ndim - 1, w.ndim - 2)
+        and all(a.out_ndim == 1 for a in w.adapters)
+        and params["feature_group_count"] == 1
+        and params["batch_group_count"] == 1
+    )
+    if not flax_layout:
+        return lax.conv_general_dilated_p.bind(lhs, w.materialise(), **params)
+    out = lax.conv_general_dilated_p.bind(lhs, quant.dequantize(w.base()), **params)
+    feature = dn.out_spec[1]
+    for ad, key in zip(w.adapters, w.keys, strict=True):
+        a, b = ad.factors["a"], ad.factors["b"]
+        x = dropout(jnp.asarray(lhs), key, ad.kind.dropout).astype(a.dtype)
+        kernel_a = jnp.reshape(a, (*w.shape[:-1], a.shape[-1]))
+        u = lax.conv_general_dilated_p.bind(
+            x, kernel_a, **{**params, "preferred_element_type": None}
+        )
+        u = jnp.moveaxis(u, feature, -1)
+        d = (u @ b) * jnp.asarray(ad.kind.scale, a.dtype)
+        out = out + jnp.moveaxis(d, -1, feature).astype(out.dtype)
+    return out
 
 
 @quax.register(lax.convert_element_type_p)

@@ -52,22 +52,39 @@ _PROJECTIONS = {
     "mlp/fc1": "intermediate.dense",
     "mlp/fc2": "output.dense",
 }
-_PROJECTIONS_INV = {v: k for k, v in _PROJECTIONS.items()}
+# Per-layer modules and model-level modules other than the projections: our path of the module's
+# main parameter (kernel, LayerNorm scale, embedding table) and the HF module name.
+_LAYER_OTHER = {
+    "ln_attention/scale": "attention.output.LayerNorm",
+    "ln_mlp/scale": "output.LayerNorm",
+}
+_TOP = {
+    "pooler/dense/kernel": "pooler.dense",
+    "embeddings/word/embedding": "embeddings.word_embeddings",
+    "embeddings/position/embedding": "embeddings.position_embeddings",
+    "embeddings/token_type/embedding": "embeddings.token_type_embeddings",
+    "embeddings/ln/scale": "embeddings.LayerNorm",
+}
+_LAYER = {f"{k}/kernel": v for k, v in _PROJECTIONS.items()} | _LAYER_OTHER
+_LAYER_INV = {v: k for k, v in _LAYER.items()}
+_TOP_INV = {v: k for k, v in _TOP.items()}
 _PATH_RE = re.compile(
-    r"^(?:params/)?(?P<prefix>(?:[A-Za-z0-9_]+/)*)"
-    r"(?:encoder/layer_(?P<layer>\d+)/(?P<proj>" + "|".join(_PROJECTIONS) + r")"
-    r"|(?P<pooler>pooler/dense))/kernel$"
+    r"^(?:params/)?(?P<prefix>(?:[A-Za-z0-9_]+/)*?)"
+    r"(?:encoder/layer_(?P<layer>\d+)/(?P<proj>" + "|".join(_LAYER) + r")"
+    r"|(?P<top>" + "|".join(_TOP) + r"))$"
 )
 _NAME_RE = re.compile(
     r"^(?:base_model\.model\.)?(?P<prefix>(?:[A-Za-z0-9_]+\.)*?)"
     r"(?:encoder\.layer\.(?P<layer>\d+)\.(?P<proj>"
-    + "|".join(re.escape(v) for v in _PROJECTIONS_INV)
-    + r")|(?P<pooler>pooler\.dense))$"
+    + "|".join(re.escape(v) for v in _LAYER_INV)
+    + r")|(?P<top>"
+    + "|".join(re.escape(v) for v in _TOP_INV)
+    + r"))$"
 )
 
 
 def peft_module_name(path: str) -> str:
-    """HuggingFace/PEFT module name of one of our BERT projection kernels.
+    """HuggingFace/PEFT module name of one of our BERT modules, given its main parameter's path.
 
     The map (i a layer index; an optional leading `params/` is accepted; any module prefix such
     as `bert/` becomes a dotted prefix `bert.`):
@@ -78,36 +95,43 @@ def peft_module_name(path: str) -> str:
         encoder/layer_i/attention/out/kernel    ->  encoder.layer.i.attention.output.dense
         encoder/layer_i/mlp/fc1/kernel          ->  encoder.layer.i.intermediate.dense
         encoder/layer_i/mlp/fc2/kernel          ->  encoder.layer.i.output.dense
+        encoder/layer_i/ln_attention/scale      ->  encoder.layer.i.attention.output.LayerNorm
+        encoder/layer_i/ln_mlp/scale            ->  encoder.layer.i.output.LayerNorm
         pooler/dense/kernel                     ->  pooler.dense
+        embeddings/{word,position,token_type}/embedding -> embeddings.{word,...}_embeddings
+        embeddings/ln/scale                     ->  embeddings.LayerNorm
 
-    The HF `Linear` weight is `<name>.weight` (m, n), the transpose of our kernel (n, m); PEFT
+    The embeddings and LayerNorms are named for PEFT's embedding LoRA, ``bias="all"`` and
+    ``modules_to_save``. The HF `Linear` weight is `<name>.weight` (m, n), the transpose of our kernel (n, m); PEFT
     LoRA keys are `base_model.model.<name>.lora_A.weight` (r, n) and `...lora_B.weight` (m, r).
 
     Args:
-      path: '/'-joined parameter path of a kernel, e.g.
+      path: '/'-joined path of a module's kernel (LayerNorm: scale; embedding: embedding), e.g.
         `params/encoder/layer_0/attention/query/kernel`.
 
     Returns:
       The dotted module name, e.g. `encoder.layer.0.attention.self.query`.
 
     Raises:
-      ValueError: if `path` is not the kernel of a BERT projection.
+      ValueError: if `path` is not the kernel of a BERT projection (or another module above).
     """
     m = _PATH_RE.match(path)
     if m is None:
         raise ValueError(
             f"{path!r} is not a BERT projection kernel; expected "
             "'[params/][prefix/]encoder/layer_<i>/{attention/{query,key,value,out},"
-            "mlp/{fc1,fc2}}/kernel' or '[params/][prefix/]pooler/dense/kernel'."
+            "mlp/{fc1,fc2}}/kernel', '[params/][prefix/]pooler/dense/kernel' or the embedding "
+            "table / LayerNorm scale of a BERT module."
         )
     prefix = m["prefix"].replace("/", ".")
-    if m["pooler"]:
-        return f"{prefix}pooler.dense"
-    return f"{prefix}encoder.layer.{int(m['layer'])}.{_PROJECTIONS[m['proj']]}"
+    if m["top"]:
+        return f"{prefix}{_TOP[m['top']]}"
+    return f"{prefix}encoder.layer.{int(m['layer'])}.{_LAYER[m['proj']]}"
 
 
 def flax_path_from_peft(name: str) -> str:
-    """Inverse of `peft_module_name`: our '/'-joined kernel path from an HF/PEFT module name.
+    """Inverse of `peft_module_name`: our '/'-joined path of a module's kernel (LayerNorm: scale;
+    embedding: embedding) from an HF/PEFT module name.
 
     A leading `base_model.model.` (PEFT's wrapper prefix) is dropped; the returned path starts
     with `params/` (a path in the variables dict).
@@ -126,12 +150,13 @@ def flax_path_from_peft(name: str) -> str:
         raise ValueError(
             f"{name!r} is not a BERT projection module name; expected "
             "'[prefix.]encoder.layer.<i>.{attention.self.{query,key,value},"
-            "attention.output.dense,intermediate.dense,output.dense}' or '[prefix.]pooler.dense'."
+            "attention.output.dense,intermediate.dense,output.dense}', '[prefix.]pooler.dense', "
+            "an embedding or a LayerNorm of BERT."
         )
     prefix = m["prefix"].replace(".", "/")
-    if m["pooler"]:
-        return f"params/{prefix}pooler/dense/kernel"
-    return f"params/{prefix}encoder/layer_{int(m['layer'])}/{_PROJECTIONS_INV[m['proj']]}/kernel"
+    if m["top"]:
+        return f"params/{prefix}{_TOP_INV[m['top']]}"
+    return f"params/{prefix}encoder/layer_{int(m['layer'])}/{_LAYER_INV[m['proj']]}"
 
 
 # --------------------------------------------------------------------------------------------

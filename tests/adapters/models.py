@@ -61,3 +61,15 @@ def plain_params():
     }
     rules = [("stack", A.lora(2, in_ndim=1, out_ndim=1)), ("w1|w2|emb", A.lora(2))]
     return p, rules
+
+
+def perturb_torch(model, scale, seed=0):
+    """Moves every trainable tensor of a PyTorch (PEFT) model by seeded noise, as training would."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(scale * torch.randn(p.shape, generator=g))
+    return model

@@ -125,11 +125,20 @@ def test_dropout_needs_key_and_is_inverted(block):
 
 def test_other_ops_raise_unless_allow_dense(plain):
     p, ad = plain
-    gather = lambda p, i: p["emb"][i]
+    column_sums = lambda p: jnp.sum(p["emb"], axis=0)
     with pytest.raises(NotImplementedError, match="no factorised rule"):
-        jax.jit(A.adapt(gather))(p, ad, jnp.array([1, 2]))
-    got = jax.jit(A.adapt(gather, allow_dense=True))(p, ad, jnp.array([1, 2]))
-    np.testing.assert_allclose(got, A.merge(p, ad)["emb"][jnp.array([1, 2])], atol=1e-6)
+        jax.jit(A.adapt(column_sums))(p, ad)
+    got = jax.jit(A.adapt(column_sums, allow_dense=True))(p, ad)
+    np.testing.assert_allclose(got, column_sums(A.merge(p, ad)), atol=1e-5)
+
+
+def test_row_lookups_are_factorised(plain):
+    """An embedding lookup ``E[ids]`` is ``E[ids] + s·A[ids]·B`` (PEFT's embedding LoRA)."""
+    p, ad = plain
+    ids = jnp.array([[1, 2], [3, 1]])
+    for lookup in (lambda p, i: p["emb"][i], lambda p, i: jnp.take(p["emb"], i, axis=0)):
+        got = jax.jit(A.adapt(lookup))(p, ad, ids)
+        np.testing.assert_allclose(got, lookup(A.merge(p, ad), ids), atol=1e-6)
 
 
 def test_bf16_compute_casts_factors(plain):
@@ -205,3 +214,35 @@ def test_training_step_has_no_weight_shaped_dot():
         assert _weight_shaped_dots(make_step(A.adapt(model.apply, backend=backend)), *args) == 0
     merge_at_apply = lambda v, a, x: model.apply(A.merge(v, a), x)
     assert _weight_shaped_dots(make_step(merge_at_apply), *args) >= 2  # ΔW forward and its grad
+
+
+def test_convolutions_and_lookups_are_factorised_with_merged_values_and_gradients():
+    """flax nn.Conv kernels (*window, in, out) and an nn.Embed table with LoRA: conv(x, W) +
+    s·conv(x, A)·B and E[ids] + s·A[ids]·B give the merged model's outputs and adapter gradients."""
+
+    class ConvNet(nn.Module):
+        @nn.compact
+        def __call__(self, ids):
+            h = nn.Embed(11, 6, name="emb")(ids)
+            h = nn.relu(nn.Conv(5, (3,), padding=1, name="c1")(h))
+            h = jnp.repeat(h[:, :, None, :], 3, axis=2)
+            return nn.Conv(4, (3, 2), strides=(2, 1), padding="VALID", name="c2")(h)
+
+    ids = jnp.array([[1, 2, 3, 4, 5, 6], [0, 9, 10, 3, 3, 7]])
+    v = ConvNet().init(jax.random.key(0), ids)
+    rules = [
+        (r".*emb/embedding", A.lora(2)),
+        (r".*c1/kernel", A.lora(2, in_ndim=2)),
+        (r".*c2/kernel", A.lora(3, alpha=6.0, in_ndim=3)),
+    ]
+    ad = jax.tree.map(lambda t: t + 0.1, A.init(jax.random.key(1), v, rules))
+    fwd = A.adapt(ConvNet().apply)  # would raise if a kernel fell back to the dense path
+    merged = lambda ad: ConvNet().apply(A.merge(v, ad), ids)
+    np.testing.assert_allclose(jax.jit(fwd)(v, ad, ids), merged(ad), atol=1e-5)
+    got = jax.jit(jax.grad(lambda ad: jnp.sum(fwd(v, ad, ids) ** 2)))(ad)
+    want = jax.grad(lambda ad: jnp.sum(merged(ad) ** 2))(ad)
+    for path in ad:
+        for f in ("a", "b"):
+            np.testing.assert_allclose(
+                got[path].factors[f], want[path].factors[f], rtol=1e-4, atol=1e-5
+            )

@@ -97,16 +97,20 @@ def test_rank_and_alpha_patterns_match_module_suffixes_as_peft_does(tmp_path):
 @pytest.mark.parametrize(
     "kwargs, embedding, message",
     [
-        ({"use_dora": True}, False, "DoRA"),
-        ({"bias": "lora_only"}, False, "bias"),
-        ({"modules_to_save": ["fc2"]}, False, "modules_to_save"),
-        ({}, True, "embedding LoRA"),
+        ({"lora_bias": True}, False, "lora_bias"),
+        ({"use_dora": True}, True, "DoRA on an embedding"),
+        ({"bias": "lora_only"}, False, "with_trained=True"),
+        ({"modules_to_save": ["fc2"]}, False, "with_trained=True"),
     ],
 )
 def test_features_we_cannot_honour_are_refused_by_name(tmp_path, kwargs, embedding, message):
     directory, _ = _peft_save(tmp_path, embedding=embedding, r=2, **kwargs)
     with pytest.raises(ValueError, match=message):
-        A.load_peft(directory, PARAMS, module_path=module_path)
+        A.load_peft(
+            directory,
+            {**PARAMS, "enc": {**PARAMS["enc"], "emb": {"kernel": jnp.ones((10, 8))}}},
+            module_path=module_path,
+        )
 
 
 @peers
@@ -182,11 +186,13 @@ def test_tensors_that_are_not_lora_factors_are_refused(saved):
     file = str(saved / "adapter_model.safetensors")
     tensors = load_file(file)
     save_file({**tensors, "base_model.model.enc.fc1.bias": np.zeros(16, np.float32)}, file)
-    with pytest.raises(ValueError, match="'base_model.model.enc.fc1.bias' is not a LoRA factor"):
+    with pytest.raises(ValueError, match="'enc.fc1.bias', ...: bias or modules_to_save"):
         A.load_peft(saved, PARAMS, module_path=module_path)
+    with pytest.raises(ValueError, match="'enc.fc1.bias' is not a LoRA factor, and the config"):
+        A.load_peft(saved, PARAMS, module_path=module_path, with_trained=True)  # bias="none"
     tensors.pop("base_model.model.enc.fc2.lora_B.weight")
     save_file(tensors, file)
-    with pytest.raises(ValueError, match="no matching lora_B"):
+    with pytest.raises(ValueError, match="'enc.fc2' has no lora_B tensor"):
         A.load_peft(saved, PARAMS, module_path=module_path)
 
 
@@ -203,5 +209,5 @@ def test_pattern_keys_follow_peft_order_and_regex_semantics(saved):
 def test_save_rejects_what_is_not_a_lora_set(tmp_path):
     with pytest.raises(ValueError, match="empty adapter set"):
         A.save_peft(tmp_path, {}, module_name=module_name)
-    with pytest.raises(TypeError, match="PEFT export is LoRA only"):
+    with pytest.raises(TypeError, match="PEFT export is LoRA and DoRA only"):
         A.save_peft(tmp_path, {"enc/fc1/kernel": 3.0}, module_name=module_name)

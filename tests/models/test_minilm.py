@@ -188,6 +188,12 @@ def test_peft_names_examples_prefixes_and_errors():
             "bert.encoder.layer.2.attention.self.value"
         ),
         "params/pooler/dense/kernel": "pooler.dense",
+        # Embeddings and LayerNorms (PEFT's embedding LoRA, bias="all", modules_to_save).
+        "params/embeddings/word/embedding": "embeddings.word_embeddings",
+        "params/bert/embeddings/token_type/embedding": "bert.embeddings.token_type_embeddings",
+        "params/embeddings/ln/scale": "embeddings.LayerNorm",
+        "params/encoder/layer_3/ln_attention/scale": "encoder.layer.3.attention.output.LayerNorm",
+        "params/encoder/layer_4/ln_mlp/scale": "encoder.layer.4.output.LayerNorm",
     }
     for path, name in cases.items():
         assert models.peft_module_name(path) == name
