@@ -232,6 +232,16 @@ def test_dare_ties_equals_peft_dare_ties_svd_with_its_masks(monkeypatch):
         np.testing.assert_allclose(np.asarray(a @ b), _peft_delta(model, "m", layer), atol=2e-5)
 
 
+def _per_kernel_rule(base, deltas, masks, density, weights):
+    if base == "ties":
+        return merging.ties_delta(deltas, density=density, weights=weights)
+    if base == "magnitude_prune":
+        return merging.magnitude_prune_delta(deltas, density=density, weights=weights)
+    if base == "dare_linear":
+        return merging.dare_delta(deltas, masks, density=density, weights=weights)
+    return merging.dare_ties_delta(deltas, masks, density=density, weights=weights)
+
+
 @pytest.mark.parametrize(
     "combination", ["ties", "dare_linear", "dare_ties", "magnitude_prune", "dare_ties_svd"]
 )
@@ -247,20 +257,8 @@ def test_add_weighted_adapter_types_follow_their_per_kernel_rule(combination):
         masks = merging.dare_masks(
             jax.random.fold_in(jax.random.fold_in(key, i), 0), deltas.shape, density=density
         )
-        want = {
-            "ties": lambda: merging.ties_delta(deltas, density=density, weights=weights),
-            "magnitude_prune": lambda: merging.magnitude_prune_delta(
-                deltas, density=density, weights=weights
-            ),
-            "dare_linear": lambda: merging.dare_delta(
-                deltas, masks, density=density, weights=weights
-            ),
-            "dare_ties": lambda: merging.dare_ties_delta(
-                deltas, masks, density=density, weights=weights
-            ),
-        }
         base = combination.removesuffix("_svd")
-        expected = np.asarray(want[base]())
+        expected = np.asarray(_per_kernel_rule(base, deltas, masks, density, weights))
         if combination.endswith("_svd"):  # truncated to the adapters' rank
             a, b = merging.lowrank_factors(jnp.asarray(expected), rank=RANK)
             expected = np.asarray(a @ b)
