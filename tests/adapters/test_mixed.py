@@ -127,3 +127,16 @@ def test_bad_input_raises():
         A.merge(variables, bank)
     with pytest.raises(ValueError, match="same paths"):
         A.stack_adapters([sets[0], {k: v for k, v in list(sets[1].items())[:1]}])
+
+
+def test_bank_under_a_bfloat16_cast_keeps_integer_ids():
+    p = {"w": jax.random.normal(jax.random.key(0), (8, 6))}
+    rules = [("w", A.lora(2))]
+    sets = _sets(p, [rules] * 3)
+    fwd = A.adapt(lambda q, x: x.astype(jnp.bfloat16) @ q["w"].astype(jnp.bfloat16))
+    x = jax.random.normal(jax.random.key(1), (4, 8))
+    ids = jnp.array([1, 2, 0, 1])
+    got = jax.jit(fwd)(p, A.stack_adapters(sets), x, adapter_ids=ids)
+    assert got.dtype == jnp.bfloat16
+    want = _alone(fwd, p, sets, x, ids)
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), atol=2e-2)
