@@ -140,3 +140,30 @@ def test_bank_under_a_bfloat16_cast_keeps_integer_ids():
     assert got.dtype == jnp.bfloat16
     want = _alone(fwd, p, sets, x, ids)
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), atol=2e-2)
+
+
+def test_mixed_forward_of_the_scanned_decoder_lowers_for_tpu_and_gpu():
+    """Accelerator readiness: the jitted mixed-adapter forward exports for TPU and CUDA with no
+    host callback and no float64 (``experiments/common/lowering.py``)."""
+    from experiments.common import lowering
+    from lowrank_jax import models
+
+    config = models.DecoderConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2,
+    )  # fmt: skip
+    model = models.DecoderLM(config)
+    tokens = jax.ShapeDtypeStruct((4, 8), jnp.int32)
+    variables = jax.eval_shape(model.init, jax.random.key(0), tokens)
+    rules = [(r".*_proj/kernel", A.lora(4, in_ndim=1, out_ndim=1))]
+    bank = jax.eval_shape(
+        lambda v: A.stack_adapters([A.init(jax.random.key(i), v, rules) for i in range(3)]),
+        variables,
+    )
+    fwd = A.adapt(model.apply)
+    step = lowering.Step(
+        "mixed-adapter forward",
+        jax.jit(lambda v, b, t, i: fwd(v, b, t, adapter_ids=i)),
+        (variables, bank, tokens, jax.ShapeDtypeStruct((4,), jnp.int32)),
+    )
+    assert lowering.lower_and_check(step) == []
