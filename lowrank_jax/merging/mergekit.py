@@ -72,6 +72,12 @@ def slerp_delta(d0: jax.Array, d1: jax.Array, *, t: float) -> jax.Array:
     Returns:
       ``sin((1-t)θ)/sin θ · d0 + sin(tθ)/sin θ · d1`` (``θ`` the angle between them), or
       ``(1-t) d0 + t d1`` when ``|cos θ| > 0.9995``.
+
+    Raises:
+      ValueError: ``d0`` and ``d1`` differ in shape.
+
+    References:
+      Shoemake 1985; mergekit ``merge_methods/slerp.py``.
     """
     if d0.shape != d1.shape:
         raise ValueError(f"slerp needs updates of one shape; got {d0.shape} and {d1.shape}.")
@@ -95,6 +101,12 @@ def model_stock_delta(deltas: jax.Array) -> jax.Array:
     Returns:
       ``t · mean_k δ_k`` with ``t = K c / (1 + (K-1) c)``, ``c`` the mean pairwise cosine
       (norms clamped at 1e-6, ``c`` clipped to [-1, 1], as mergekit).
+
+    Raises:
+      ValueError: fewer than 2 updates.
+
+    References:
+      Jang et al. 2024 (Model Stock), eq. for ``t``; mergekit ``model_stock`` (mean over pairs).
     """
     k = deltas.shape[0]
     if k < 2:
@@ -129,6 +141,13 @@ def breadcrumbs_delta(
 
     Returns:
       The merged update, shaped as one ``deltas[k]``.
+
+    Raises:
+      ValueError: ``density`` outside ``(0, 1]``, ``gamma`` outside ``[0, 1]``, or weights that
+        are not one per update.
+
+    References:
+      Davari & Belilovsky 2023 (Model Breadcrumbs); mergekit ``magnitude_outliers``.
     """
     density = _fraction(density, "density")
     gamma = _fraction(gamma, "gamma", low_open=False)
@@ -152,6 +171,14 @@ def della_keep_probabilities(delta: jax.Array, *, density: float, epsilon: float
 
     ``p_i = density - ε + 2ε (rank_i - 1)/(n - 1)``, ``rank_i`` the ascending magnitude rank of
     entry ``i`` in its column (a row of PyTorch's ``(out, in)`` weight; ties by position).
+
+    Args:
+      delta: ``(n, m)`` update.
+      density: mean keep probability.
+      epsilon: half-width of the keep probabilities' range.
+
+    Returns:
+      ``(n, m)`` keep probabilities in ``[density - ε, density + ε]``.
 
     Raises:
       ValueError: ``density ± ε`` leaves ``(0, 1)``, or ``delta`` is not 2-D.
@@ -196,6 +223,13 @@ def della_delta(
 
     Returns:
       ``(n, m)`` merged update.
+
+    Raises:
+      ValueError: ``deltas`` not ``(K, n, m)`` or ``keep`` of another shape; a bad density or
+        epsilon (:func:`della_keep_probabilities`).
+
+    References:
+      Deep et al. 2024 (DELLA-Merging); mergekit ``della`` (its weighted ``normalize``).
     """
     if deltas.ndim != 3 or keep.shape != deltas.shape:
         raise ValueError(
@@ -236,7 +270,9 @@ def merge_slerp(
     return tv.merge_per_kernel([tv0, tv1], lambda d, w: slerp_delta(d[0], d[1], t=t), rank=rank)
 
 
-def merge_model_stock(task_vectors: Sequence[tv.TaskVector], *, rank: Rank = None) -> dict:
+def merge_model_stock(
+    task_vectors: Sequence[tv.TaskVector], *, rank: Rank = None
+) -> dict[str, Adapter]:
     """Model Stock of ``K ≥ 2`` task vectors per kernel (:func:`model_stock_delta`).
 
     Returns ``{path: Adapter}`` (LoRA, scale 1) encoding ``w_H - w_0``; ``rank`` as
