@@ -167,3 +167,30 @@ def test_mixed_forward_of_the_scanned_decoder_lowers_for_tpu_and_gpu():
         (variables, bank, tokens, jax.ShapeDtypeStruct((4,), jnp.int32)),
     )
     assert lowering.lower_and_check(step) == []
+
+
+def test_bank_partition_specs_and_dropout():
+    from jax.sharding import PartitionSpec as P
+
+    p = {"stack": jnp.zeros((3, 8, 6)), "w": jnp.zeros((8, 6))}
+    rules = [
+        ("stack", A.lora(2, in_ndim=1, out_ndim=1, dropout=0.5)),
+        ("w", A.lora(2, dropout=0.5)),
+    ]
+    sets = _sets(p, [rules] * 4)
+    bank = A.stack_adapters(sets)
+    specs = A.partition_specs(bank, {"stack": P(None, "data", "model"), "w": P("data", "model")})
+    # the adapter axis (after the stacked-layer axis) is replicated, the factors split as LoRA's
+    assert specs["stack"].factors == {
+        "a": P(None, None, "data", None),
+        "b": P(None, None, None, "model"),
+    }
+    assert specs["w"].factors == {"a": P(None, "data", None), "b": P(None, None, "model")}
+    fwd = A.adapt(lambda q, x: x @ q["w"])
+    x = jnp.ones((4, 8))
+    ids = jnp.array([0, 1, 2, 3])
+    plain = fwd(p, bank, x, adapter_ids=ids)
+    dropped = fwd(p, bank, x, adapter_ids=ids, adapter_key=jax.random.key(0))
+    again = fwd(p, bank, x, adapter_ids=ids, adapter_key=jax.random.key(0))
+    np.testing.assert_array_equal(dropped, again)  # seeded
+    assert not np.allclose(dropped, plain)  # dropout is active on the adapter input

@@ -243,7 +243,8 @@ def _per_kernel_rule(base, deltas, masks, density, weights):
 
 
 @pytest.mark.parametrize(
-    "combination", ["ties", "dare_linear", "dare_ties", "magnitude_prune", "dare_ties_svd"]
+    "combination",
+    ["ties", "dare_linear", "dare_ties", "magnitude_prune", "dare_linear_svd", "dare_ties_svd"],
 )
 def test_add_weighted_adapter_types_follow_their_per_kernel_rule(combination):
     _, ours = _setup(seed=8)
