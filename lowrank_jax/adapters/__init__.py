@@ -25,6 +25,7 @@ from lowrank_jax.adapters.initializers import (
 )
 from lowrank_jax.adapters.kfac import KFACStats, kfac_statistics
 from lowrank_jax.adapters.kinds import AdapterKind, LoRA, lora
+from lowrank_jax.adapters.mixed import AdapterBank, select_adapters, stack_adapters
 from lowrank_jax.adapters.paths import match_rules, named_leaves
 from lowrank_jax.adapters.peft import load_peft, save_peft
 from lowrank_jax.adapters.quant import (
@@ -42,6 +43,7 @@ from lowrank_jax.adapters.vera import VeRA, vera, vera_projections
 __all__ = [
     "BASE_DTYPES",
     "Adapter",
+    "AdapterBank",
     "AdapterKind",
     "AdapterSet",
     "DoRA",
@@ -83,9 +85,11 @@ __all__ = [
     "quantize_nf4",
     "random_stiefel",
     "save_peft",
+    "select_adapters",
     "shardings",
     "spectral",
     "split_trainable",
+    "stack_adapters",
     "unmerge",
     "unmerge_dora",
     "vera",

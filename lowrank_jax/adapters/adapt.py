@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import quax
 
-from lowrank_jax.adapters import fused, quant
+from lowrank_jax.adapters import fused, mixed, quant
 from lowrank_jax.adapters.core import Adapter, group_by_path, map_adapted
 from lowrank_jax.adapters.quax_backend import wrap_kernel
 
@@ -166,9 +166,12 @@ def adapt(
         kernels under the linen backend) stay factorised.
 
     Returns:
-      ``adapted(params, adapters, *args, adapter_key=None, **kwargs)``; ``adapters`` is one set
-      from :func:`init`, a list of sets or ``{name: set}`` (their updates add up), and
-      ``adapter_key`` (a PRNG key) switches adapter dropout on.
+      ``adapted(params, adapters, *args, adapter_key=None, adapter_ids=None, **kwargs)``;
+      ``adapters`` is one set from :func:`init`, a list of sets or ``{name: set}`` (their
+      updates add up), and ``adapter_key`` (a PRNG key) switches adapter dropout on. With
+      ``adapter_ids`` (``(b,)`` ints), ``adapters`` is a bank from :func:`stack_adapters` and
+      example ``i`` of the batch gets adapter ``adapter_ids[i]`` (:mod:`~lowrank_jax.adapters.
+      mixed`; the batch must lead every adapted matmul's input).
 
     Raises:
       ValueError: unknown backend; adapters whose paths are not in ``params``.
@@ -187,7 +190,9 @@ def adapt(
     fuse = lora_matmul == "fused"
 
     @functools.wraps(apply_fn)
-    def adapted(params, adapters, *args, adapter_key=None, **kwargs):
+    def adapted(params, adapters, *args, adapter_key=None, adapter_ids=None, **kwargs):
+        if adapter_ids is not None:  # a bank from stack_adapters, one adapter per example
+            adapters = mixed.select_adapters(adapters, adapter_ids)
         if backend == "linen":
             by_path = group_by_path(adapters)
             return _linen_apply(

@@ -288,7 +288,11 @@ def _(x: AdaptedArray, *, new_dtype: Any, **params: Any) -> AdaptedArray:
     cast = lambda a: lax.convert_element_type_p.bind(a, new_dtype=new_dtype, **params)
     if not jnp.issubdtype(new_dtype, jnp.floating):
         return cast(x.materialise())
-    adapters = tuple(a.replace(factors=jax.tree.map(cast, a.factors)) for a in x.adapters)
+
+    def cast_float(a):  # integer factors (a bank's adapter ids) keep their dtype
+        return cast(a) if jnp.issubdtype(a.dtype, jnp.floating) else a
+
+    adapters = tuple(a.replace(factors=jax.tree.map(cast_float, a.factors)) for a in x.adapters)
     if quant.is_quantized(x.w):  # a QArray's dtype is its scale's
         return dataclasses.replace(x, w=x.w.astype(new_dtype), adapters=adapters)
     # Lazy: the kernel is cast where it is used (see AdaptedArray).

@@ -7,7 +7,11 @@
   :mod:`~lowrank_jax.merging.sketch`), all built on the one-pass ``weighted_sums`` of
   :mod:`~lowrank_jax.merging.streaming` (which also reads and checks the checkpoints).
 * Task-vector merges on adapter products (:mod:`~lowrank_jax.merging.task_vectors`):
-  ``merge_task_arithmetic``, ``merge_ties``, ``merge_dare``; CASA, LoRA transfer to a fine-tuned or
+  ``merge_task_arithmetic``, ``merge_ties``, ``merge_dare``, ``merge_dare_ties``,
+  ``merge_magnitude_prune``, any rule via ``merge_per_kernel``; PEFT's eleven
+  ``add_weighted_adapter`` combination types on products
+  (:mod:`~lowrank_jax.merging.peft_combinations`); mergekit's SLERP, Model Stock, Breadcrumbs and
+  DELLA (:mod:`~lowrank_jax.merging.mergekit`); CASA, LoRA transfer to a fine-tuned or
   distilled target (P18, :mod:`~lowrank_jax.merging.casa`).
 * Tree checks shared by every merge (:mod:`~lowrank_jax.merging.trees`): ``check_same_tree``
   (parameter pytrees leaf by leaf, or task vectors ``{path: update}`` by path).
@@ -37,14 +41,31 @@ from lowrank_jax.merging.extrapolation import (
     theil_sen_slope,
     trajectory_pca,
 )
+from lowrank_jax.merging.mergekit import (
+    breadcrumbs_delta,
+    della_delta,
+    della_keep_probabilities,
+    merge_breadcrumbs,
+    merge_della,
+    merge_model_stock,
+    merge_slerp,
+    model_stock_delta,
+    slerp_delta,
+)
+from lowrank_jax.merging.peft_combinations import COMBINATION_TYPES, add_weighted_adapter
 from lowrank_jax.merging.sketch import TrajectorySketch, sketch_trajectory
 from lowrank_jax.merging.streaming import weighted_sum, weighted_sums
 from lowrank_jax.merging.task_vectors import (
     TaskVector,
     dare_delta,
     dare_masks,
+    dare_ties_delta,
     lowrank_factors,
+    magnitude_prune_delta,
     merge_dare,
+    merge_dare_ties,
+    merge_magnitude_prune,
+    merge_per_kernel,
     merge_task_arithmetic,
     merge_ties,
     task_vector,
@@ -57,6 +78,7 @@ from lowrank_jax.merging.trees import check_same_tree, leaf_signature
 
 __all__ = [
     "Arbitration",
+    "COMBINATION_TYPES",
     "ExtraMerge",
     "ExtraMergeLine",
     "LineSearch",
@@ -64,6 +86,8 @@ __all__ = [
     "TaskVector",
     "TrajectoryPCA",
     "TrajectorySketch",
+    "add_weighted_adapter",
+    "breadcrumbs_delta",
     "casa",
     "casa_arbitration",
     "casa_diagnostics",
@@ -71,7 +95,10 @@ __all__ = [
     "check_same_tree",
     "dare_delta",
     "dare_masks",
+    "dare_ties_delta",
     "default_alpha",
+    "della_delta",
+    "della_keep_probabilities",
     "ema",
     "expo",
     "extra_merge",
@@ -81,10 +108,20 @@ __all__ = [
     "leaf_signature",
     "line_search",
     "lowrank_factors",
+    "magnitude_prune_delta",
+    "merge_breadcrumbs",
     "merge_dare",
+    "merge_dare_ties",
+    "merge_della",
+    "merge_magnitude_prune",
+    "merge_model_stock",
+    "merge_per_kernel",
+    "merge_slerp",
     "merge_task_arithmetic",
     "merge_ties",
+    "model_stock_delta",
     "sketch_trajectory",
+    "slerp_delta",
     "source_basis",
     "spectral_diagnostics",
     "task_vector",
@@ -92,8 +129,8 @@ __all__ = [
     "theil_sen_slope",
     "ties_delta",
     "to_lora",
-    "trim_task_vectors",
     "trajectory_pca",
+    "trim_task_vectors",
     "weighted_sum",
     "weighted_sums",
     "window_matrix",

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import jax
@@ -66,8 +66,13 @@ __all__ = [
     "TaskVector",
     "dare_delta",
     "dare_masks",
+    "dare_ties_delta",
     "lowrank_factors",
+    "magnitude_prune_delta",
     "merge_dare",
+    "merge_dare_ties",
+    "merge_magnitude_prune",
+    "merge_per_kernel",
     "merge_task_arithmetic",
     "merge_ties",
     "task_vector",
@@ -369,6 +374,67 @@ def dare_delta(
     return jnp.tensordot(w, kept, axes=1)
 
 
+def dare_ties_delta(
+    deltas: jax.Array,
+    keep: jax.Array,
+    *,
+    density: float,
+    weights: Sequence[float] | None = None,
+    majority: Majority = "total",
+) -> jax.Array:
+    """DARE-TIES of ``K`` updates of one kernel: drop and rescale, then elect sign, disjoint mean.
+
+    ``T_k = M_k ⊙ Δ_k / density``, then :func:`ties_delta` of the ``T_k`` without trimming.
+
+    Args:
+      deltas: ``(K, n, m)`` updates.
+      keep: ``(K, n, m)`` keep masks (:func:`dare_masks`, or injected).
+      density: the keep probability, in ``(0, 1]``.
+      weights: ``K`` weights (default 1), applied in the disjoint mean.
+      majority: ``"total"`` or ``"frequency"`` (see :func:`ties_delta`).
+
+    Returns:
+      ``(n, m)`` merged update.
+
+    Raises:
+      ValueError: ``keep`` and ``deltas`` differ in shape; a bad density, weights or majority.
+
+    References:
+      Yu et al. 2024 (DARE) with Yadav et al. 2023 (TIES); PEFT ``merge_utils.dare_ties``.
+    """
+    density = _check_density(density)
+    if keep.shape != deltas.shape:
+        raise ValueError(f"keep has shape {keep.shape}; it must match deltas {deltas.shape}.")
+    kept = jnp.where(keep.astype(bool), deltas, 0.0) / density
+    return ties_delta(kept, density=1.0, weights=weights, majority=majority)
+
+
+def magnitude_prune_delta(
+    deltas: jax.Array, *, density: float, weights: Sequence[float] | None = None
+) -> jax.Array:
+    """Magnitude pruning then a weighted sum, for ``K`` updates of one kernel.
+
+    ``Δ = Σ_k w_k T_k`` with ``T_k`` the ``⌊density · n m⌋`` largest ``|Δ_k|`` entries of ``Δ_k``
+    (ties by position), PEFT's ``magnitude_prune``.
+
+    Args:
+      deltas: ``(K, n, m)`` updates.
+      density: kept fraction in ``(0, 1]``.
+      weights: ``K`` weights (default 1).
+
+    Returns:
+      ``(n, m)`` merged update.
+
+    Raises:
+      ValueError: a bad density or weights, or ``deltas`` not 3-D.
+    """
+    density = _check_density(density)
+    if deltas.ndim != 3:
+        raise ValueError(f"deltas must be (K, n, m); got shape {deltas.shape}.")
+    w = _weights(weights, deltas.shape[0])
+    return jnp.tensordot(w, jax.vmap(lambda d: _trim(d, density))(deltas), axes=1)
+
+
 def lowrank_factors(delta: jax.Array, *, rank: int) -> tuple[jax.Array, jax.Array]:
     """Best rank-``r`` factors of one ``(n, m)`` update: ``a = U_r √S_r``, ``b = √S_r V_rᵀ``.
 
@@ -464,17 +530,25 @@ def _factorize(merged: jax.Array, rank: int) -> tuple[jax.Array, jax.Array]:
     return jax.vmap(lambda d: lowrank_factors(d, rank=rank))(merged)
 
 
+@functools.partial(jax.jit, static_argnames=("density",))
+def _prune_layers(ds, w, *, density):
+    one = functools.partial(magnitude_prune_delta, weights=w, density=density)
+    return jax.vmap(one, in_axes=1)(ds)
+
+
 @functools.partial(jax.jit, static_argnames=("density", "majority"))
 def _ties_layers(ds, w, *, density, majority):
     one = functools.partial(ties_delta, weights=w, density=density, majority=majority)
     return jax.vmap(one, in_axes=1)(ds)
 
 
-@functools.partial(jax.jit, static_argnames=("density",))
-def _dare_layers(ds, key, w, *, density):
+@functools.partial(jax.jit, static_argnames=("density", "majority"))
+def _dare_layers(ds, key, w, *, density, majority=None):
     def one(layer_ds, layer):
         keep = dare_masks(jax.random.fold_in(key, layer), layer_ds.shape, density=density)
-        return dare_delta(layer_ds, keep, density=density, weights=w)
+        if majority is None:
+            return dare_delta(layer_ds, keep, density=density, weights=w)
+        return dare_ties_delta(layer_ds, keep, density=density, weights=w, majority=majority)
 
     return jax.vmap(one, in_axes=(1, 0))(ds, jnp.arange(ds.shape[1]))
 
@@ -489,6 +563,11 @@ def _merge(tvs, combine, *, rank, relative_to, lora_shortcut=None, prepare=None)
         raise TypeError("task_vectors must be a non-empty list of {path: update} dicts.")
     extra = [relative_to] if relative_to is not None else []
     mats = task_vector_matrices([*tvs, *extra])
+    if isinstance(rank, Mapping) and set(rank) != set(mats):
+        raise ValueError(
+            f"rank as a dict must give one rank per kernel path; missing "
+            f"{sorted(set(mats) - set(rank))[:5]}, extra {sorted(set(rank) - set(mats))[:5]}."
+        )
     num = len(tvs)
     prepared = None
     if prepare is not None:
@@ -496,10 +575,11 @@ def _merge(tvs, combine, *, rank, relative_to, lora_shortcut=None, prepare=None)
     out = {}
     for index, (path, (stacked, layout)) in enumerate(mats.items()):
         _, _, n, m = stacked.shape
-        r = _check_rank(rank, n, m, path)
+        wanted = rank.get(path) if isinstance(rank, Mapping) else rank
+        r = _check_rank(wanted, n, m, path)
         factors = None
         if lora_shortcut is not None and relative_to is None:
-            factors = lora_shortcut(path, rank)
+            factors = lora_shortcut(path, wanted)
         if factors is None:
             rel = stacked[-1] if relative_to is not None else jnp.zeros_like(stacked[0])
             deltas = stacked[:num] if prepared is None else prepared[path]
@@ -512,7 +592,7 @@ def merge_task_arithmetic(
     task_vectors: Sequence[TaskVector],
     *,
     weights: Sequence[float] | None = None,
-    rank: int | None = None,
+    rank: int | Mapping[str, int | None] | None = None,
     relative_to: TaskVector | None = None,
 ) -> dict[str, Adapter]:
     """Task arithmetic ``Σ_k w_k ΔW_k`` per kernel, re-factorised as a rank-``r`` LoRA.
@@ -521,7 +601,8 @@ def merge_task_arithmetic(
       task_vectors: ``K`` ``{path: Adapter | dense update}`` dicts with the same paths.
       weights: ``K`` weights (default 1 each).
       rank: output rank per kernel (``None``: ``min(n, m)``, or the stacked rank ``Σ r_k`` for
-        LoRAs: exact).
+        LoRAs: exact), or ``{path: rank | None}``, one per kernel (per-module ranks, which
+        :func:`lowrank_jax.adapters.save_peft` writes as PEFT's ``rank_pattern``).
       relative_to: optional task vector ``τ_0`` subtracted before re-factorising: the adapter then
         encodes ``merge - τ_0``, to be loaded on a model that already holds ``τ_0`` (a target
         ``W_t = W_s + τ_0``).
@@ -559,7 +640,7 @@ def merge_ties(
     weights: Sequence[float] | None = None,
     majority: Majority = "total",
     trim: Trim = "global",
-    rank: int | None = None,
+    rank: int | Mapping[str, int | None] | None = None,
     relative_to: TaskVector | None = None,
 ) -> dict[str, Adapter]:
     """TIES merge of the products (trim, elect sign, disjoint mean) as a rank-``r`` LoRA.
@@ -604,7 +685,7 @@ def merge_dare(
     *,
     density: float,
     weights: Sequence[float] | None = None,
-    rank: int | None = None,
+    rank: int | Mapping[str, int | None] | None = None,
     relative_to: TaskVector | None = None,
 ) -> dict[str, Adapter]:
     """DARE merge (:func:`dare_delta`, masks from ``key``) of the products, as a rank-``r`` LoRA.
@@ -620,3 +701,102 @@ def merge_dare(
         return _dare_layers(ds, jax.random.fold_in(key, index), w, density=density)
 
     return _merge(task_vectors, combine, rank=rank, relative_to=relative_to)
+
+
+def merge_dare_ties(
+    task_vectors: Sequence[TaskVector],
+    key: jax.Array,
+    *,
+    density: float,
+    weights: Sequence[float] | None = None,
+    majority: Majority = "total",
+    rank: int | Mapping[str, int | None] | None = None,
+    relative_to: TaskVector | None = None,
+) -> dict[str, Adapter]:
+    """DARE-TIES merge (:func:`dare_ties_delta`) of the products, as a rank-``r`` LoRA.
+
+    Masks are drawn as in :func:`merge_dare` (same ``key``: same masks). Args, returns and errors
+    as :func:`merge_dare`, plus ``majority`` (``"total"`` or ``"frequency"``).
+
+    Example:
+      >>> merged = merge_dare_ties([lora_a, lora_b], jax.random.key(0), density=0.5, rank=8)
+    """
+    density = _check_density(density)
+    if majority not in ("total", "frequency"):
+        raise ValueError(f"majority must be 'total' or 'frequency'; got {majority!r}.")
+
+    def combine(index, ds):
+        w = _weights(weights, ds.shape[0])
+        key_i = jax.random.fold_in(key, index)
+        return _dare_layers(ds, key_i, w, density=density, majority=majority)
+
+    return _merge(task_vectors, combine, rank=rank, relative_to=relative_to)
+
+
+def merge_magnitude_prune(
+    task_vectors: Sequence[TaskVector],
+    *,
+    density: float,
+    weights: Sequence[float] | None = None,
+    rank: int | Mapping[str, int | None] | None = None,
+    relative_to: TaskVector | None = None,
+) -> dict[str, Adapter]:
+    """Magnitude pruning per kernel then task arithmetic (:func:`magnitude_prune_delta`) of the
+    products, as a rank-``r`` LoRA. Args, returns and errors as :func:`merge_task_arithmetic`,
+    plus ``density`` (kept fraction per kernel matrix, in ``(0, 1]``)."""
+    density = _check_density(density)
+
+    def combine(_, ds):
+        return _prune_layers(ds, _weights(weights, ds.shape[0]), density=density)
+
+    return _merge(task_vectors, combine, rank=rank, relative_to=relative_to)
+
+
+def merge_per_kernel(
+    task_vectors: Sequence[TaskVector],
+    combine: Callable[..., jax.Array],
+    *,
+    weights: Sequence[float] | None = None,
+    key: jax.Array | None = None,
+    rank: int | Mapping[str, int | None] | None = None,
+    relative_to: TaskVector | None = None,
+) -> dict[str, Adapter]:
+    """Any per-matrix merge rule over task vectors, re-factorised as a rank-``r`` LoRA.
+
+    For every kernel path and stacked layer, ``combine(deltas, w)`` (``combine(deltas, w, key)``
+    when ``key`` is given) gets the ``(K, n, m)`` matrix views of the ``K`` updates (float32),
+    the ``(K,)`` weights (and a key, ``fold_in(fold_in(key, i), l)`` for kernel ``i`` in path
+    order and layer ``l``, as :func:`merge_dare` draws its masks) and returns the ``(n, m)``
+    merged update; it is ``vmap``-ed over stacked layers and jitted.
+
+    Args:
+      task_vectors: ``K`` ``{path: Adapter | dense update}`` dicts with the same paths.
+      combine: the per-matrix rule, e.g. ``lambda d, w: jnp.tensordot(w, d, 1)``.
+      weights: ``K`` weights (default 1 each).
+      key: optional PRNG key for random rules.
+      rank: as in :func:`merge_task_arithmetic` (``None``: exact).
+      relative_to: as in :func:`merge_task_arithmetic`.
+
+    Returns:
+      ``{path: Adapter}`` of kind ``LoRA(rank, alpha=rank)``.
+
+    Raises:
+      ValueError, TypeError: as :func:`merge_task_arithmetic`.
+
+    Example:
+      >>> mean = merge_per_kernel([tv_a, tv_b], lambda d, w: d.mean(0), rank=8)
+    """
+    w = _weights(weights, len(task_vectors)) if isinstance(task_vectors, Sequence) else None
+    if key is None:
+        layers = jax.jit(jax.vmap(combine, in_axes=(1, None)))
+        return _merge(task_vectors, lambda _, ds: layers(ds, w), rank=rank, relative_to=relative_to)
+
+    @jax.jit
+    def keyed(ds, w, key_i):
+        keys = jax.vmap(lambda layer: jax.random.fold_in(key_i, layer))(jnp.arange(ds.shape[1]))
+        return jax.vmap(combine, in_axes=(1, None, 0))(ds, w, keys)
+
+    def combine_path(index, ds):
+        return keyed(ds, w, jax.random.fold_in(key, index))
+
+    return _merge(task_vectors, combine_path, rank=rank, relative_to=relative_to)

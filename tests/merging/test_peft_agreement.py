@@ -145,3 +145,217 @@ def test_peft_factorwise_merges_differ_only_by_merging_factors(combination):
             cross += root[0] * root[1] * np.sign(weights[0]) * fa @ gb
             np.testing.assert_allclose(want - ta, cross, atol=5e-5)
             assert np.linalg.norm(cross) > 0.1 * np.linalg.norm(ta)
+
+
+# ------------------------------------------------------------------------------------------------
+# add_weighted_adapter: PEFT's combination types on products (#32 item 3).
+
+
+def _ours_delta(merged, layer):
+    return np.asarray(adapters.delta(merged[f"{layer}/kernel"], DIMS[layer]))
+
+
+@pytest.mark.parametrize("combination", ["svd", "cat", "ties_svd", "magnitude_prune_svd"])
+def test_add_weighted_adapter_equals_peft_where_peft_merges_products(combination):
+    model, ours = _setup(seed=4)
+    weights, density = [1.0, -0.6], 0.5
+    kwargs = {} if combination in ("svd", "cat") else {"density": density}
+    model.add_weighted_adapter(["t1", "t2"], weights, "m", combination_type=combination, **kwargs)
+    merged = merging.add_weighted_adapter(
+        [ours["t1"], ours["t2"]], weights, combination_type=combination, **kwargs
+    )
+    want_rank = 2 * RANK if combination == "cat" else RANK  # PEFT: sum of ranks / the max rank
+    for layer in DIMS:
+        assert merged[f"{layer}/kernel"].kind.rank == want_rank
+        np.testing.assert_allclose(
+            _ours_delta(merged, layer), _peft_delta(model, "m", layer), atol=2e-5
+        )
+
+
+def test_add_weighted_adapter_linear_of_one_adapter_equals_peft():
+    model, ours = _setup(seed=5)
+    model.add_weighted_adapter(["t1"], [-0.7], "m", combination_type="linear")  # exact for K=1
+    merged = merging.add_weighted_adapter([ours["t1"]], [-0.7], combination_type="linear")
+    for layer in DIMS:
+        np.testing.assert_allclose(
+            _ours_delta(merged, layer), _peft_delta(model, "m", layer), atol=2e-5
+        )
+
+
+def test_linear_with_negative_weights_is_exact_where_peft_is_not():
+    """PEFT #3004: PEFT's ``linear`` merges A and B apart (cross terms); ours is Σ w_k ΔW_k."""
+    model, ours = _setup(seed=6)
+    weights = [0.8, -1.3]
+    model.add_weighted_adapter(["t1", "t2"], weights, "m", combination_type="linear")
+    merged = merging.add_weighted_adapter(
+        [ours["t1"], ours["t2"]], weights, combination_type="linear"
+    )
+    for layer in DIMS:
+        path = f"{layer}/kernel"
+        want = sum(  # float64 reference
+            w
+            * (ALPHA / RANK)
+            * np.asarray(ours[n][path].factors["a"], np.float64)
+            @ np.asarray(ours[n][path].factors["b"], np.float64)
+            for w, n in zip(weights, ("t1", "t2"), strict=True)
+        )
+        got = _ours_delta(merged, layer)
+        assert np.abs(got - want).max() <= 1e-6 * max(1.0, np.abs(want).max())
+        assert merged[path].kind.rank == min(2 * RANK, *DIMS[layer])  # exact: the stacked rank
+        peft_error = np.abs(_peft_delta(model, "m", layer) - want).max()
+        assert peft_error > 0.1 * np.abs(want).max()
+
+
+def test_dare_ties_equals_peft_dare_ties_svd_with_its_masks(monkeypatch):
+    model, ours = _setup(seed=7)
+    drawn = []
+    bernoulli = torch.bernoulli
+
+    def record(p, *args, **kwargs):
+        mask = bernoulli(p, *args, **kwargs)
+        drawn.append(mask.numpy().T.astype(bool))
+        return mask
+
+    monkeypatch.setattr(torch, "bernoulli", record)
+    weights, density, rank = [0.9, -0.4], 0.6, 2
+    torch.manual_seed(0)
+    model.add_weighted_adapter(
+        ["t1", "t2"], weights, "m", combination_type="dare_ties_svd", density=density,
+        svd_rank=rank,
+    )  # fmt: skip
+    views = merging.task_vector_matrices([ours["t1"], ours["t2"]])
+    for i, layer in enumerate(DIMS):
+        deltas = views[f"{layer}/kernel"][0][:, 0]
+        keep = jnp.asarray(np.stack(drawn[2 * i : 2 * i + 2]))
+        merged = merging.dare_ties_delta(deltas, keep, density=density, weights=weights)
+        a, b = merging.lowrank_factors(merged, rank=rank)
+        np.testing.assert_allclose(np.asarray(a @ b), _peft_delta(model, "m", layer), atol=2e-5)
+
+
+def _per_kernel_rule(base, deltas, masks, density, weights):
+    if base == "ties":
+        return merging.ties_delta(deltas, density=density, weights=weights)
+    if base == "magnitude_prune":
+        return merging.magnitude_prune_delta(deltas, density=density, weights=weights)
+    if base == "dare_linear":
+        return merging.dare_delta(deltas, masks, density=density, weights=weights)
+    return merging.dare_ties_delta(deltas, masks, density=density, weights=weights)
+
+
+@pytest.mark.parametrize(
+    "combination",
+    ["ties", "dare_linear", "dare_ties", "magnitude_prune", "dare_linear_svd", "dare_ties_svd"],
+)
+def test_add_weighted_adapter_types_follow_their_per_kernel_rule(combination):
+    _, ours = _setup(seed=8)
+    weights, density, key = [1.0, 0.5], 0.5, jax.random.key(3)
+    merged = merging.add_weighted_adapter(
+        [ours["t1"], ours["t2"]], weights, combination_type=combination, density=density, key=key
+    )
+    views = merging.task_vector_matrices([ours["t1"], ours["t2"]])
+    for i, (layer, (n, m)) in enumerate(DIMS.items()):
+        deltas = views[f"{layer}/kernel"][0][:, 0]
+        masks = merging.dare_masks(
+            jax.random.fold_in(jax.random.fold_in(key, i), 0), deltas.shape, density=density
+        )
+        base = combination.removesuffix("_svd")
+        expected = np.asarray(_per_kernel_rule(base, deltas, masks, density, weights))
+        if combination.endswith("_svd"):  # truncated to the adapters' rank
+            a, b = merging.lowrank_factors(jnp.asarray(expected), rank=RANK)
+            expected = np.asarray(a @ b)
+            assert merged[f"{layer}/kernel"].kind.rank == RANK
+        else:  # exact
+            assert merged[f"{layer}/kernel"].kind.rank == min(n, m)
+        np.testing.assert_allclose(_ours_delta(merged, layer), expected, atol=1e-5)
+
+
+def _random_lora_set(params, ranks, seed):
+    rules = [(f"{p}", adapters.lora(rank=r, alpha=2.0 * r)) for p, r in ranks.items()]
+    ads = adapters.init(jax.random.key(seed), params, rules)
+    rng = np.random.default_rng(seed)
+    return {
+        p: a.replace(
+            factors={
+                k: jnp.asarray(rng.normal(size=f.shape), jnp.float32) for k, f in a.factors.items()
+            }
+        )
+        for p, a in ads.items()
+    }
+
+
+@pytest.mark.parametrize("combination", ["linear", "svd", "ties", "dare_linear", "magnitude_prune"])
+def test_merge_with_per_module_ranks_reloads(tmp_path, combination):
+    """PEFT #3737: its merge of adapters with a rank_pattern cannot be reloaded; ours can."""
+    params = {n: {"kernel": jnp.zeros(d)} for n, d in DIMS.items()}
+    first = _random_lora_set(params, {"l0/kernel": 1, "l1/kernel": 4}, seed=1)
+    second = _random_lora_set(params, {"l0/kernel": 2, "l1/kernel": 4}, seed=2)  # another l0 rank
+    merged = merging.add_weighted_adapter(
+        [first, second], [1.0, -0.5], combination_type=combination, density=0.5,
+        key=jax.random.key(0),
+    )  # fmt: skip
+    ranks = {p: a.kind.rank for p, a in merged.items()}
+    assert len(set(ranks.values())) == 2  # per-module ranks
+    if combination == "svd":
+        assert ranks == {"l0/kernel": 2, "l1/kernel": 4}  # the largest rank at each kernel
+    names = {"l0/kernel": "l0", "l1/kernel": "l1"}
+    adapters.save_peft(tmp_path, merged, module_name=names.__getitem__)
+    back = adapters.load_peft(tmp_path, params, module_path=lambda n: f"{n}/kernel")
+    peft_model = peft.PeftModel.from_pretrained(_Net(), str(tmp_path))  # and PEFT loads it
+    for layer, shape in DIMS.items():
+        path = f"{layer}/kernel"
+        want = np.asarray(adapters.delta(merged[path], shape))
+        np.testing.assert_allclose(np.asarray(adapters.delta(back[path], shape)), want, atol=1e-6)
+        np.testing.assert_allclose(_peft_delta(peft_model, "default", layer), want, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("shape", "in_ndim"), [((3, 4, 5), 2), ((2, 2, 2, 3, 4), 4)], ids=["conv1d", "conv3d"]
+)
+@pytest.mark.parametrize("combination", ["svd", "ties_svd", "magnitude_prune_svd", "cat"])
+def test_svd_merges_work_on_conv_kernels(shape, in_ndim, combination):
+    """PEFT #3769: its SVD merges fail on Conv1d/Conv3d; ours merge the (n, m) matrix view."""
+    params = {"conv": {"kernel": jnp.zeros(shape)}}
+    spec = adapters.lora(rank=2, alpha=4.0, in_ndim=in_ndim, out_ndim=1)
+    rng = np.random.default_rng(0)
+    sets = []
+    for seed in range(2):
+        ads = adapters.init(jax.random.key(seed), params, [(r".*kernel", spec)])
+        sets.append(
+            {p: a.replace(factors={k: jnp.asarray(rng.normal(size=f.shape), jnp.float32)
+                                   for k, f in a.factors.items()}) for p, a in ads.items()}
+        )  # fmt: skip
+    weights = [0.7, -1.1]
+    merged = merging.add_weighted_adapter(
+        sets, weights, combination_type=combination, density=0.5, svd_rank=2
+    )
+    n, m = int(np.prod(shape[:-1])), shape[-1]
+    deltas = jnp.stack([adapters.delta(s["conv/kernel"], shape).reshape(n, m) for s in sets])
+    exact = {
+        "svd": lambda: jnp.tensordot(jnp.asarray(weights), deltas, 1),
+        "cat": lambda: jnp.tensordot(jnp.asarray(weights), deltas, 1),
+        "ties_svd": lambda: merging.ties_delta(deltas, density=0.5, weights=weights),
+        "magnitude_prune_svd": lambda: merging.magnitude_prune_delta(
+            deltas, density=0.5, weights=weights
+        ),
+    }[combination]()
+    if combination != "cat":
+        a, b = merging.lowrank_factors(exact, rank=2)
+        exact = a @ b
+    got = adapters.delta(merged["conv/kernel"], shape)
+    np.testing.assert_allclose(np.asarray(got).reshape(n, m), np.asarray(exact), atol=1e-5)
+    merged_params = adapters.merge(params, merged)  # folds into the conv kernel
+    assert merged_params["conv"]["kernel"].shape == shape
+
+
+def test_add_weighted_adapter_rejects_bad_input():
+    _, ours = _setup()
+    sets = [ours["t1"], ours["t2"]]
+    with pytest.raises(ValueError, match="combination_type must be one of"):
+        merging.add_weighted_adapter(sets, [1, 1], combination_type="mean")
+    with pytest.raises(ValueError, match="needs density"):
+        merging.add_weighted_adapter(sets, [1, 1], combination_type="ties")
+    with pytest.raises(ValueError, match="needs a PRNG key"):
+        merging.add_weighted_adapter(sets, [1, 1], combination_type="dare_linear", density=0.5)
+    with pytest.raises(ValueError, match="one weight per adapter"):
+        merging.add_weighted_adapter(sets, [1.0], combination_type="svd")
+    assert len(merging.COMBINATION_TYPES) == 11
