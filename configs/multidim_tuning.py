@@ -95,6 +95,7 @@ def get_config(arg=None):
 
     c.eval = ml_collections.ConfigDict()
     c.eval.num_reps = 2 if s else 30 if full else 6
+    c.eval.bound_delta = 0.05  # failure probability of the pseudo-dimension gap bound
 
     c.ckpt = ml_collections.ConfigDict()
     c.ckpt.resume = True  # finished cells in <workdir>/cells are read back
