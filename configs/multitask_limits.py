@@ -44,8 +44,8 @@ from configs.common import parse_arg
 
 
 def get_config(arg=None):
-    """``arg``: ``"smoke"``, ``"synthetic|mnist|nlschools=true|false"``, comma-separated."""
-    arg = parse_arg(arg, smoke=False, synthetic=True, mnist=True, nlschools=True)
+    """``arg``: ``"smoke"``, ``"synthetic|mnist|nlschools|lower_bound=true|false"``, comma-separated."""
+    arg = parse_arg(arg, smoke=False, synthetic=True, mnist=True, nlschools=True, lower_bound=True)
     c = ml_collections.ConfigDict()
     c.experiment = "multitask_limits"
     c.seed = 0
@@ -79,6 +79,19 @@ def get_config(arg=None):
     c.nlschools.num_tasks = (4,) if arg.smoke else (4, 16, 64)
     c.nlschools.ns = (10,) if arg.smoke else (5, 10, 20)  # classes have 4-33 pupils (median 17)
     c.nlschools.num_draws = 10 if arg.smoke else 200
+
+    # The Fano-type packing (analysis.simulate_packing_family): M hypotheses δ apart,
+    # δ = c (n (k + 1))^(−β/(2−β)) (the oracle's resolution: the instance is rescaled with n),
+    # k = ceil(sqrt(N)) good sources; the Bayes floor (good set unknown) next to the methods.
+    c.lower_bound = ml_collections.ConfigDict()
+    c.lower_bound.enabled = arg.lower_bound
+    c.lower_bound.betas = (0.5,) if arg.smoke else (0.25, 0.5, 0.75)  # the β sweep
+    c.lower_bound.num_tasks = (4, 16) if arg.smoke else (4, 16, 64)
+    c.lower_bound.ns = (20,) if arg.smoke else (20, 100, 500)
+    c.lower_bound.good = "sqrt"
+    c.lower_bound.c = 0.5
+    c.lower_bound.num_hypotheses = 5
+    c.lower_bound.num_draws = 10 if arg.smoke else 200
 
     c.ckpt = ml_collections.ConfigDict()
     c.ckpt.resume = True  # finished cells in <workdir>/cells are read back
