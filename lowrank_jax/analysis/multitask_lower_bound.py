@@ -50,7 +50,18 @@ _TINY = 1e-6  # η is clipped to [_TINY, 1 − _TINY] in likelihoods (β = 1 has
 
 
 def packing_separation(n: int, num_good: jax.typing.ArrayLike, *, c: float, beta: float):
-    """``δ = c (n (k + 1))^{−β/(2−β)}``: the oracle's resolution with ``k`` good sources + target."""
+    """``δ = c (n (k + 1))^{−β/(2−β)}``: the oracle's resolution with ``k`` good sources + target.
+
+    Args:
+      n: samples per task; num_good: ``k`` (may be traced); c: the constant; beta: Bernstein
+        exponent in (0, 1].
+
+    Returns:
+      Scalar float32 ``δ``.
+
+    Raises:
+      ValueError: β outside (0, 1].
+    """
     multitask._check_beta(beta)
     return c * (n * (jnp.asarray(num_good, jnp.float32) + 1)) ** (-beta / (2 - beta))
 
@@ -80,6 +91,9 @@ def packing_eta(
     Args:
       x: points (any shape); center: the hypothesis' threshold ``t_j`` (broadcast with ``x``);
       beta: Bernstein exponent; window: ``r``; good: bool, broadcast with ``x``.
+
+    Returns:
+      ``η`` in ``[0, 1]``, the broadcast shape of ``x``, ``center`` and ``good``.
     """
     x, center = jnp.asarray(x), jnp.asarray(center)
     a = multitask._check_beta(beta)
@@ -122,6 +136,9 @@ def sample_packing_tasks(
     Args:
       key: PRNG key; center: ``t_j``; good: bool ``(T,)`` (row 0 is usually the target);
       n: samples per task; beta: Bernstein exponent; window: ``r``.
+
+    Returns:
+      ``x`` float32 in ``[0, 1]`` and ``y`` float32 in ``{0, 1}``, both ``(T, n)``.
     """
     good = jnp.asarray(good, bool)
     kx, ky = jax.random.split(key)
@@ -170,6 +187,13 @@ def packing_posterior(
     a uniform random ``k``-subset of the ``T − 1`` sources, summed over exactly) or ``good``
     (bool ``(T,)``: the good set is known, the oracle).
 
+    Args:
+      x, y: ``(T, n)`` samples; centers: ``(M,)`` hypotheses; beta: Bernstein exponent;
+      window: ``r``; num_good / good: as above.
+
+    Returns:
+      ``(M,)`` normalised log posterior.
+
     Raises:
       ValueError: neither or both of ``num_good`` and ``good``.
     """
@@ -191,6 +215,13 @@ def bayes_threshold(
 
     The minimiser lies in ``[t_0, t_{M−1}]``, where every term is ``G(|t − t_j|)`` and the
     derivative ``Σ_j p_j sign(t − t_j)|2(t − t_j)|^a`` is non-decreasing: bisection on it.
+
+    Args:
+      log_post: ``(M,)`` log posterior (:func:`packing_posterior`); centers: ``(M,)`` ascending
+        ``t_j``; beta: Bernstein exponent; num_iters: bisection steps (60: float32 exact).
+
+    Returns:
+      The scalar Bayes threshold.
     """
     a = multitask._check_beta(beta)
     p = jnp.exp(log_post)
@@ -232,6 +263,15 @@ def simulate_packing_family(
     :data:`lowrank_jax.analysis.ESTIMATORS` order), then ``bayes_floor`` (the Bayes decision with
     the good set unknown, target validation samples included: the floor) and ``bayes_oracle``
     (good set known). ``num_good`` may be traced.
+
+    Args:
+      key: PRNG key; num_tasks: ``N`` sources; n: samples per task; num_good: ``k``; beta:
+        Bernstein exponent; c: the separation constant (:func:`packing_separation`);
+        num_hypotheses: ``M``; num_draws: Monte Carlo draws; n_val: target validation samples;
+        agreement_z, lepski_c: the heuristics' constants; batch_size: draws per vmapped batch.
+
+    Returns:
+      float32 ``(num_draws, len(PACKING_ESTIMATORS))`` excess target risks.
 
     Raises:
       ValueError: ``num_tasks < 1``, ``n < 2``, ``num_draws < 1``, ``n_val < 1`` or a bad β.
