@@ -443,6 +443,16 @@ def run_part(config: Any, workdir: str, store: sweep.CellStore, part: str):
         "oracle_risk": {k: round(v["true"], 4) for k, v in oracles.items()},
         "loss_range_H": round(loss_range, 3),
         "pdim_bound": {f"p{p}": b["pdim"] for p, b in bounds.items()},
+        # N(ε, δ) at which the bound reaches ε = 0.1 H (it is vacuous, ≥ H, below N = Pdim).
+        "N_for_bound_0.1H": {
+            f"p{p}": tuning.uniform_convergence_sample_size(
+                0.1 * loss_range,
+                pdim=b["pdim"],
+                loss_bound=loss_range,
+                delta=config.eval.bound_delta,
+            )
+            for p, b in bounds.items()
+        },
     }
     return rows, checks, extra
 

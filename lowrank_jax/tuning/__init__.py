@@ -18,6 +18,7 @@ from lowrank_jax.tuning.bounds import (
     lasso_loss_polynomials,
     pseudo_dimension_bound,
     uniform_convergence_bound,
+    uniform_convergence_sample_size,
 )
 from lowrank_jax.tuning.lasso import (
     Penalty,
@@ -59,6 +60,7 @@ __all__ = [
     "lasso_loss_polynomials",
     "pseudo_dimension_bound",
     "uniform_convergence_bound",
+    "uniform_convergence_sample_size",
     "Instances",
     "Penalty",
     "Prepared",

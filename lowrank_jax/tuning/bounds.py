@@ -65,7 +65,12 @@ import numpy as np
 
 from lowrank_jax.tuning import lasso
 
-__all__ = ["lasso_loss_polynomials", "pseudo_dimension_bound", "uniform_convergence_bound"]
+__all__ = [
+    "lasso_loss_polynomials",
+    "pseudo_dimension_bound",
+    "uniform_convergence_bound",
+    "uniform_convergence_sample_size",
+]
 
 _LOG2_4E = math.log2(4 * math.e)
 
@@ -181,3 +186,43 @@ def uniform_convergence_bound(
     sauer = pdim * np.log(math.e * np.maximum(n, pdim) / pdim)  # valid for N >= d
     log_growth = np.where(n >= pdim, np.minimum(n * math.log(2), sauer), n * math.log(2))
     return loss_bound * (np.sqrt(2 * log_growth / n) + np.sqrt(math.log(2 / delta) / (2 * n)))
+
+
+def uniform_convergence_sample_size(
+    epsilon: float, *, pdim: int, loss_bound: float, delta: float = 0.05
+) -> int:
+    """The sample complexity ``N(ε, δ)``: the least ``N`` at which
+    :func:`uniform_convergence_bound` is at most ``epsilon``.
+
+    Args:
+      epsilon: the target gap ε > 0 (in loss units, like ``loss_bound``).
+      pdim: the pseudo-dimension ``d``; loss_bound: ``H``; delta: δ ∈ (0, 1).
+
+    Returns:
+      The least such ``N`` (an int; the bound is non-increasing in ``N``).
+
+    Raises:
+      ValueError: ``epsilon <= 0`` or the arguments :func:`uniform_convergence_bound` rejects.
+
+    Example:
+      >>> uniform_convergence_sample_size(0.5, pdim=10, loss_bound=1.0)
+      510
+    """
+    if not epsilon > 0:
+        raise ValueError(f"epsilon must be > 0, got {epsilon}")
+
+    def ok(n: int) -> bool:
+        return (
+            float(uniform_convergence_bound(n, pdim=pdim, loss_bound=loss_bound, delta=delta))
+            <= epsilon
+        )
+
+    if ok(1):
+        return 1
+    lo, hi = 1, 2  # the bound is non-increasing in N: ok(lo) fails, find the first ok(hi)
+    while not ok(hi):
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return hi

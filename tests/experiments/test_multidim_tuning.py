@@ -45,6 +45,8 @@ def test_multidim_tuning_smoke_runs_and_resumes(tmp_path):
         assert row["bound"] == pytest.approx(float(want), rel=1e-3)
         assert row["bound"] > row["abs_gap"]
     assert (tmp_path / "diabetes_bound.png").exists()
+    n_eps = summary["extra"]["diabetes_N_for_bound_0.1H"]["p1"]
+    assert n_eps == tuning.uniform_convergence_sample_size(0.1 * h, pdim=pdims["p1"], loss_bound=h)
     assert exp.run(c, str(tmp_path)) == m  # finished cells are reused
 
 

@@ -59,6 +59,16 @@ def test_uniform_convergence_bound_by_hand():
     assert np.all(tuning.uniform_convergence_bound(ns, pdim=10, loss_bound=2.0, delta=0.5) < b)
 
 
+def test_sample_size_is_the_first_n_where_the_bound_reaches_epsilon():
+    for eps, d, h in ((0.5, 10, 1.0), (0.2, 66, 6.0), (2.0, 3, 1.0)):
+        n = tuning.uniform_convergence_sample_size(eps, pdim=d, loss_bound=h)
+        assert float(tuning.uniform_convergence_bound(n, pdim=d, loss_bound=h)) <= eps
+        assert n == 1 or float(tuning.uniform_convergence_bound(n - 1, pdim=d, loss_bound=h)) > eps
+    assert tuning.uniform_convergence_sample_size(0.5, pdim=10, loss_bound=1.0) == 510
+    with pytest.raises(ValueError, match="epsilon must be > 0"):
+        tuning.uniform_convergence_sample_size(0.0, pdim=3, loss_bound=1.0)
+
+
 def test_bound_holds_for_thresholds_whose_supremum_gap_is_the_ks_statistic():
     # u(x, α) = 1[x > α], x ~ U[0, 1]: pseudo-dimension 1, sup_α |gap| = the KS statistic.
     rng = np.random.default_rng(0)
