@@ -31,8 +31,23 @@ held out as the target population (half their pupils train/validate, half test),
 are ``N ∈ {4, 16, 64}`` random other classes with ``n ∈ {5, 10, 20}`` draws each (with
 replacement), decoy classes get coin-flip labels in the flat zone; 200 draws per family member.
 
-``arg``: ``"smoke"``; ``synthetic=false`` / ``mnist=false`` / ``nlschools=false`` skip those
-parts. The nlschools part alone (about 10 CPU-minutes)::
+The decoy width is ``analysis.decoy_width(n, c)`` = c · n^(−β/(2−β)): one task's ERM resolution
+at every n, so the n-independence of the synthetic ratios is partly built in.
+
+lower_bound (``analysis.simulate_packing_family``): a Fano-type packing of 5 thresholds δ apart,
+δ = 0.5 (n (k + 1))^(−β/(2−β)) (capped so the window is ≤ ¼), k = ⌈√N⌉, decoys flat on the window;
+the Bayes risk floor (good set unknown, exact posterior) and the oracle's Bayes risk next to the
+methods, β ∈ {¼, ½, ¾}, N ∈ {4, 16, 64}, n ∈ {20, 100, 500}, 200 draws per cell (``lower_bound.md``).
+Alone (12 min wall at load ~12, measured)::
+
+    python -m experiments.train --config=configs/multitask_limits.py:synthetic=false,mnist=false,nlschools=false \
+        --workdir=runs/multitask_limits_lower_bound
+
+Measured: floor / oracle floor 1.02–1.30 at N = 4, 1.34–8.37 at N = 64 (larger at N = 64 in all 9
+(β, n) cells); the instance is rescaled with n, so its n-independence is built in.
+
+``arg``: ``"smoke"``; ``synthetic=false`` / ``mnist=false`` / ``nlschools=false`` /
+``lower_bound=false`` skip those parts. The nlschools part alone (about 10 CPU-minutes)::
 
     python -m experiments.train --config=configs/multitask_limits.py:synthetic=false,mnist=false \
         --workdir=runs/multitask_limits_nlschools
@@ -44,8 +59,8 @@ from configs.common import parse_arg
 
 
 def get_config(arg=None):
-    """``arg``: ``"smoke"``, ``"synthetic|mnist|nlschools=true|false"``, comma-separated."""
-    arg = parse_arg(arg, smoke=False, synthetic=True, mnist=True, nlschools=True)
+    """``arg``: ``"smoke"``, ``"synthetic|mnist|nlschools|lower_bound=true|false"``, comma-separated."""
+    arg = parse_arg(arg, smoke=False, synthetic=True, mnist=True, nlschools=True, lower_bound=True)
     c = ml_collections.ConfigDict()
     c.experiment = "multitask_limits"
     c.seed = 0
@@ -79,6 +94,19 @@ def get_config(arg=None):
     c.nlschools.num_tasks = (4,) if arg.smoke else (4, 16, 64)
     c.nlschools.ns = (10,) if arg.smoke else (5, 10, 20)  # classes have 4-33 pupils (median 17)
     c.nlschools.num_draws = 10 if arg.smoke else 200
+
+    # The Fano-type packing (analysis.simulate_packing_family): M hypotheses δ apart,
+    # δ = c (n (k + 1))^(−β/(2−β)) (the oracle's resolution: the instance is rescaled with n),
+    # k = ceil(sqrt(N)) good sources; the Bayes floor (good set unknown) next to the methods.
+    c.lower_bound = ml_collections.ConfigDict()
+    c.lower_bound.enabled = arg.lower_bound
+    c.lower_bound.betas = (0.5,) if arg.smoke else (0.25, 0.5, 0.75)  # the β sweep
+    c.lower_bound.num_tasks = (4, 16) if arg.smoke else (4, 16, 64)
+    c.lower_bound.ns = (20,) if arg.smoke else (20, 100, 500)
+    c.lower_bound.good = "sqrt"
+    c.lower_bound.c = 0.5
+    c.lower_bound.num_hypotheses = 5
+    c.lower_bound.num_draws = 10 if arg.smoke else 200
 
     c.ckpt = ml_collections.ConfigDict()
     c.ckpt.resume = True  # finished cells in <workdir>/cells are read back

@@ -264,7 +264,7 @@ def run(config, workdir: str) -> dict[str, Any]:
         )
     cells.close()
     b = config.search.budget
-    rows, curves = [], {}
+    rows, curves, picks = [], {}, {}
     for m in config.search.methods:
         regrets, full_regrets, tests, chosen = [], [], [], []
         for s in range(config.search.num_seeds):
@@ -274,7 +274,7 @@ def run(config, workdir: str) -> dict[str, Any]:
             chosen.append(pick)
             full_regrets.append(full.max() - full[pick])
             tests.append(test[pick])
-        regrets = np.asarray(regrets)
+        regrets, picks[m] = np.asarray(regrets), np.asarray(chosen)
         curves[m] = (list(range(1, b + 1)), np.median(regrets, 0).tolist())
         rows.append({
             "method": m,
@@ -291,8 +291,12 @@ def run(config, workdir: str) -> dict[str, Any]:
     by = {r["method"]: r["median regret @B"] for r in rows}
     ours = [by[m] for m in ("bo_knowledge", "bo_knowledge_residual") if m in by]
     others = [by[m] for m in ("bo_ordinal", "bo_onehot", "random", "tpe") if m in by]
-    best_i = int(np.argmax(full))
+    best_i = int(np.argmax(full))  # the grid optimum: a reference, no searcher's pick
     lead = min(rows, key=lambda r: (r["median full regret @B"], r["median regret @B"]))
+    # The "best vs default" check uses what BO picked (best searched validation score among
+    # its evaluations), not the grid optimum: the paper's searcher if it ran, else the lead.
+    bo = "bo_minilm" if "bo_minilm" in picks else lead["method"]
+    gain = test[picks[bo]] - float(scores["default_test"])  # (seeds,)
     checks = [
         sweep.check(
             f"Spearman(proxy, full) >= {config.eval.min_spearman}",
@@ -305,17 +309,25 @@ def run(config, workdir: str) -> dict[str, Any]:
             ", ".join(f"{k} {v:.4f}" for k, v in by.items()),
         ),
         sweep.check(
-            f"best configuration beats the default by >= {config.eval.clear_margin} test accuracy",
-            bool(test[best_i] - float(scores["default_test"]) >= config.eval.clear_margin),
-            f"best (full valid) {test[best_i]:.3f} vs default {float(scores['default_test']):.3f}",
+            f"{bo}'s pick beats the default by >= {config.eval.clear_margin} test accuracy "
+            "(median over seeds)",
+            bool(np.median(gain) >= config.eval.clear_margin),
+            f"pick's test accuracy, median over {len(gain)} seeds, "
+            f"{float(np.median(test[picks[bo]])):.3f} vs default "
+            f"{float(scores['default_test']):.3f} (gain median {float(np.median(gain)):+.3f}, "
+            f"min {float(gain.min()):+.3f}, max {float(gain.max()):+.3f}; "
+            f"{int(np.sum(gain >= config.eval.clear_margin))}/{len(gain)} seeds clear it)",
         ),
     ]  # fmt: skip
     extra = {
         "spearman_proxy_full": round(rho, 4),
         "num_configurations": len(full),
-        "best_configuration": _describe(cfg, best_i),
-        "best_valid_accuracy": round(float(full[best_i]), 4),
-        "best_test_accuracy": round(float(test[best_i]), 4),
+        "grid_optimum_configuration": _describe(cfg, best_i),
+        "grid_optimum_valid_accuracy": round(float(full[best_i]), 4),
+        "grid_optimum_test_accuracy": round(float(test[best_i]), 4),
+        "checked_searcher": bo,
+        "pick_median_test_accuracy": round(float(np.median(test[picks[bo]])), 4),
+        "pick_median_gain_over_default": round(float(np.median(gain)), 4),
         "default_valid_accuracy": round(float(scores["default_valid"]), 4),
         "default_test_accuracy": round(float(scores["default_test"]), 4),
         "median_grid_valid_accuracy": round(float(np.median(full)), 4),

@@ -34,6 +34,7 @@ def check_config(config: Any) -> None:
     c.check_nonnegative(config, "seed", integer=True)
     for key in ("data.num_test", "data.n_train", "data.n_val", "tune.budget", "eval.num_reps"):
         c.check_positive(config, key, integer=True)
+    c.check_fraction(config, "eval.bound_delta", allow_zero=False)
     for part in config.data.parts:
         if part not in PARTS:
             raise c.ConfigError(f"config.data.parts holds {part!r}: use {', '.join(PARTS)}")
@@ -275,11 +276,55 @@ def _slope(ns, ys) -> float:
     return float(np.polyfit(np.log(ns), np.log(ys), 1)[0]) if np.all(ys > 0) else float("nan")
 
 
-def summarise(config, workdir, part, reps, oracles) -> tuple[list[dict], list[dict]]:
+def gap_bounds(config, pen, loss_range: float) -> dict[int, dict]:
+    """``{p: {"pdim", "bound"}}``: the pseudo-dimension bound of the family's loss class with p
+    tied weights (:func:`tuning.pseudo_dimension_bound` of :func:`tuning.lasso_loss_polynomials`)
+    and the uniform-convergence bound on the gap at every N (:func:`tuning.uniform_convergence_bound`,
+    ``H = loss_range``, ``δ = config.eval.bound_delta``)."""
+    num_polys, degree = tuning.lasso_loss_polynomials(pen)
+    out = {}
+    for p in sorted({p for _, p in _tuners(config)}):
+        d = tuning.pseudo_dimension_bound(p, num_polys=num_polys, degree=degree)
+        b = tuning.uniform_convergence_bound(
+            np.array(config.data.ns), pdim=d, loss_bound=loss_range, delta=config.eval.bound_delta
+        )
+        out[p] = {"pdim": d, "bound": b}
+    return out
+
+
+def _plot_bound(path, ns, stats, bounds, title):
+    """The bound (solid) against the measured mean |gap| (dashed) over N, one colour per p."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, p in enumerate(sorted(bounds)):
+        c = colours[i % len(colours)]
+        ax.plot(
+            ns, bounds[p]["bound"], "-", color=c, label=f"bound, p={p} (Pdim ≤ {bounds[p]['pdim']})"
+        )
+        for k, st in stats.items():
+            if int(k.split("_p")[1]) == p:
+                style = ":" if k.startswith("tpe") else "--"
+                ax.plot(ns, np.maximum(st["abs_gap"], 1e-6), style, marker="o", ms=3, color=c,
+                        label=f"measured |gap|, {k}")  # fmt: skip
+    ax.set(xscale="log", yscale="log", title=title, xlabel="N (training instances)",
+           ylabel="generalisation gap")  # fmt: skip
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def summarise(config, workdir, part, reps, oracles, bounds) -> tuple[list[dict], list[dict]]:
     """Table rows, plots and trend checks of one family.
 
     ``gap`` is the signed ``R(α̂) − R̂_N(α̂)`` (the optimism of the empirical risk), ``|gap|`` its
-    absolute value (what uniform convergence bounds), both averaged over repetitions.
+    absolute value (what uniform convergence bounds), both averaged over repetitions; ``bound``
+    is the pseudo-dimension bound on ``sup_α |gap|`` for the tuner's p (:func:`gap_bounds`).
     """
     ns = np.array(config.data.ns)
     names = list(reps[0])
@@ -300,6 +345,7 @@ def summarise(config, workdir, part, reps, oracles) -> tuple[list[dict], list[di
                     "N": int(n),
                     "gap": sweep.format_mean_sd(g[:, j], 4),
                     "abs_gap": float(st["abs_gap"][j]),
+                    "bound": float(bounds[int(name.split("_p")[1])]["bound"][j]),
                     "excess": sweep.format_mean_sd(ex[:, j], 4),
                     "true_risk": sweep.format_mean_sd(tr[:, j], 4),
                     "R_minus_best_R*": float(tr[:, j].mean() - best_all),
@@ -316,6 +362,13 @@ def summarise(config, workdir, part, reps, oracles) -> tuple[list[dict], list[di
         {k: (ns, v["risk"].mean(0)) for k, v in stats.items()},
         f"P12 {part}",
         "true risk of the tuned weights",
+    )
+    _plot_bound(
+        os.path.join(workdir, f"{part}_bound.png"),
+        ns,
+        stats,
+        bounds,
+        f"P12 {part}: pseudo-dimension bound vs measured gap",
     )
     slopes = ", ".join(f"{k}: {v['slope']:.2f}" for k, v in stats.items())
     checks = [
@@ -377,8 +430,31 @@ def run_part(config: Any, workdir: str, store: sweep.CellStore, part: str):
         )
         for r in tqdm.trange(config.eval.num_reps, disable=not config.log.progress, desc=part)
     ]
-    rows, checks = summarise(config, workdir, part, reps, oracles)
-    return rows, checks, {k: round(v["true"], 4) for k, v in oracles.items()}
+    # H of the bound (a plug-in): the largest validation loss of a fresh instance at the oracles.
+    loss_range = store.get(
+        f"{part}/loss_range",
+        lambda: {
+            "H": max(float(test_losses(np.array([o["alpha"]])).max()) for o in oracles.values())
+        },
+    )["H"]
+    bounds = gap_bounds(config, pen, loss_range)
+    rows, checks = summarise(config, workdir, part, reps, oracles, bounds)
+    extra = {
+        "oracle_risk": {k: round(v["true"], 4) for k, v in oracles.items()},
+        "loss_range_H": round(loss_range, 3),
+        "pdim_bound": {f"p{p}": b["pdim"] for p, b in bounds.items()},
+        # N(ε, δ) at which the bound reaches ε = 0.1 H (it is vacuous, ≥ H, below N = Pdim).
+        "N_for_bound_0.1H": {
+            f"p{p}": tuning.uniform_convergence_sample_size(
+                0.1 * loss_range,
+                pdim=b["pdim"],
+                loss_bound=loss_range,
+                delta=config.eval.bound_delta,
+            )
+            for p, b in bounds.items()
+        },
+    }
+    return rows, checks, extra
 
 
 def run(config: Any, workdir: str) -> dict:
@@ -388,10 +464,12 @@ def run(config: Any, workdir: str) -> dict:
     store = sweep.CellStore(workdir, resume=config.ckpt.resume)
     rows, checks, extra = [], [], {}
     for part in config.data.parts:
-        r, c, o = run_part(config, workdir, store, part)
-        rows, checks, extra[f"{part}_oracle_risk"] = rows + r, checks + c, o
+        r, c, e = run_part(config, workdir, store, part)
+        rows, checks = rows + r, checks + c
+        extra.update({f"{part}_{k}": v for k, v in e.items()})
     store.close()
-    cols = ["family", "tuner", "N", "gap", "abs_gap", "excess", "true_risk", "R_minus_best_R*"]
+    cols = ["family", "tuner", "N", "gap", "abs_gap", "bound", "excess", "true_risk"]
+    cols.append("R_minus_best_R*")
     cols.append("abs_gap_slope")
     return sweep.write_sweep_results(
         workdir,

@@ -40,16 +40,21 @@ def check_config(config: Any) -> None:
     c = common
     c.check_nonnegative(config, "seed", integer=True)
     for key in ("data.num_draws", "data.n_val", "mnist.pca_dim", "mnist.num_draws",
-                "nlschools.num_draws", "nlschools.num_target_groups"):  # fmt: skip
+                "nlschools.num_draws", "nlschools.num_target_groups", "lower_bound.num_draws"):  # fmt: skip
         c.check_positive(config, key, integer=True)
     for n in (*config.data.ns, *config.mnist.ns, *config.nlschools.ns):
         if n < 2:
             raise c.ConfigError(f"config.data.ns holds {n}: need at least 2 samples per task")
-    for g in config.data.good:
+    for g in (*config.data.good, config.lower_bound.good):
         if g not in ("one", "sqrt", "all"):
             raise c.ConfigError(f"config.data.good holds {g!r}: use 'one', 'sqrt' or 'all'")
-    if not 0 < config.data.beta <= 1:
-        raise c.ConfigError("config.data.beta must lie in (0, 1]")
+    for b in (config.data.beta, *config.lower_bound.betas):
+        if not 0 < b <= 1:
+            raise c.ConfigError(f"config.data.beta / lower_bound.betas hold {b}: use (0, 1]")
+    if config.lower_bound.num_hypotheses < 2 or not config.lower_bound.c > 0:
+        raise c.ConfigError("config.lower_bound needs num_hypotheses >= 2 and c > 0")
+    if min(config.lower_bound.ns) < 2:
+        raise c.ConfigError("config.lower_bound.ns must be at least 2 samples per task")
     if len(config.mnist.digits) != 2:
         raise c.ConfigError("config.mnist.digits must name two digits")
 
@@ -85,15 +90,21 @@ def _family(config: Any, n_tasks: int, n: int):
 
 
 def steps(config: Any, mesh: Any = None) -> list[common.Step]:
-    """The synthetic cells' simulation at the largest task count and sample size, on abstract
-    inputs. (The real-pool cells close over their pools' scores.)"""
+    """The synthetic cells' simulation and the lower-bound packing at the largest task count and
+    sample size, on abstract inputs. (The real-pool cells close over their pools' scores.)"""
     del mesh  # one device
     check_config(config)
     d, spec = config.data, jax.ShapeDtypeStruct
     f = len(d.good) * len(d.cs)
     args = (jax.eval_shape(lambda: jax.random.key(0)), spec((f,), jnp.int32), spec((f,), jnp.float32))  # fmt: skip
     n_tasks, n = max(d.num_tasks), max(d.ns)
-    return [common.Step(f"synthetic N={n_tasks} n={n}", _family(config, n_tasks, n), args)]
+    out = [common.Step(f"synthetic N={n_tasks} n={n}", _family(config, n_tasks, n), args)]
+    lb = config.lower_bound
+    if lb.enabled:  # the packing at its largest cell (num_good traced)
+        nt, n, b = max(lb.num_tasks), max(lb.ns), lb.betas[0]
+        lb_args = (args[0], spec((), jnp.int32))
+        out.append(common.Step(f"lower bound N={nt} n={n}", _packing(config, b, nt, n), lb_args))
+    return out
 
 
 def synthetic_cell(config: Any, n_tasks: int, n: int, key: jax.Array) -> dict:
@@ -204,6 +215,105 @@ def pool_cell(config: Any, pool: dict, n_tasks: int, n: int, key: jax.Array, dra
     return out
 
 
+LB = analysis.PACKING_ESTIMATORS
+
+
+def _packing(config: Any, beta: float, n_tasks: int, n: int):
+    """Jitted ``(key, num_good) -> (draws, len(LB))`` excess risks on the Fano-type packing."""
+    lb, m = config.lower_bound, config.model
+
+    def sim(key, k):
+        return analysis.simulate_packing_family(
+            key, num_tasks=n_tasks, n=n, num_good=k, beta=beta, c=lb.c,
+            num_hypotheses=lb.num_hypotheses, num_draws=lb.num_draws, n_val=config.data.n_val,
+            agreement_z=m.agreement_z, lepski_c=m.lepski_c, batch_size=m.batch_size,
+        )  # fmt: skip
+
+    return jax.jit(sim)
+
+
+def lower_bound_cell(config: Any, beta: float, n_tasks: int, n: int, key: jax.Array) -> dict:
+    """One (β, N, n) cell of the Fano-type packing (``analysis.simulate_packing_family``) with
+    ``k = ⌈√N⌉`` good sources: mean and s.e. of every estimator's excess risk, the Bayes floor
+    (good set unknown) and the oracle's Bayes risk (known) included."""
+    lb = config.lower_bound
+    k = _num_good(lb.good, n_tasks)
+    risks = np.asarray(_packing(config, beta, n_tasks, n)(key, k), np.float64)
+    delta = float(analysis.packing_separation(n, k, c=lb.c, beta=beta))
+    half = (lb.num_hypotheses - 1) / 2 + 1
+    return {
+        "k": k,
+        "delta": min(delta, 0.25 / half),
+        "mean": dict(zip(LB, risks.mean(0).tolist(), strict=True)),
+        "sem": dict(zip(LB, (risks.std(0) / np.sqrt(len(risks))).tolist(), strict=True)),
+    }
+
+
+def lower_bound_part(config: Any, workdir: str, store: Any, key: jax.Array):
+    """The β sweep of the packing: rows (written to ``lower_bound.md``), checks, plots."""
+    lb = config.lower_bound
+    grid = [(b, nt, n) for b in lb.betas for n in lb.ns for nt in lb.num_tasks]
+    cells = {}
+    for b, nt, n in tqdm.tqdm(grid, disable=not config.log.progress, desc="lower bound"):
+        k = jax.random.fold_in(key, 13 + 1000 * nt + n + int(1e6 * b))
+        cells[(b, nt, n)] = store.get(
+            f"lower_bound/beta={b}/N={nt}/n={n}",
+            lambda b=b, nt=nt, n=n, k=k: lower_bound_cell(config, b, nt, n, k),
+        )
+    rows, ratio_curves = [], {}
+    for (b, nt, n), cell in cells.items():
+        mean, floor = cell["mean"], cell["mean"]["bayes_floor"]
+        rows.append({
+            "beta": b, "N": nt, "n": n, "k": cell["k"], "delta": cell["delta"],
+            "floor": f"{floor:.3e} ± {cell['sem']['bayes_floor']:.1e}",
+            "oracle floor": mean["bayes_oracle"],
+            "floor / oracle floor": floor / mean["bayes_oracle"],
+            "oracle ERM": mean["oracle"],
+            **{f"{e} / floor": mean[e] / floor for e in ADAPTIVE},
+        })  # fmt: skip
+        ratio_curves.setdefault(f"β={b}, n={n}", ([], []))
+        ratio_curves[f"β={b}, n={n}"][0].append(nt)
+        ratio_curves[f"β={b}, n={n}"][1].append(floor / mean["bayes_oracle"])
+    common.plot_curves(
+        os.path.join(workdir, "lower_bound_ratio.png"), ratio_curves,
+        title="Fano-type packing: Bayes floor (good set unknown) / oracle's Bayes risk",
+        xlabel="N (source tasks), k = ceil(sqrt N) good", ylabel="ratio", hline=1.0,
+    )  # fmt: skip
+    lo, hi = lb.num_tasks[0], lb.num_tasks[-1]
+    grows = {
+        (b, n): cells[(b, hi, n)]["mean"]["bayes_floor"] / cells[(b, hi, n)]["mean"]["bayes_oracle"]
+        > cells[(b, lo, n)]["mean"]["bayes_floor"] / cells[(b, lo, n)]["mean"]["bayes_oracle"]
+        for b in lb.betas for n in lb.ns
+    }  # fmt: skip
+    above = [  # Bayes optimality: holds by construction up to Monte Carlo error (2 s.e.)
+        (key, e) for key, cell in cells.items() for e in (*ADAPTIVE, "oracle")
+        if cell["mean"][e] + 2 * cell["sem"][e] < cell["mean"]["bayes_floor"]
+    ]  # fmt: skip
+    checks = [
+        sweep.check(
+            f"lower_bound: floor / oracle floor grows from N={lo} to N={hi} at every (β, n)",
+            all(grows.values()),
+            ", ".join(f"β={b} n={n}: {'yes' if v else 'no'}" for (b, n), v in grows.items()),
+        ),
+        sweep.check(
+            "lower_bound (by construction, not a reproduction): no method's mean excess risk is "
+            "below the Bayes floor by more than 2 s.e.",
+            not above,
+            "exceptions: " + (", ".join(f"{k}: {e}" for k, e in above) or "none"),
+        ),
+    ]
+    columns = ["beta", "N", "n", "k", "delta", "floor", "oracle floor", "floor / oracle floor",
+               "oracle ERM", *[f"{e} / floor" for e in ADAPTIVE]]  # fmt: skip
+    common.write_results_md(
+        workdir, rows, columns=columns, filename="lower_bound.md",
+        title="P9 Fano-type packing: Bayes risk floor next to the methods (mean excess risk)",
+        notes=f"δ = {lb.c}·(n(k+1))^(−β/(2−β)) (capped so the window r ≤ ¼), {lb.num_hypotheses} "
+        f"hypotheses, {lb.num_draws} draws per cell; the instance is rescaled with n, so ratios "
+        "are n-independent by construction.\n\n" + sweep.checks_markdown(checks),
+    )  # fmt: skip
+    return rows, checks
+
+
 def _rows_and_plots(workdir, cells, part, tasks, ns):
     rows = []
     for n in ns:
@@ -263,7 +373,8 @@ def _checks(cells, tasks, ns, part):
 
 
 def run(config: Any, workdir: str) -> dict:
-    """Runs the synthetic grid and the MNIST version; writes results.md, summary.json, plots."""
+    """Runs the synthetic grid, the MNIST and nlschools versions and the lower-bound packing;
+    writes results.md, lower_bound.md, summary.json, plots."""
     check_config(config)
     common.write_config_json(workdir, config)
     store = sweep.CellStore(workdir, resume=config.ckpt.resume)
@@ -307,6 +418,11 @@ def run(config: Any, workdir: str) -> dict:
             extra[f"{part}_pool_error"] = error
         rows += _rows_and_plots(workdir, pcells, part, pc.num_tasks, pc.ns)
         checks += _checks(pcells, pc.num_tasks, pc.ns, part)
+    if config.lower_bound.enabled:
+        lb_rows, lb_checks = lower_bound_part(config, workdir, store, key)
+        checks += lb_checks
+        extra["lower_bound_cells"] = len(lb_rows)
+        extra["lower_bound_table"] = "lower_bound.md"
     store.close()
     columns = ["part", "N", "n", "oracle_excess(k=N)", *[f"worst/{e}" for e in ADAPTIVE]]
     return sweep.write_sweep_results(

@@ -8,14 +8,22 @@
   causes alone or scaled.
 * :mod:`~lowrank_jax.analysis.multitask` (P9): the threshold-class simulator of the limits of
   adaptation in multitask learning — decoy tasks, target-only / pooled / oracle-prefix ERM and
-  adaptive heuristics, vectorised over draws.
+  adaptive heuristics, vectorised over draws; :mod:`~lowrank_jax.analysis.multitask_lower_bound`:
+  a Fano-type packing of threshold instances and its exact Bayes risk floor.
 * :mod:`~lowrank_jax.analysis.tpv` (P19): test-time prediction variance from training data
   (quantisation and label-noise forms, Hutchinson and per-example Jacobians).
 * :mod:`~lowrank_jax.analysis.pruning` (P19): JBR label-free structured pruning and the criteria
   random, L1, Taylor, Jacobian-with-labels and exact TPV.
 """
 
-from lowrank_jax.analysis import attention_dynamics, multitask, pruning, tpv, value_lora
+from lowrank_jax.analysis import (
+    attention_dynamics,
+    multitask,
+    multitask_lower_bound,
+    pruning,
+    tpv,
+    value_lora,
+)
 from lowrank_jax.analysis.attention_dynamics import (
     ValueSpectrum,
     attention_lipschitz,
@@ -49,6 +57,17 @@ from lowrank_jax.analysis.multitask import (
     threshold_estimates,
     threshold_excess_risk,
     weighted_threshold_erm,
+)
+from lowrank_jax.analysis.multitask_lower_bound import (
+    PACKING_ESTIMATORS,
+    bayes_threshold,
+    packing_centers,
+    packing_eta,
+    packing_excess_risk,
+    packing_posterior,
+    packing_separation,
+    sample_packing_tasks,
+    simulate_packing_family,
 )
 from lowrank_jax.analysis.pruning import (
     PruneGroup,
@@ -125,6 +144,16 @@ __all__ = [
     "threshold_estimates",
     "threshold_excess_risk",
     "weighted_threshold_erm",
+    "multitask_lower_bound",
+    "PACKING_ESTIMATORS",
+    "bayes_threshold",
+    "packing_centers",
+    "packing_eta",
+    "packing_excess_risk",
+    "packing_posterior",
+    "packing_separation",
+    "sample_packing_tasks",
+    "simulate_packing_family",
     "ValueSpectrum",
     "attention_dynamics",
     "attention_lipschitz",

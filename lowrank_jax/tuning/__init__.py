@@ -4,6 +4,8 @@
   fused lasso, vmapped over problem instances and candidate weight vectors.
 * :mod:`~lowrank_jax.tuning.lasso_tuners` (P12): tuners of ``p`` tied weights on the mean validation
   loss of ``N`` instances: scalar grid, random search + coordinate refinement, Optuna TPE.
+* :mod:`~lowrank_jax.tuning.bounds` (P12): the pseudo-dimension generalisation bound (Warren's
+  polynomial count for the lasso families, uniform convergence with explicit constants).
 * :mod:`~lowrank_jax.tuning.synthetic` (P12): the synthetic instance distributions of specs §12,
   and instances around a bank of real signals (:mod:`~lowrank_jax.tuning.signals`: calendar-
   aligned weekly windows of daily series, e.g. Chicago ridership).
@@ -11,7 +13,13 @@
   a discrete LoRA grid embedded by a language model, and its baselines (exports at the end).
 """
 
-from lowrank_jax.tuning import lasso, lasso_tuners, signals, synthetic
+from lowrank_jax.tuning import bounds, lasso, lasso_tuners, signals, synthetic
+from lowrank_jax.tuning.bounds import (
+    lasso_loss_polynomials,
+    pseudo_dimension_bound,
+    uniform_convergence_bound,
+    uniform_convergence_sample_size,
+)
 from lowrank_jax.tuning.lasso import (
     Penalty,
     Prepared,
@@ -48,6 +56,11 @@ from lowrank_jax.tuning.synthetic import (
 )
 
 __all__ = [
+    "bounds",
+    "lasso_loss_polynomials",
+    "pseudo_dimension_bound",
+    "uniform_convergence_bound",
+    "uniform_convergence_sample_size",
     "Instances",
     "Penalty",
     "Prepared",

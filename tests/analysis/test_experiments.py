@@ -29,6 +29,9 @@ def _tiny_p9():
         c.data.cs = (1.0,)
         c.data.num_draws = 4
         c.model.batch_size = 4
+        c.lower_bound.betas = (0.5, 0.75)  # the β sweep of the Fano-type packing
+        c.lower_bound.num_tasks = (2, 4)
+        c.lower_bound.num_draws = 8
     return c
 
 
@@ -43,6 +46,17 @@ def test_multitask_limits_tiny_runs_and_resumes(tmp_path):
     for row in summary["table"]:
         # k = N is in the family, where pooling is the oracle: every worst-case ratio is >= 1.
         assert row["worst/pooled"] >= 1.0 - 1e-6
+    # The packing: one cell per (β, N, n), its table and the floor-vs-oracle ratio plot.
+    assert m["lower_bound_cells"] == 2 * 2 * 1
+    table = (tmp_path / "lower_bound.md").read_text()
+    assert "floor / oracle floor" in table and "rescaled with n" in table
+    assert (tmp_path / "lower_bound_ratio.png").exists()
+    cell = json.loads(
+        (tmp_path / "cells" / "lower_bound%2Fbeta=0.75%2FN=4%2Fn=20.json").read_text()
+    )
+    assert cell["k"] == 2 and set(cell["mean"]) == set(mt_exp.LB)
+    criteria = [k for k in m if k.startswith("lower_bound")]
+    assert any("grows from N=2 to N=4" in k for k in criteria)
     assert mt_exp.run(c, str(tmp_path)) == m  # finished cells are reused
 
 
@@ -100,6 +114,10 @@ def test_bad_configs_are_rejected():
     with c.unlocked():
         c.data.good = ("many",)
     with pytest.raises(ConfigError, match="good"):
+        mt_exp.check_config(c)
+    c = _tiny_p9()
+    c.lower_bound.betas = (0.5, 1.5)
+    with pytest.raises(ConfigError, match="lower_bound.betas hold 1.5"):
         mt_exp.check_config(c)
     t = tpv_config.get_config("smoke")
     with t.unlocked():

@@ -31,6 +31,20 @@ def test_smoke_run_writes_results_and_reruns_from_the_cache(tmp_path):
         assert 0 <= r["median regret @B"] <= proxy.max() - proxy.min() + 1e-9
     cell = json.loads((tmp_path / "cells" / "search%2Frandom%2Fseed=0.json").read_text())
     np.testing.assert_allclose(cell["values"], proxy[cell["indices"]], atol=1e-6)
+    # "best vs default" is judged on the configuration BO picked (best searched validation
+    # score among its evaluations), trained in full, not on the grid optimum.
+    with np.load(tmp_path / "scores.npz") as f:
+        test, default = f["full_test"], float(f["default_test"])
+    picks = []
+    for s in range(config.search.num_seeds):
+        c = json.loads((tmp_path / "cells" / f"search%2Fbo_minilm%2Fseed={s}.json").read_text())
+        picks.append(c["indices"][int(np.argmax(c["values"]))])
+    assert result["checked_searcher"] == "bo_minilm"
+    assert result["pick_median_test_accuracy"] == pytest.approx(np.median(test[picks]), abs=1e-4)
+    gain = np.median(test[picks]) - default
+    assert result["pick_median_gain_over_default"] == pytest.approx(gain, abs=1e-4)
+    check = next(c for c in summary["checks"] if "pick beats the default" in c["criterion"])
+    assert check["reproduced"] == bool(gain >= config.eval.clear_margin)
     assert lora_bo.run(config, str(tmp_path)) == result  # every cell and table read back
 
 
