@@ -58,7 +58,7 @@ from experiments.continual_setup import (
     stream_shapes,
 )
 from lowrank_jax import continual, data, models
-from lowrank_jax.continual.evaluation import evaluate_tasks
+from lowrank_jax.continual import evaluate_tasks
 
 __all__ = [
     "METHODS",
@@ -304,7 +304,7 @@ def evaluate(
     method: continual.ContinualMethod, state: Any, stream: Stream, t: int, batch_size: int
 ) -> tuple[list[float], float]:
     """Accuracy on the test sets of tasks ``0..t`` (and the module-selection accuracy, if any):
-    :func:`lowrank_jax.continual.evaluation.evaluate_tasks` on the stream."""
+    :func:`lowrank_jax.continual.evaluate_tasks` on the stream."""
     return evaluate_tasks(
         method,
         state,

@@ -19,6 +19,7 @@ from lowrank_jax.continual.baselines import (
     unit_direction,
 )
 from lowrank_jax.continual.capture import layer_inputs
+from lowrank_jax.continual.evaluation import evaluate_tasks
 from lowrank_jax.continual.gr_lora import (
     GRLoRAState,
     gr_lora,
@@ -101,6 +102,7 @@ __all__ = [
     "balance_weights",
     "class_statistics",
     "decompose_update",
+    "evaluate_tasks",
     "final_average_accuracy",
     "forgetting",
     "get_path",
