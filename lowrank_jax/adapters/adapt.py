@@ -170,8 +170,8 @@ def adapt(
       ``adapters`` is one set from :func:`init`, a list of sets or ``{name: set}`` (their
       updates add up), and ``adapter_key`` (a PRNG key) switches adapter dropout on. With
       ``adapter_ids`` (``(b,)`` ints), ``adapters`` is a bank from :func:`stack_adapters` and
-      example ``i`` of the batch gets adapter ``adapter_ids[i]`` (:mod:`~lowrank_jax.adapters.
-      mixed`; the batch must lead every adapted matmul's input).
+      example ``i`` of the batch gets adapter ``adapter_ids[i]`` (:func:`select_adapters`; the
+      batch must lead every adapted matmul's input).
 
     Raises:
       ValueError: unknown backend; adapters whose paths are not in ``params``.

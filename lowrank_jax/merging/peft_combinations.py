@@ -127,8 +127,8 @@ def add_weighted_adapter(
     """Merges adapter sets as PEFT's ``LoraModel.add_weighted_adapter``, on the products.
 
     Args:
-      adapters: ``K`` adapter sets (``{path: Adapter}``, e.g. from :func:`lowrank_jax.adapters.
-        init` or :func:`~lowrank_jax.adapters.load_peft`) over the same kernel paths; dense
+      adapters: ``K`` adapter sets (``{path: Adapter}``, e.g. from
+        :func:`~lowrank_jax.adapters.init` or :func:`~lowrank_jax.adapters.load_peft`) over the same kernel paths; dense
         updates are accepted by every type but ``cat`` when ``svd_rank`` is given.
       weights: ``K`` floats, any sign (applied to ``ΔW_k``, which includes each LoRA's scale).
       combination_type: one of :data:`COMBINATION_TYPES` (PEFT's names; see the module table).
