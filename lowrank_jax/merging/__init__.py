@@ -54,14 +54,17 @@ from lowrank_jax.merging.mergekit import (
 )
 from lowrank_jax.merging.peft_combinations import COMBINATION_TYPES, add_weighted_adapter
 from lowrank_jax.merging.sketch import TrajectorySketch, sketch_trajectory
-from lowrank_jax.merging.streaming import weighted_sum, weighted_sums
-from lowrank_jax.merging.task_vectors import (
-    TaskVector,
+from lowrank_jax.merging.sparsify import (
     dare_delta,
     dare_masks,
     dare_ties_delta,
     lowrank_factors,
     magnitude_prune_delta,
+    ties_delta,
+)
+from lowrank_jax.merging.streaming import weighted_sum, weighted_sums
+from lowrank_jax.merging.task_vectors import (
+    TaskVector,
     merge_dare,
     merge_dare_ties,
     merge_magnitude_prune,
@@ -70,7 +73,6 @@ from lowrank_jax.merging.task_vectors import (
     merge_ties,
     task_vector,
     task_vector_matrices,
-    ties_delta,
     to_lora,
     trim_task_vectors,
 )

@@ -70,11 +70,8 @@ import numpy as np
 from lowrank_jax.adapters import paths as paths_lib
 from lowrank_jax.adapters.core import Adapter
 from lowrank_jax.merging import trees
-from lowrank_jax.merging.task_vectors import (
-    lowrank_factors,
-    task_vector_matrices,
-    to_lora,
-)
+from lowrank_jax.merging.sparsify import lowrank_factors
+from lowrank_jax.merging.task_vectors import task_vector_matrices, to_lora
 
 __all__ = [
     "Arbitration",

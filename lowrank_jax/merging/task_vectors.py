@@ -61,14 +61,23 @@ from lowrank_jax.adapters import paths as paths_lib
 from lowrank_jax.adapters.core import Adapter
 from lowrank_jax.adapters.kinds import LoRA
 from lowrank_jax.merging import trees
+from lowrank_jax.merging.sparsify import (
+    Majority,
+    check_density,
+    check_trim,
+    dare_delta,
+    dare_masks,
+    dare_ties_delta,
+    keep_largest,
+    lowrank_factors,
+    magnitude_prune_delta,
+    task_weights,
+    ties_delta,
+    trim_matrix,
+)
 
 __all__ = [
     "TaskVector",
-    "dare_delta",
-    "dare_masks",
-    "dare_ties_delta",
-    "lowrank_factors",
-    "magnitude_prune_delta",
     "merge_dare",
     "merge_dare_ties",
     "merge_magnitude_prune",
@@ -77,13 +86,11 @@ __all__ = [
     "merge_ties",
     "task_vector",
     "task_vector_matrices",
-    "ties_delta",
     "to_lora",
     "trim_task_vectors",
 ]
 
 TaskVector = Mapping[str, Any]  # {path: Adapter | dense update in the kernel's shape}
-Majority = Literal["total", "frequency"]
 Trim = Literal["global", "per_kernel"]
 
 
@@ -214,36 +221,6 @@ def task_vector(finetuned: Any, base: Any, *, targets: Sequence[str] | None = No
 # Per-matrix cores.
 
 
-def _check_density(density: float) -> float:
-    if not isinstance(density, int | float) or not 0.0 < density <= 1.0:
-        raise ValueError(f"density must lie in (0, 1] (the kept fraction); got {density!r}.")
-    return float(density)
-
-
-def _weights(weights: Sequence[float] | None, k: int) -> jax.Array:
-    if weights is None:
-        return jnp.ones((k,), jnp.float32)
-    w = jnp.asarray(weights, jnp.float32)
-    if w.shape != (k,):
-        raise ValueError(f"weights must hold one float per task vector ({k}); got {weights!r}.")
-    return w
-
-
-def _keep_largest(flat: jax.Array, count: int) -> jax.Array:
-    """Boolean mask of the ``count`` largest ``|flat|`` entries of a 1-D array (ties: by position)."""
-    _, idx = jax.lax.top_k(jnp.abs(flat), count)
-    return jnp.zeros(flat.shape, bool).at[idx].set(True)
-
-
-def _trim(delta: jax.Array, density: float) -> jax.Array:
-    """Keeps the ``⌊density · size⌋`` largest-magnitude entries of one matrix (PEFT's rule)."""
-    if density >= 1.0:
-        return delta
-    flat = delta.reshape(-1)
-    keep = _keep_largest(flat, int(density * flat.size))
-    return jnp.where(keep, flat, 0.0).reshape(delta.shape)
-
-
 @functools.partial(jax.jit, static_argnames=("density",))
 def _trim_global(deltas: dict[str, jax.Array], *, density: float) -> dict[str, jax.Array]:
     """Trims every task vector as a whole: ``deltas`` ``{path: (K, ...)}``; task ``k`` keeps its
@@ -252,7 +229,7 @@ def _trim_global(deltas: dict[str, jax.Array], *, density: float) -> dict[str, j
     sizes = [int(np.prod(deltas[p].shape[1:])) for p in paths]
     flat = jnp.concatenate([deltas[p].reshape(deltas[p].shape[0], -1) for p in paths], axis=1)
     count = int(density * flat.shape[1])
-    kept = jax.vmap(lambda f: jnp.where(_keep_largest(f, count), f, 0.0))(flat)
+    kept = jax.vmap(lambda f: jnp.where(keep_largest(f, count), f, 0.0))(flat)
     parts = jnp.split(kept, np.cumsum(sizes)[:-1], axis=1)
     return {p: x.reshape(deltas[p].shape) for p, x in zip(paths, parts, strict=True)}
 
@@ -276,176 +253,15 @@ def trim_task_vectors(
     Raises:
       ValueError: a bad density or ``trim``; task vectors with different paths or shapes.
     """
-    density = _check_density(density)
-    _check_trim(trim)
+    density = check_density(density)
+    check_trim(trim)
     views = {p: v for p, (v, _) in task_vector_matrices(task_vectors).items()}
     if density >= 1.0:
         return views
     if trim == "global":
         return _trim_global(views, density=density)
-    per = jax.vmap(jax.vmap(lambda d: _trim(d, density)))
+    per = jax.vmap(jax.vmap(lambda d: trim_matrix(d, density)))
     return {p: per(v) for p, v in views.items()}
-
-
-def _check_trim(trim: str) -> None:
-    if trim not in ("global", "per_kernel"):
-        raise ValueError(
-            f"trim must be 'global' (the TIES paper: one ranking over the whole task vector) or "
-            f"'per_kernel' (PEFT: each kernel ranked alone); got {trim!r}."
-        )
-
-
-def ties_delta(
-    deltas: jax.Array,
-    *,
-    density: float,
-    weights: Sequence[float] | None = None,
-    majority: Majority = "total",
-) -> jax.Array:
-    """TIES merge of ``K`` updates of one kernel: trim, elect sign, disjoint mean.
-
-    ``T_k = trim(Δ_k)`` keeps the ``⌊density · n m⌋`` largest ``|Δ_k|`` entries of this matrix
-    (per-kernel trimming; :func:`merge_ties` trims whole task vectors by default and then calls
-    this with ``density=1``);
-    ``γ = sign(Σ_k T_k)`` (or ``sign(Σ_k sign T_k)`` for ``majority="frequency"``), +1 at 0;
-    ``Δ = Σ_k w_k T_k [sign T_k = γ] / max(1, Σ_k [sign T_k = γ])``.
-
-    Args:
-      deltas: ``(K, n, m)`` updates (dense matrix views).
-      density: kept fraction in ``(0, 1]`` (1: no trimming).
-      weights: ``K`` weights (default 1), applied in the disjoint mean as in PEFT.
-      majority: ``"total"`` (sign of the summed mass, the TIES paper) or ``"frequency"``.
-
-    Returns:
-      ``(n, m)`` merged update.
-
-    References:
-      Yadav et al. 2023 (TIES-Merging); PEFT ``merge_utils.ties``.
-    """
-    density = _check_density(density)
-    if majority not in ("total", "frequency"):
-        raise ValueError(f"majority must be 'total' or 'frequency'; got {majority!r}.")
-    if deltas.ndim != 3:
-        raise ValueError(f"deltas must be (K, n, m); got shape {deltas.shape}.")
-    w = _weights(weights, deltas.shape[0])
-    trimmed = jax.vmap(lambda d: _trim(d, density))(deltas)
-    signs = jnp.sign(trimmed)
-    mass = trimmed.sum(0) if majority == "total" else signs.sum(0)
-    elected = jnp.where(mass >= 0, 1.0, -1.0)
-    agree = signs == elected
-    total = jnp.sum(jnp.where(agree, w[:, None, None] * trimmed, 0.0), 0)
-    return total / jnp.maximum(agree.sum(0), 1)
-
-
-def dare_masks(key: jax.Array, shape: Sequence[int], *, density: float) -> jax.Array:
-    """Bernoulli(``density``) keep masks of ``shape`` (``True``: kept)."""
-    return jax.random.bernoulli(key, _check_density(density), tuple(shape))
-
-
-def dare_delta(
-    deltas: jax.Array,
-    keep: jax.Array,
-    *,
-    density: float,
-    weights: Sequence[float] | None = None,
-) -> jax.Array:
-    """DARE (drop and rescale, linear combination) of ``K`` updates of one kernel.
-
-    ``Δ = Σ_k w_k (M_k ⊙ Δ_k) / density``: unbiased, ``E[Δ] = Σ_k w_k Δ_k``.
-
-    Args:
-      deltas: ``(K, n, m)`` updates.
-      keep: ``(K, n, m)`` boolean (or 0/1) keep masks, e.g. :func:`dare_masks`; injecting them
-        makes the merge deterministic (PEFT draws them with ``torch.bernoulli``).
-      density: the keep probability the masks were drawn with, in ``(0, 1]``.
-      weights: ``K`` weights (default 1).
-
-    Returns:
-      ``(n, m)`` merged update.
-
-    References:
-      Yu et al. 2024 (DARE); PEFT ``merge_utils.dare_linear``.
-    """
-    density = _check_density(density)
-    if keep.shape != deltas.shape:
-        raise ValueError(f"keep has shape {keep.shape}; it must match deltas {deltas.shape}.")
-    w = _weights(weights, deltas.shape[0])
-    kept = jnp.where(keep.astype(bool), deltas, 0.0) / density
-    return jnp.tensordot(w, kept, axes=1)
-
-
-def dare_ties_delta(
-    deltas: jax.Array,
-    keep: jax.Array,
-    *,
-    density: float,
-    weights: Sequence[float] | None = None,
-    majority: Majority = "total",
-) -> jax.Array:
-    """DARE-TIES of ``K`` updates of one kernel: drop and rescale, then elect sign, disjoint mean.
-
-    ``T_k = M_k ⊙ Δ_k / density``, then :func:`ties_delta` of the ``T_k`` without trimming.
-
-    Args:
-      deltas: ``(K, n, m)`` updates.
-      keep: ``(K, n, m)`` keep masks (:func:`dare_masks`, or injected).
-      density: the keep probability, in ``(0, 1]``.
-      weights: ``K`` weights (default 1), applied in the disjoint mean.
-      majority: ``"total"`` or ``"frequency"`` (see :func:`ties_delta`).
-
-    Returns:
-      ``(n, m)`` merged update.
-
-    Raises:
-      ValueError: ``keep`` and ``deltas`` differ in shape; a bad density, weights or majority.
-
-    References:
-      Yu et al. 2024 (DARE) with Yadav et al. 2023 (TIES); PEFT ``merge_utils.dare_ties``.
-    """
-    density = _check_density(density)
-    if keep.shape != deltas.shape:
-        raise ValueError(f"keep has shape {keep.shape}; it must match deltas {deltas.shape}.")
-    kept = jnp.where(keep.astype(bool), deltas, 0.0) / density
-    return ties_delta(kept, density=1.0, weights=weights, majority=majority)
-
-
-def magnitude_prune_delta(
-    deltas: jax.Array, *, density: float, weights: Sequence[float] | None = None
-) -> jax.Array:
-    """Magnitude pruning then a weighted sum, for ``K`` updates of one kernel.
-
-    ``Δ = Σ_k w_k T_k`` with ``T_k`` the ``⌊density · n m⌋`` largest ``|Δ_k|`` entries of ``Δ_k``
-    (ties by position), PEFT's ``magnitude_prune``.
-
-    Args:
-      deltas: ``(K, n, m)`` updates.
-      density: kept fraction in ``(0, 1]``.
-      weights: ``K`` weights (default 1).
-
-    Returns:
-      ``(n, m)`` merged update.
-
-    Raises:
-      ValueError: a bad density or weights, or ``deltas`` not 3-D.
-    """
-    density = _check_density(density)
-    if deltas.ndim != 3:
-        raise ValueError(f"deltas must be (K, n, m); got shape {deltas.shape}.")
-    w = _weights(weights, deltas.shape[0])
-    return jnp.tensordot(w, jax.vmap(lambda d: _trim(d, density))(deltas), axes=1)
-
-
-def lowrank_factors(delta: jax.Array, *, rank: int) -> tuple[jax.Array, jax.Array]:
-    """Best rank-``r`` factors of one ``(n, m)`` update: ``a = U_r √S_r``, ``b = √S_r V_rᵀ``.
-
-    ``a @ b`` is the truncated SVD of ``delta`` (Eckart–Young); returns ``(a (n, r), b (r, m))``.
-    """
-    n, m = delta.shape
-    if not isinstance(rank, int) or not 1 <= rank <= min(n, m):
-        raise ValueError(f"rank must be an int in [1, {min(n, m)}] for a ({n}, {m}) update.")
-    u, s, vt = jnp.linalg.svd(delta, full_matrices=False)
-    root = jnp.sqrt(s[:rank])
-    return u[:, :rank] * root, root[:, None] * vt[:rank]
 
 
 def _lora_sum_factors(
@@ -619,7 +435,7 @@ def merge_task_arithmetic(
     Example:
       >>> merged = merge_task_arithmetic([lora_a, lora_b], weights=(0.5, 0.5), rank=8)
     """
-    w = _weights(weights, len(task_vectors)) if isinstance(task_vectors, Sequence) else None
+    w = task_weights(weights, len(task_vectors)) if isinstance(task_vectors, Sequence) else None
 
     def combine(_, ds):
         return jnp.einsum("k,kl...->l...", w, ds)
@@ -657,14 +473,14 @@ def merge_ties(
       >>> merged = merge_ties([lora_a, lora_b], density=0.2, rank=16)  # the paper's TIES
       >>> like_peft = merge_ties([lora_a, lora_b], density=0.2, rank=16, trim="per_kernel")
     """
-    density = _check_density(density)
-    _check_trim(trim)
+    density = check_density(density)
+    check_trim(trim)
     if majority not in ("total", "frequency"):
         raise ValueError(f"majority must be 'total' or 'frequency'; got {majority!r}.")
     per_kernel = trim == "per_kernel"
 
     def combine(_, ds):
-        w = _weights(weights, ds.shape[0])
+        w = task_weights(weights, ds.shape[0])
         return _ties_layers(ds, w, density=density if per_kernel else 1.0, majority=majority)
 
     def prepare(views):
@@ -694,10 +510,10 @@ def merge_dare(
     ``fold_in(fold_in(key, i), l)``. Args, returns and errors as :func:`merge_task_arithmetic`, plus
     ``key`` and ``density`` (keep probability in ``(0, 1]``).
     """
-    density = _check_density(density)
+    density = check_density(density)
 
     def combine(index, ds):
-        w = _weights(weights, ds.shape[0])
+        w = task_weights(weights, ds.shape[0])
         return _dare_layers(ds, jax.random.fold_in(key, index), w, density=density)
 
     return _merge(task_vectors, combine, rank=rank, relative_to=relative_to)
@@ -721,12 +537,12 @@ def merge_dare_ties(
     Example:
       >>> merged = merge_dare_ties([lora_a, lora_b], jax.random.key(0), density=0.5, rank=8)
     """
-    density = _check_density(density)
+    density = check_density(density)
     if majority not in ("total", "frequency"):
         raise ValueError(f"majority must be 'total' or 'frequency'; got {majority!r}.")
 
     def combine(index, ds):
-        w = _weights(weights, ds.shape[0])
+        w = task_weights(weights, ds.shape[0])
         key_i = jax.random.fold_in(key, index)
         return _dare_layers(ds, key_i, w, density=density, majority=majority)
 
@@ -744,10 +560,10 @@ def merge_magnitude_prune(
     """Magnitude pruning per kernel then task arithmetic (:func:`magnitude_prune_delta`) of the
     products, as a rank-``r`` LoRA. Args, returns and errors as :func:`merge_task_arithmetic`,
     plus ``density`` (kept fraction per kernel matrix, in ``(0, 1]``)."""
-    density = _check_density(density)
+    density = check_density(density)
 
     def combine(_, ds):
-        return _prune_layers(ds, _weights(weights, ds.shape[0]), density=density)
+        return _prune_layers(ds, task_weights(weights, ds.shape[0]), density=density)
 
     return _merge(task_vectors, combine, rank=rank, relative_to=relative_to)
 
@@ -786,7 +602,7 @@ def merge_per_kernel(
     Example:
       >>> mean = merge_per_kernel([tv_a, tv_b], lambda d, w: d.mean(0), rank=8)
     """
-    w = _weights(weights, len(task_vectors)) if isinstance(task_vectors, Sequence) else None
+    w = task_weights(weights, len(task_vectors)) if isinstance(task_vectors, Sequence) else None
     if key is None:
         layers = jax.jit(jax.vmap(combine, in_axes=(1, None)))
         return _merge(task_vectors, lambda _, ds: layers(ds, w), rank=rank, relative_to=relative_to)
