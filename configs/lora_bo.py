@@ -26,7 +26,7 @@ under that load. Measured result (seed 0 grid, 20 search seeds): Spearman(proxy,
 best grid configuration r=8, α=16, lr=1e-2, batch 8, dropout 0 (test 0.959) vs the default
 (test 0.946); median proxy regret at 30 evaluations: ordinal 0.000, knowledge 0.004, knowledge +
 residual 0.016, one-hot 0.018, TPE 0.018, MiniLM 0.027, random 0.031 (the spec's trends do not
-reproduce on this task; tables in ``.notes/readme/p15.md``).
+reproduce on this task; tables in ``docs/papers/p15_lora_bo.md``).
 """
 
 import ml_collections

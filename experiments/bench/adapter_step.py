@@ -36,7 +36,7 @@ the trainable + optimizer state. The plot goes to ``<--out>/memory_curve.png``; 
 under ``"curve"`` in the final JSON line, whose headline keys ``lora_vs_full_step``,
 ``lora_vs_full_temp_bytes`` and ``lora_vs_peft_rss`` are the single-block ``lora-fused`` figures.
 
-Default run: the single-block table plus the curve; see ``.notes/bench.md`` for the measured
+Default run: the single-block table plus the curve; see ``docs/notes/adapter_step_bench.md`` for the measured
 numbers and times. ``--depths ''`` skips the curve; ``--quick`` is a tiny shape without the curve,
 for tests.
 
