@@ -482,12 +482,10 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
 
 
 def _plot(workdir, results):
-    import matplotlib
+    from matplotlib.figure import Figure  # no pyplot: a notebook's inline backend stays
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4.5))
+    fig = Figure(figsize=(6, 4.5))
+    ax = fig.subplots()
     for name, marker in zip((*METHODS, "target_alone"), itertools.cycle("osD^v*Px")):
         xs = [r["rows"][name]["genre_accuracy"] for r in results]
         ys = [r["rows"][name]["play_accuracy"] for r in results]
@@ -498,4 +496,3 @@ def _plot(workdir, results):
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(os.path.join(workdir, "transfer.png"), dpi=120)
-    plt.close(fig)
