@@ -89,9 +89,8 @@ def plot_heatmap(
     Rows run top to bottom, columns left to right, both numbered from 1. With ``annotate`` each
     finite cell shows its value (two decimals; only for matrices up to 20 x 20).
     """
-    # A Figure without pyplot: no global backend switch, so a notebook's inline plots keep working.
-    from matplotlib.figure import Figure
     import numpy as np
+    from matplotlib.figure import Figure  # no pyplot: a notebook's backend stays as it is
 
     path = os.fspath(path)
     if jax.process_index() != 0:
