@@ -47,7 +47,8 @@ format:
 
 # The documentation site (docs/): warnings are errors (broken cross-references, docstring markup,
 # pages outside the toctree). The API pages are generated at build time from each subpackage's
-# __all__; the notebooks are rendered without executing them (tests/test_notebooks.py runs them).
+# __all__; the notebooks are rendered with the outputs stored in docs/notebooks/*.ipynb (written by
+# python -m experiments.tools.render_notebooks; a stored copy that is not current is an error).
 # Open docs/_build/html/index.html. Installs the library with the docs extra first (as `make demo`
 # installs what it runs), so it works on a fresh clone.
 docs:

@@ -19,7 +19,7 @@ _VIT = dict(model="vit", steps=200, smoke_tasks=2, targets=_VIT_TARGETS)
 _BENCH = {
     # head (config.head): aligned, which won on validation for every continual method on
     # split_mnist, mnist_cil and long_stream, for all but GR-LoRA on shakespeare_plays and for 5 of
-    # 7 on digits_cil (README); masked on the task-incremental split_digits (the task id picks the
+    # 7 on digits_cil (docs/papers/p01_saber.md); masked on the task-incremental split_digits (the task id picks the
     # columns)
     "split_digits": dict(
         num_tasks=5, model="mlp", features=(128, 128), pretrain=300, steps=300, head="masked"
@@ -183,7 +183,7 @@ def build(arg, *, comparison, benchmark):
     # the validation search (experiments/continual_search.py): trials per method, its seed
     c.search = ml_collections.ConfigDict(dict(trials=arg.search, seed=0))
     # heads compared on validation with every trial (empty: config.head only); prototype lost to
-    # aligned for 6 of 7 methods on digits_cil's validation (README), so it is compared only
+    # aligned for 6 of 7 methods on digits_cil's validation (docs/papers/p01_saber.md), so it is compared only
     # when asked: --config.search.heads="('masked','aligned','prototype')"
     c.search.heads = ("masked", "aligned") if arg.compare_heads else ()
     # the classifier head (lowrank_jax.continual.with_head): masked (trained on the current

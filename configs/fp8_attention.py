@@ -21,7 +21,7 @@ the rank-aware policies also overflow in steady state (rank_aware:auto 5,264 log
 rank_agnostic 165, rank_aware:1 461,933); steady softmax errors are within 1.1x of delayed
 scaling; rank-aware scales are ``sqrt(d/(γ r))`` times the rank-agnostic ones (2/sqrt(γ) here).
 ``:smoke`` (short training) shows zero geometry-aware overflows. Why the bound is exceeded (the
-tokens' directions align with ``W^Q W^{K⊤}``, not their norms or a bias): ``.notes/fp8.md`` and
+tokens' directions align with ``W^Q W^{K⊤}``, not their norms or a bias): ``docs/notes/p14_fp8.md`` and
 ``python -m experiments.tools.fp8_isotropy_probe``. The online correction (no hand-set
 calibration): ``"--config.policies=('rank_aware:auto+online',)"`` (knobs ``policy.online_*``).
 

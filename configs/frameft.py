@@ -18,7 +18,7 @@ FrameFT L=2 0.676 / 0.896 / 0.945 at 64 / 256 / 1024 coefficients per layer, L=8
 0.928 at 4.5x fewer ΔW FLOPs, identity basis 0.537 / 0.840 / 0.920, FourierFT 0.770 / 0.927 / 0.918,
 LoRA r=1 (832 params) 0.801, r=4 0.931, full FT 0.946. Specs' trends: frame ≥ identity, L=8 ≈ L=2,
 FrameFT@1024 ≈ full FT and FrameFT/FourierFT@256 > LoRA r=1 hold; FrameFT ≈ FourierFT at small
-budgets does not (``.notes/peft_kinds.md``).
+budgets does not (``docs/notes/p06_p08_p10_peft_kinds.md``).
 """
 
 import ml_collections

@@ -29,7 +29,7 @@ Runtime, measured on a 2-core CPU shared with ~8 other jobs (load average 20-27,
 text, 3 seeds: ~25 min (base pre-training 8 min, selection ~5 min per seed, 27 fine-tunes
 ~5 min); synthetic, 3 seeds: ~10 min; ``:smoke`` ~1 min of CPU (4 min wall on that machine).
 
-Measured (tables in ``.notes/readme/gist.md``). Text, 5 seeds (``:seeds=5``), test loss
+Measured (tables in ``docs/papers/p11_gist.md``). Text, 5 seeds (``:seeds=5``), test loss
 nats/char (base 1.9301): GIST k = 4 / 9 / 32 1.9031 / 1.9065 / 1.9073, LESS 1.9102, random
 1.9047, raw cosine 1.9110, oracle 1.8953, full pool 1.8889: GIST ≥ LESS reproduces, "both
 clearly above random" does not. Synthetic, 3 seeds, test accuracy: LESS 0.149, GIST k = 9

@@ -28,8 +28,8 @@ result (seed 0): final accuracy GR-LoRA 0.841, GPM-LoRA 0.747, O-LoRA 0.687, Inf
 0.596, sequential 0.595, joint 0.969; GPM-LoRA's new-task accuracy stays at 0.99 → 0.95 (tasks 1–5
 → 16–20) while GR-LoRA's falls 0.94 → 0.38 as entropy selection errs more (84% right after task
 20): the P2 plasticity trend holds only with ``head=masked`` (GR-LoRA 0.70, InfLoRA 0.61, GPM-LoRA
-0.48 over 2 seeds; GPM-LoRA's new-task accuracy 0.80 → 0.44). 3 seeds with SABER: the README;
-details: ``.notes/continual.md``.
+0.48 over 2 seeds; GPM-LoRA's new-task accuracy 0.80 → 0.44). 3 seeds with SABER:
+``docs/papers/p02_gr_lora.md``; details: ``docs/notes/p01_p02_continual.md``.
 """
 
 from configs.continual_base import build

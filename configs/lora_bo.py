@@ -28,7 +28,7 @@ LoRA-BO's pick tests at 0.952 (median over 20 seeds) vs the default's 0.946 (+0.
 seeds clear the 2-point margin; the full-validation grid optimum tests at 0.959);
 median proxy regret at 30 evaluations: ordinal 0.000, knowledge 0.004, knowledge +
 residual 0.016, one-hot 0.018, TPE 0.018, MiniLM 0.027, random 0.031 (the spec's trends do not
-reproduce on this task; tables in ``.notes/readme/p15.md``).
+reproduce on this task; tables in ``docs/papers/p15_lora_bo.md``).
 """
 
 import ml_collections

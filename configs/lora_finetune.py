@@ -33,7 +33,7 @@ Data: 256-character passages, 80 per play (2,800; 1,960 train / 280 valid / 560 
 ``--config.model.base_dtype=bfloat16|int8`` stores the frozen encoder kernels in bfloat16 or as
 int8 per-channel absmax (``lowrank_jax.adapters.low_precision_base``; adapters, head and Adam
 state stay float32): seed 0 test accuracy 0.6696 (bf16) and 0.6714 (int8) against 0.6696 for the
-float32 base (more seeds in ``.notes/bench.md``).
+float32 base (more seeds in ``docs/notes/adapter_step_bench.md``).
 """
 
 import ml_collections

@@ -23,11 +23,11 @@ Command::
 
 Runtime on the 2-core CPU shared with other jobs (load average 8-15): about 40 min (LoRA 120
 steps 5.4 min at 2.35 s/step, per-head drifts 12.6 min, joint sweep 1 min, 18 Weyl-centred and
-18 s_flip-centred head sweeps 8 + 12 min; measured in two passes, see ``.notes/readme/p3c.md``);
+18 s_flip-centred head sweeps 8 + 12 min; measured in two passes, see ``docs/notes/p03_value_drift.md``);
 a rerun reads the LoRA checkpoint and the finished cells back. ``:smoke`` (2 steps, layer 5's
 value kernel only, 8 held-out passages of 8 tokens, one swept head): 30-50 s of CPU under load.
 Expected result (specs §3): drift grows with ``‖ΔV_h‖/gap_h`` more tightly than with
-``‖ΔV_h‖``, and jumps where ``s‖ΔV_h‖`` crosses ``gap_h``. Measured (``.notes/readme/p3c.md``):
+``‖ΔV_h‖``, and jumps where ``s‖ΔV_h‖`` crosses ``gap_h``. Measured (``docs/papers/p03_mean_field_attention.md``):
 neither. Genre test accuracy 0.526 (valid 0.569); 63 of 72 heads have ``‖ΔV_h‖₂/gap_h > 1``
 (median 2.5, max 13.2) yet their top eigenvectors barely turn (overlap >= 0.86); the drift of
 a head's ``ΔV_h`` alone rank-correlates with ``‖ΔV_h‖₂`` (Spearman 0.53; within layers 0.84)

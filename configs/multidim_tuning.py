@@ -20,7 +20,7 @@ instances share the 300 signals, not the design or noise); the holidays (Memoria
 Labor Day, Thanksgiving) fall in the same weeks every year, so the jump density varies along
 the index. See ``experiments/multidim_tuning.py``.
 
-Commands (each produces one README table; ``nice -n 10`` on the shared machine)::
+Commands (each produces one table of ``docs/papers/p12_multidim_tuning.md``; ``nice -n 10`` on the shared machine)::
 
     python -m experiments.train --config=configs/multidim_tuning.py --workdir=runs/multidim_tuning
     python -m experiments.train --config=configs/multidim_tuning.py:parts=fused \
@@ -36,9 +36,10 @@ The fused and chicago runs are further reduced (4 repetitions, 500 fresh instanc
 400 FISTA iterations): ~12 and ~10 min wall on that machine. ``:smoke`` ~30 s of CPU.
 ``:spec`` is the spec's budget (3,000 evaluations per tuner, the oracle 9,000, 30 repetitions,
 N up to 500, 3,000 fresh instances): **not run** — estimated at tens of CPU-hours per family
-(measured per-cell timings in ``.notes/readme/sel.md``).
-Expected result (measured, ``.notes/readme/p12.md``, ``.notes/readme/sel.md``): the gap grows
-with p at small N (group, N = 5: 0.08, 0.39, 0.44, 1.15 for p = 1, 2, 4, 8; rerun 2026-12-05); weighted beats
+(measured per-cell timings in ``docs/notes/p11_p12_sel.md``).
+Expected result (measured, ``docs/papers/p12_multidim_tuning.md``; earlier tables in
+``docs/notes/p12_tuning.md``): the gap grows with p at small N (group, N = 5: 0.08, 0.39, 0.44,
+1.15 for p = 1, 2, 4, 8; rerun 2026-12-05); weighted beats
 scalar in true risk at N = 200 for group p = 2, 4 (1.673, 1.643 vs 1.802) and diabetes p = 4,
 8, but not group p = 8 (budget-limited); the |gap| slope in N is −0.16 … −0.86, not a clean −½.
 The pseudo-dimension bound (column ``bound``, ``lowrank_jax.tuning.bounds``; Pdim ≤ 66, 132,

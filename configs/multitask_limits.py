@@ -19,7 +19,7 @@ Command::
 Runtime: about 45 minutes on a 2-core CPU shared with ~25 other processes (the N = 256, n = 500
 cell dominates); MNIST: N ≤ 64, 50 draws per family member;
 ``:smoke`` a few minutes on a loaded machine. Expected result (measured, ``results.md``, see
-``.notes/readme/analysis.md``): synthetic — the oracle's excess risk falls with N (0.0133 ->
+``docs/papers/p09_multitask_limits.md``): synthetic — the oracle's excess risk falls with N (0.0133 ->
 0.00099 at n = 20), every adaptive method's worst-case ratio to the oracle grows from N = 4 to
 256, and the best one at N = 256 does not shrink with n (4.9, 12.3, 15.8 at n = 20, 100, 500);
 MNIST — not reproduced: the oracle meets a floor (~0.006 excess test error) and the ratios

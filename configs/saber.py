@@ -36,13 +36,14 @@ about 1 min). Expected result (seed 0): final accuracy SABER 0.545, sequential L
 InfLoRA 0.578, joint 0.690; forgetting SABER 0.192 vs sequential 0.483. SABER forgets far less
 than sequential LoRA, but InfLoRA is slightly ahead of it on this benchmark (3 seeds: 0.570 ±
 0.012 vs 0.558 ± 0.013), so the specs' trend does not reproduce here; it does on ``digits_cil``
-(README). All methods × 3 seeds per benchmark: the README and ``.notes/continual.md``.
+(``docs/papers/p01_saber.md``). All methods × 3 seeds per benchmark: that page and
+``docs/notes/p01_p02_continual.md``.
 """
 
 from configs.continual_base import build
 
 # The default run's methods: SABER, the strongest of its three named baselines on this benchmark
-# (InfLoRA: O-LoRA and SD-LoRA are below it on validation and test, README), sequential LoRA
+# (InfLoRA: O-LoRA and SD-LoRA are below it on validation and test, docs/papers/p01_saber.md), sequential LoRA
 # (the |BWT| reference) and joint training; six methods with aligned heads took 17 min on 2
 # cores, over the 10-minute budget. method=every runs all eight.
 COMPARISON = ("saber", "seq_lora", "inflora", "joint")

@@ -24,7 +24,7 @@ Expected result (specs.md §13): SPR ≥ DCP-like ≥ MAP > probe in macro-F1, t
 at η = 90%, and removing GIF or CFS lowers F1; on a toy this small a null result is plausible, so
 the table carries confidence intervals. Measured (5 seeds): a null result, every method within
 about 1 F1 point of the probe at η = 70% (probe 0.775, MAP 0.775, DCP-like 0.775, SPR 0.774), the
-ablations no lower, intervals ±1.5-2.5 points (``.notes/readme/p13.md``).
+ablations no lower, intervals ±1.5-2.5 points (``docs/papers/p13_spr.md``).
 """
 
 import ml_collections

@@ -18,7 +18,7 @@ Command::
     nice -n 10 python -m experiments.train --config=configs/subspace_diffusion.py \
         --workdir=runs/subspace_diffusion
 
-Runtime: see ``.notes/readme/h8-diffusion.md`` (measured on a loaded 2-core CPU); ``:smoke``
+Runtime: see ``docs/papers/p07_subspace_diffusion.md`` (measured on a loaded 2-core CPU); ``:smoke``
 about a minute. Rerunning resumes: finished cells are read back from ``<workdir>/cells``.
 
 Sizes (chosen for the time budget of a 2-core CPU shared with ~8 jobs): n ∈ {25, …, 400}

@@ -31,7 +31,7 @@ cells are read back).
 Expected result (specs.md §16): at matched KL, left-TFFT has the best lower-tail CVaR,
 right-TFFT the best upper-tail CVaR, expected-reward fine-tuning the best mean, and TFFT costs
 about what expected fine-tuning costs and about 1/K of the iterative baseline. What was measured
-is in ``results.md`` and the README.
+is in ``results.md`` and ``docs/papers/p16_tfft.md``.
 """
 
 import ml_collections

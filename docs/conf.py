@@ -1,12 +1,15 @@
 """Sphinx configuration of the lowrank_jax site: ``make docs`` (warnings are errors).
 
-Three things are generated here, before Sphinx reads a page, and are not committed:
+One thing is generated here, before Sphinx reads a page, and not committed:
 
 * ``api/generated/<subpackage>.rst``: one page per subpackage of ``lowrank_jax`` whose
   ``autosummary`` lists every name of the subpackage's ``__all__``; autosummary then writes a stub
   page per name into ``api/generated/_autosummary/`` (``autosummary_generate``).
-* ``notebooks/*.ipynb``: copies of ``colabs/*.ipynb``, rendered by myst-nb without executing them
-  (the test suite executes them: ``tests/test_notebooks.py``).
+
+The notebooks are the executed copies committed in ``notebooks/*.ipynb`` (``colabs/*.ipynb`` run in
+smoke mode by ``python -m experiments.tools.render_notebooks``), rendered with their stored outputs
+and not executed here; a copy that is not current (other cells than its colab, a cell not run) is a
+warning, so an error with ``-W``.
 
 Nothing is fetched from the network at build time (no intersphinx inventories).
 """
@@ -17,14 +20,17 @@ import importlib
 import inspect
 import pathlib
 import re
-import shutil
 import sys
+
+from sphinx.util import logging as sphinx_logging
 
 DOCS = pathlib.Path(__file__).resolve().parent
 REPO = DOCS.parent
 sys.path.insert(0, str(REPO))
 
 import lowrank_jax  # noqa: E402
+
+_LOGGER = sphinx_logging.getLogger(__name__)
 
 project = "lowrank_jax"
 author = "the lowrank_jax authors"
@@ -67,7 +73,7 @@ html_css_files = ["custom.css"]
 # --- MyST / myst-nb ---------------------------------------------------------------------------
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "deflist"]
 myst_heading_anchors = 3
-nb_execution_mode = "off"  # the notebooks are executed by tests/test_notebooks.py, not here
+nb_execution_mode = "off"  # stored outputs (experiments/tools/render_notebooks.py), checked below
 nb_merge_streams = True
 
 # --- autodoc / autosummary / napoleon ------------------------------------------------------------
@@ -173,17 +179,19 @@ def write_api_pages() -> None:
         _write_if_changed(out / f"{name}.rst", "\n".join(lines))
 
 
-def copy_notebooks() -> None:
-    out = DOCS / "notebooks"
-    out.mkdir(exist_ok=True)
-    for notebook in sorted((REPO / "colabs").glob("*.ipynb")):
-        target = out / notebook.name
-        if not target.exists() or target.read_bytes() != notebook.read_bytes():
-            shutil.copyfile(notebook, target)
+def _check_notebooks(app) -> None:
+    """A warning for each stored notebook that is not its colab executed (or is missing)."""
+    from experiments.tools import render_notebooks
+
+    for colab in sorted((REPO / "colabs").glob("*.ipynb")):
+        reason = render_notebooks.stale(colab, DOCS / "notebooks" / colab.name)
+        if reason:
+            _LOGGER.warning(
+                f"{reason}: run python -m experiments.tools.render_notebooks {colab.stem}"
+            )
 
 
 write_api_pages()
-copy_notebooks()
 
 
 # --- constants and type aliases: their comment in the source, not the docstring of their type ----
@@ -315,6 +323,7 @@ def _skip_documented_fields(app, what, name, obj, skip, options):
 
 
 def setup(app):
+    app.connect("builder-inited", _check_notebooks)
     app.connect("autodoc-process-docstring", _constant_docstring)
     app.connect("missing-reference", _resolve_private)
     app.connect("autodoc-skip-member", _skip_documented_fields)

@@ -393,20 +393,16 @@ def _sweep_rows(pairs: list, centre: str, first_ratio: float) -> list[dict[str, 
 
 
 def _plots(workdir, col, swept) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from experiments.common.plots import subplots
 
     for x, name in (("ratio", "|dV_h|_2 / gap_h"), ("delta_norm", "|dV_h|_2")):
-        fig, ax = plt.subplots(figsize=(5, 4))
+        fig, ax = subplots(figsize=(5, 4))
         ax.scatter(col[x], np.maximum(col["drift_relative"], 1e-12), c=col["layer"], s=14)
         ax.set(
             xscale="log", yscale="log", xlabel=name, ylabel="relative embedding drift (head alone)"
         )
         fig.tight_layout()
         fig.savefig(os.path.join(workdir, f"drift_vs_{'ratio' if x == 'ratio' else 'norm'}.png"))
-        plt.close(fig)
     if swept:
         common.plot_curves(
             os.path.join(workdir, "sweep.png"),

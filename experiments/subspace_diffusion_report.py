@@ -113,10 +113,7 @@ def checks(config, rows) -> list[dict[str, Any]]:
 
 
 def plots(workdir, sources, cells, floors) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from experiments.common.plots import subplots
 
     paths = []
     for fam in ("synthetic", "mnist"):
@@ -125,7 +122,7 @@ def plots(workdir, sources, cells, floors) -> list[str]:
             continue
         ks = sorted({s["k"] for s in srcs})
         dims = sorted({s["D"] for s in srcs})
-        fig, axes = plt.subplots(len(ks), len(dims), figsize=(3.2 * len(dims), 2.6 * len(ks)))
+        fig, axes = subplots(len(ks), len(dims), figsize=(3.2 * len(dims), 2.6 * len(ks)))
         axes = np.atleast_2d(axes).reshape(len(ks), len(dims))
         for src in srcs:
             ax = axes[ks.index(src["k"]), dims.index(src["D"])]
@@ -143,10 +140,9 @@ def plots(workdir, sources, cells, floors) -> list[str]:
         fig.tight_layout()
         paths.append(os.path.join(workdir, f"w1_vs_n_{fam}.png"))
         fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
         # samples on the subspaces: coordinates in the first subspace's basis (k = 2 sources)
         show = [s for s in srcs if s["k"] == 2] or srcs[:1]
-        fig, axes = plt.subplots(len(show), 3, figsize=(9, 3 * len(show)), squeeze=False)
+        fig, axes = subplots(len(show), 3, figsize=(9, 3 * len(show)), squeeze=False)
         for i, src in enumerate(show):
             cell = max((c for c in cells if c["source"] == src["id"]), key=lambda c: c["n"])
             u = src["bases"][0]
@@ -161,7 +157,6 @@ def plots(workdir, sources, cells, floors) -> list[str]:
         fig.tight_layout()
         paths.append(os.path.join(workdir, f"samples_{fam}.png"))
         fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
     return paths
 
 

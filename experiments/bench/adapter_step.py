@@ -41,7 +41,7 @@ under ``"curve"`` in the final JSON line, whose headline keys ``lora_vs_full_ste
 (``lora_vs_peft_rss_rise``: its RSS rise during the step over PEFT's, without the RSS that every
 method shares in the one process).
 
-Default run: the single-block table plus the curve; see ``.notes/bench.md`` for the measured
+Default run: the single-block table plus the curve; see ``docs/notes/adapter_step_bench.md`` for the measured
 numbers and times. ``--depths ''`` skips the curve; ``--quick`` is a tiny shape without the curve,
 for tests.
 
@@ -483,7 +483,7 @@ def report(
         if "peft" in timings
         else None,
         # The step's own transient (peak − RSS before the step) next to PEFT's: the peak RSS of
-        # one process holding every method shares the rest (.notes/adapter_rss_phases.py).
+        # one process holding every method shares the rest (experiments/tools/adapter_rss_phases.py).
         "lora_vs_peft_rss_rise": _ratio(timings["lora-fused"].rss_rise, timings["peft"].rss_rise)
         if "peft" in timings
         else None,

@@ -1,4 +1,4 @@
-"""Shared training machinery for every experiment family (see ``.notes/runner.md`` for the API).
+"""Shared training machinery for every experiment family (each module's docstrings are its API).
 
 * :mod:`~experiments.common.loop`: ``fit`` (resumable, data-parallel, functional loop),
   ``MapBatches``, ``FitResult``, ``train_options`` (``config.train`` for every ``fit`` call).

@@ -155,14 +155,11 @@ def minilm_rows_checks(config, mcells) -> tuple[list[dict[str, Any]], list[dict[
 
 
 def _heatmap(path, c, eps, g, title):
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    from experiments.common.plots import subplots
 
     curves = np.asarray(c["curves"])
     t = np.arange(curves.shape[1]) * 5 * c["dt_record"]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=100)
+    fig, axes = subplots(1, 2, figsize=(10, 4), dpi=100)
     for i, (ax, name) in enumerate(zip(axes, ("aligned", "crossing"), strict=True)):
         im = ax.pcolormesh(t, eps, curves[i * len(eps) : (i + 1) * len(eps)], shading="nearest")
         ax.set_yscale("log")
@@ -172,7 +169,6 @@ def _heatmap(path, c, eps, g, title):
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
 
 
 def plots(workdir, config, cells, mcells, directions: Sequence[str]) -> None:

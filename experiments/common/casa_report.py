@@ -98,12 +98,10 @@ def plot_transfer(
 ) -> None:
     """``transfer.png``: each method's (and ``target_alone``'s) play accuracy against its genre
     accuracy, means over seeds."""
-    import matplotlib
+    from matplotlib.figure import Figure  # no pyplot: a notebook's inline backend stays
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4.5))
+    fig = Figure(figsize=(6, 4.5))
+    ax = fig.subplots()
     for name, marker in zip((*methods, "target_alone"), itertools.cycle("osD^v*Px")):
         xs = [r["rows"][name]["genre_accuracy"] for r in results]
         ys = [r["rows"][name]["play_accuracy"] for r in results]
@@ -114,4 +112,3 @@ def plot_transfer(
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(os.path.join(workdir, "transfer.png"), dpi=120)
-    plt.close(fig)

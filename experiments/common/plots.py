@@ -1,4 +1,4 @@
-"""PNG plots of training curves from ``metrics.jsonl`` records (matplotlib, Agg backend).
+"""PNG plots of training curves from ``metrics.jsonl`` records (matplotlib ``Figure`` objects).
 
 Metric keys are ``"<split>/<name>"`` (``train/loss``, ``valid/accuracy``); :func:`plot_metrics`
 draws one PNG per ``<name>`` with one line per split::
@@ -16,6 +16,15 @@ from typing import Any
 import jax
 
 __all__ = ["plot_curves", "plot_heatmap", "plot_metrics"]
+
+
+def subplots(nrows: int = 1, ncols: int = 1, *, figsize=None, dpi=None, squeeze: bool = True):
+    """``plt.subplots`` without pyplot: a ``(Figure, axes)`` pair; the global backend (a notebook's
+    inline plots) is left as it is. Save with ``fig.savefig``; there is nothing to close."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize, dpi=dpi)
+    return fig, fig.subplots(nrows, ncols, squeeze=squeeze)
 
 
 def plot_curves(
@@ -41,15 +50,14 @@ def plot_curves(
       marks: optional ``{label: x}`` events drawn as labelled dotted vertical lines.
       hline: optional y value drawn as a red horizontal line (e.g. a bound at 1).
     """
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    # A Figure without pyplot: no global backend switch, so a notebook's inline plots keep working.
+    from matplotlib.figure import Figure
 
     path = os.fspath(path)
     if jax.process_index() != 0:
         return path
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    fig = Figure(figsize=(6, 4), dpi=100)
+    ax = fig.subplots()
     positive = True
     for label, (xs, ys) in curves.items():
         marker = "o" if len(xs) <= 20 else None
@@ -71,7 +79,6 @@ def plot_curves(
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path)
-    plt.close(fig)
     return path
 
 
@@ -91,11 +98,8 @@ def plot_heatmap(
     Rows run top to bottom, columns left to right, both numbered from 1. With ``annotate`` each
     finite cell shows its value (two decimals; only for matrices up to 20 x 20).
     """
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.figure import Figure  # no pyplot: a notebook's backend stays as it is
 
     path = os.fspath(path)
     if jax.process_index() != 0:
@@ -104,7 +108,8 @@ def plot_heatmap(
     if m.ndim != 2:
         raise ValueError(f"plot_heatmap needs a 2-D matrix, got shape {m.shape}")
     size = max(3.5, 0.55 * max(m.shape) + 1.5)
-    fig, ax = plt.subplots(figsize=(size + 0.8, size), dpi=100)
+    fig = Figure(figsize=(size + 0.8, size), dpi=100)
+    ax = fig.subplots()
     im = ax.imshow(np.ma.masked_invalid(m), vmin=vmin, vmax=vmax, cmap="viridis")
     ax.set_xticks(range(m.shape[1]), [str(j + 1) for j in range(m.shape[1])])
     ax.set_yticks(range(m.shape[0]), [str(i + 1) for i in range(m.shape[0])])
@@ -123,7 +128,6 @@ def plot_heatmap(
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path)
-    plt.close(fig)
     return path
 
 

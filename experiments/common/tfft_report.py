@@ -78,15 +78,12 @@ def checks(config, rows) -> list[dict[str, Any]]:
 def plots(config, workdir, cells) -> list[str]:
     """``rewards_<source>.png`` (reward histograms per method, first seed) and, with the ring,
     ``ring_samples.png``; returns their paths."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from experiments.common.plots import subplots
 
     paths = []
     seed = config.seeds[0]
     for src in config.sources:
-        fig, ax = plt.subplots(figsize=(7, 4))
+        fig, ax = subplots(figsize=(7, 4))
         for m in config.methods:
             r = cells[f"{src}/seed={seed}/{m}"]["rewards"]
             ax.hist(r, bins=60, histtype="step", density=True, label=m)
@@ -94,16 +91,14 @@ def plots(config, workdir, cells) -> list[str]:
         ax.legend()
         paths.append(os.path.join(workdir, f"rewards_{src}.png"))
         fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
-        plt.close(fig)
     if "ring" in config.sources:
-        fig, axes = plt.subplots(1, len(config.methods), figsize=(3 * len(config.methods), 3))
+        fig, axes = subplots(1, len(config.methods), figsize=(3 * len(config.methods), 3))
         for ax, m in zip(np.atleast_1d(axes), config.methods, strict=True):
             x = np.asarray(cells[f"ring/seed={seed}/{m}"]["samples"])
             ax.scatter(x[:, 0], x[:, 1], s=2, alpha=0.4)
             ax.set(title=m, xlim=(-6, 6), ylim=(-6, 6), aspect="equal")
         paths.append(os.path.join(workdir, "ring_samples.png"))
         fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
-        plt.close(fig)
     return paths
 
 

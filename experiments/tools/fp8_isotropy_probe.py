@@ -19,7 +19,7 @@ Command (about 5 min on a loaded 2-core CPU; ``--smoke``: the smoke config)::
 
     python -m experiments.tools.fp8_isotropy_probe --out=/tmp/fp8_probe.json
 
-Results and reading: ``.notes/fp8.md`` ("Why trained attention exceeds the rank-aware bound").
+Results and reading: ``docs/notes/p14_fp8.md`` ("Why trained attention exceeds the rank-aware bound").
 """
 
 from __future__ import annotations

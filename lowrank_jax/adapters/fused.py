@@ -4,7 +4,7 @@ Why. The factorised forward ``x·W + s·(x·A)·B`` is two token-sized products 
 (CPU) fuses the add into the consumers (GELU, residual add) instead of materialising the sum, so
 *both* ``x·W`` and ``(x·A)·B`` stay alive until the backward, and the backward's input gradient
 ``g·Wᵀ + s·(g·Bᵀ)·Aᵀ`` is likewise two token-sized buffers. At the benchmark shape (one pre-LN
-block, d=1024, 8192 tokens) that is +234 MB of XLA temp over full fine-tuning (``.notes/bench.md``).
+block, d=1024, 8192 tokens) that is +234 MB of XLA temp over full fine-tuning (``docs/notes/adapter_step_bench.md``).
 
 What. One matmul per projection, as in the frozen model:
 

@@ -288,7 +288,7 @@ def online_calibration_factor(
 
     The bound ``B = α(δ) B_wc`` assumes tokens isotropic with respect to ``M = W^Q W^{K⊤}``;
     trained attention aligns queries and keys with ``M``'s top singular directions, so
-    ``ρ = max|S| / B`` exceeds 1 (1.4–1.7 on the fp8_attention model, see ``.notes/fp8.md``).
+    ``ρ = max|S| / B`` exceeds 1 (1.4–1.7 on the fp8_attention model, see ``docs/notes/p14_fp8.md``).
     ``ρ`` is invariant to a rescaling of ``W^Q``/``W^K`` and of the norm gains (both sides scale
     alike), so a running max of it survives the weight transients that delayed scaling fails on;
     only the tokens' *alignment* has to change by less than the factor ``margin`` within the
