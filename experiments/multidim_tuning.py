@@ -9,7 +9,9 @@ and averaged over each prefix) and ``tpe`` (:func:`tuning.tune_tpe`). The true r
 chosen α̂ is its mean validation loss on ``num_test`` fresh instances (one fixed set per family);
 the generalisation gap is ``R(α̂) − R̂_N(α̂)``; the excess risk is ``R(α̂) − R(α*_p)`` with ``α*_p``
 tuned on the fresh instances themselves (``oracle_budget``). Cells (one per family and
-repetition, one per oracle) live in ``<workdir>/cells``; rerunning resumes.
+repetition, one per oracle) live in ``<workdir>/cells``; rerunning resumes. Losses come from
+:func:`tuning.instance_losses`, the diabetes instances from :func:`tuning.sample_row_instances`;
+the bound columns, table, checks and plots from ``experiments/common/multidim_tuning_report.py``.
 """
 
 from __future__ import annotations
