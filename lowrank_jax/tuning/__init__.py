@@ -40,6 +40,7 @@ from lowrank_jax.tuning.lasso_tuners import (
     TuneResult,
     coordinate_refine,
     empirical_risk,
+    instance_losses,
     log_grid,
     sample_log_uniform,
     tune_grid,
@@ -52,6 +53,7 @@ from lowrank_jax.tuning.synthetic import (
     Instances,
     sample_fused_instances,
     sample_group_instances,
+    sample_row_instances,
     sample_signal_instances,
 )
 
@@ -67,6 +69,7 @@ __all__ = [
     "TuneResult",
     "coordinate_refine",
     "empirical_risk",
+    "instance_losses",
     "tune_grid",
     "log_grid",
     "tune_random",
@@ -74,6 +77,7 @@ __all__ = [
     "sample_log_uniform",
     "sample_fused_instances",
     "sample_group_instances",
+    "sample_row_instances",
     "sample_signal_instances",
     "signals",
     "WeeklyWindows",

@@ -13,7 +13,7 @@ gets the same budget:
 * :func:`tune_tpe`: Optuna's TPE sampler (the peer tuner; ``optuna`` is imported lazily and is
   a ``peers`` dependency), one candidate per trial.
 
-:func:`empirical_risk` builds ``f`` from ``N`` instances. The quantities of the guarantee are then
+:func:`empirical_risk` builds ``f`` from ``N`` instances (the mean of :func:`instance_losses`). The quantities of the guarantee are then
 the generalisation gap ``R(α̂) − R̂_N(α̂)`` (true risk ``R`` estimated on fresh instances) and the
 excess risk ``R(α̂) − min_α R(α)``.
 
@@ -27,7 +27,6 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from lowrank_jax.tuning import lasso
@@ -36,6 +35,7 @@ __all__ = [
     "TuneResult",
     "coordinate_refine",
     "empirical_risk",
+    "instance_losses",
     "tune_grid",
     "log_grid",
     "tune_random",
@@ -79,6 +79,71 @@ def _evaluate(f: Objective, alphas: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(losses), losses, np.inf)
 
 
+def _power_of_two(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def instance_losses(
+    train: tuple[jax.typing.ArrayLike, jax.typing.ArrayLike] | lasso.Prepared,
+    val: tuple[jax.typing.ArrayLike, jax.typing.ArrayLike],
+    penalty: lasso.Penalty,
+    *,
+    num_iters: int = 300,
+    ridge: float = 0.0,
+    chunk_size: int | None = None,
+    pad: bool = False,
+) -> Callable[..., np.ndarray]:
+    """The per-instance losses ``g(alphas, n) = [u(x_i, tie(α_c))]_{i < n, c}`` of ``N`` instances.
+
+    The matrix behind every tuner's objective (:func:`empirical_risk` is its mean over
+    instances) and behind the true risk of chosen weights on fresh instances. An instance's loss
+    does not depend on the other instances or candidates, so ``g(alphas, n)`` equals the first
+    ``n`` rows of ``g(alphas)``; with ``pad=True`` the number of candidates and of instances
+    solved is rounded up to a power of two (copies of the last candidate, the next instances),
+    which changes no returned loss but leaves few distinct shapes, hence few compilations, when
+    ``C`` and ``n`` vary (coordinate refinement, growing ``N``).
+
+    Args:
+      train: ``(X (N, n, d), y (N, n))``, or their :func:`lasso.prepare_instances` (prepared
+        once here otherwise; NumPy arrays avoid compiling a slice per ``n``).
+      val: ``(X (N, m, d), y (N, m))``.
+      penalty: :func:`lasso.group_lasso` or :func:`lasso.fused_lasso`.
+      num_iters, ridge, chunk_size: as in :func:`lasso.validation_losses`.
+      pad: solve power-of-two batches of candidates and instances (same results).
+
+    Returns:
+      ``g(alphas (C, p), n=None) -> (n, C)`` float64 (``n = N`` by default); ``p`` must divide
+      the penalty's number of weights (:func:`lasso.tie_weights`).
+
+    Raises:
+      ValueError: (from ``g``) shapes that do not match, or a ``p`` that does not divide the
+        weights.
+
+    Example:
+      >>> g = instance_losses((xt, yt), (xv, yv), lasso.group_lasso((5,) * 8), pad=True)
+      >>> g(np.ones((3, 4)), 10).shape
+      (10, 3)
+    """
+    prep = train if isinstance(train, lasso.Prepared) else lasso.prepare_instances(
+        train, penalty, ridge=ridge
+    )  # fmt: skip
+
+    def g(alphas: np.ndarray, n: int | None = None) -> np.ndarray:
+        alphas = np.asarray(alphas)
+        c = len(alphas)
+        if pad:
+            alphas = np.concatenate([alphas, np.repeat(alphas[-1:], _power_of_two(c) - c, axis=0)])
+        p_, v = prep, val
+        if n is not None:
+            k = _power_of_two(n) if pad else int(n)
+            p_, v = jax.tree.map(lambda a: a[:k], (prep, tuple(val)))
+        w = lasso.tie_weights(np.asarray(alphas, np.float32), num_weights=penalty.num_weights)
+        u = lasso.validation_losses(p_, v, w, penalty, num_iters=num_iters, chunk_size=chunk_size)
+        return np.asarray(u, np.float64)[:n, :c]
+
+    return g
+
+
 def empirical_risk(
     train: tuple[jax.typing.ArrayLike, jax.typing.ArrayLike],
     val: tuple[jax.typing.ArrayLike, jax.typing.ArrayLike],
@@ -96,24 +161,18 @@ def empirical_risk(
       num_iters, ridge, chunk_size: as in :func:`lasso.validation_losses`.
 
     Returns:
-      ``f((C, p)) -> (C,)`` float64 mean validation losses; ``p`` must divide the penalty's
-      number of weights (:func:`lasso.tie_weights`).
+      ``f((C, p)) -> (C,)`` float64 mean validation losses (the mean over instances of
+      :func:`instance_losses`); ``p`` must divide the penalty's number of weights
+      (:func:`lasso.tie_weights`).
 
     Example:
       >>> f = empirical_risk((xt, yt), (xv, yv), lasso.group_lasso((5,) * 8))
       >>> res = tune_random_refine(f, jax.random.key(0), p=4, budget=200, low=1e-3, high=10.)
     """
-
-    prep = lasso.prepare_instances(train, penalty, ridge=ridge)
-
-    def f(alphas: np.ndarray) -> np.ndarray:
-        w = lasso.tie_weights(jnp.asarray(alphas, jnp.float32), num_weights=penalty.num_weights)
-        u = lasso.validation_losses(
-            prep, val, w, penalty, num_iters=num_iters, chunk_size=chunk_size
-        )
-        return np.asarray(u, np.float64).mean(0)
-
-    return f
+    g = instance_losses(
+        train, val, penalty, num_iters=num_iters, ridge=ridge, chunk_size=chunk_size
+    )
+    return lambda alphas: g(alphas).mean(0)
 
 
 def log_grid(num: int, *, low: float, high: float) -> np.ndarray:

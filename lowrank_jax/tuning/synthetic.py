@@ -9,6 +9,8 @@
   reconstruction).
 * :func:`sample_signal_instances`: the same design and splits around coefficient vectors drawn
   from a given bank of (real) signals, e.g. the windows of :func:`lowrank_jax.tuning.weekly_windows`.
+* :func:`sample_row_instances`: instances from one real regression data set, each a random subset
+  of its rows split into training and validation (the true ``β`` is unknown).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ __all__ = [
     "Instances",
     "sample_fused_instances",
     "sample_group_instances",
+    "sample_row_instances",
     "sample_signal_instances",
 ]
 
@@ -181,3 +184,45 @@ def sample_signal_instances(
 @functools.partial(jax.jit, static_argnums=(2, 3, 4))
 def _sample_signal(key, beta, n_train, n_val, noise):
     return _splits(key, beta, n_train, n_val, noise)
+
+
+def sample_row_instances(
+    key: jax.Array,
+    x: np.ndarray,
+    y: np.ndarray,
+    num: int,
+    *,
+    n_train: int = 50,
+    n_val: int = 50,
+) -> Instances:
+    """``num`` instances of one real data set, each ``n_train + n_val`` distinct random rows.
+
+    Instance ``i`` takes the first ``n_train + n_val`` rows of an independent random permutation
+    of ``x``'s rows (NumPy's ``default_rng`` seeded by ``key``'s data, drawn on the host); the
+    first ``n_train`` are its training split and the rest its validation split, so the two splits
+    share no row. The true coefficients are unknown: ``beta`` is NaN.
+
+    Args:
+      key: PRNG key (its raw data seeds the NumPy generator).
+      x: ``(R, d)`` design matrix (e.g. standardised spline features); ``y``: ``(R,)`` targets.
+      num: number of instances.
+      n_train, n_val: rows per training and validation split (``n_train + n_val <= R``).
+
+    Returns:
+      :class:`Instances` of NumPy arrays: ``xt (num, n_train, d)``, ``yt (num, n_train)``,
+      ``xv (num, n_val, d)``, ``yv (num, n_val)``, ``beta (num, d)`` float32 NaN.
+
+    Raises:
+      ValueError: ``x`` is not 2-D, ``y`` is not ``(R,)``, or the splits need more than ``R`` rows.
+    """
+    _check(num, n_train, n_val, 0.0)
+    x, y = np.asarray(x), np.asarray(y)
+    if x.ndim != 2 or y.shape != (len(x),):
+        raise ValueError(f"need x (R, d) and y (R,), got {x.shape} and {y.shape}")
+    if n_train + n_val > len(x):
+        raise ValueError(f"n_train + n_val = {n_train + n_val} exceeds the {len(x)} rows of x")
+    rng = np.random.default_rng(np.asarray(jax.random.key_data(key)).tolist())
+    rows = np.stack([rng.permutation(len(x))[: n_train + n_val] for _ in range(num)])
+    xs, ys = x[rows], y[rows]
+    nan = np.full((num, x.shape[1]), np.nan, np.float32)
+    return Instances(xs[:, :n_train], ys[:, :n_train], xs[:, n_train:], ys[:, n_train:], nan)

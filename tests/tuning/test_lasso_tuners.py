@@ -69,3 +69,28 @@ def test_bad_tuner_input_raises():
         tuning.tune_random_refine(
             _bowl, jax.random.key(0), p=2, budget=5, low=0.1, high=1.0, refine_fraction=1.0
         )
+
+
+def test_instance_losses_are_validation_losses_and_padding_changes_nothing():
+    inst = tuning.sample_group_instances(
+        jax.random.key(1), 5, group_sizes=(3,) * 4, active_probs=(0.9, 0.5, 0.2, 0.1), n_train=12,
+        n_val=7,
+    )  # fmt: skip
+    pen = tuning.group_lasso((3,) * 4)
+    alphas = np.array([[0.05, 0.5], [0.2, 0.01], [1.0, 1.0]])
+    g = tuning.instance_losses(inst.train, inst.val, pen, num_iters=100)
+    u = g(alphas)
+    w = tuning.tie_weights(alphas.astype(np.float32), num_weights=4)
+    ref = tuning.validation_losses(inst.train, inst.val, w, pen, num_iters=100)
+    assert u.shape == (5, 3) and u.dtype == np.float64
+    np.testing.assert_allclose(u, np.asarray(ref), rtol=1e-6)
+    f = tuning.empirical_risk(inst.train, inst.val, pen, num_iters=100)
+    np.testing.assert_allclose(f(alphas), u.mean(0), rtol=1e-6)
+    prep = tuning.prepare_instances(inst.train, pen)  # prepared input, padded batches
+    padded = tuning.instance_losses(prep, inst.val, pen, num_iters=100, pad=True)
+    np.testing.assert_allclose(padded(alphas), u, rtol=1e-6)  # 3 -> 4 candidates
+    for n in (1, 3, 5):  # the first n instances (3 -> 4 solved, 5 -> 8: all 5)
+        np.testing.assert_allclose(padded(alphas, n), u[:n], rtol=1e-6)
+        np.testing.assert_allclose(g(alphas[:1], n), u[:n, :1], rtol=1e-6)
+    with pytest.raises(ValueError, match="do not divide"):
+        g(np.ones((2, 3)))
