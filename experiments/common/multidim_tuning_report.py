@@ -58,12 +58,9 @@ def plot_vs_n(
       title, ylabel: the plot's title and y label.
       guide: optional ``(x0, y0)``: a dashed ``∝ N^(-1/2)`` line through it.
     """
-    import matplotlib
+    from experiments.common.plots import subplots
 
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    fig, ax = subplots(figsize=(6, 4), dpi=100)
     for label, (xs, ys) in curves.items():
         ax.plot(xs, ys, marker="o", ms=3, label=label)
     if guide is not None:  # a dashed N^(-1/2) line through (x0, y0)
@@ -77,7 +74,6 @@ def plot_vs_n(
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
 
 
 def log_slope(ns: Sequence[float], ys: Sequence[float]) -> float:
@@ -136,13 +132,12 @@ def plot_bound(
       bounds: :func:`gap_bounds`' output.
       title: plot title.
     """
+    from experiments.common.plots import subplots
+
+    fig, ax = subplots(figsize=(6, 4), dpi=100)
     import matplotlib
 
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colours = matplotlib.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, p in enumerate(sorted(bounds)):
         c = colours[i % len(colours)]
         ax.plot(
@@ -158,7 +153,6 @@ def plot_bound(
     ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
 
 
 def summarise(
