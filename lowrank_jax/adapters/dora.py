@@ -202,6 +202,12 @@ def dora(
       >>> ad = init(key, variables, [(r".*(query|value)/kernel", dora(8, alpha=16.0))])
       >>> out = adapt(model.apply)(variables, ad, tokens)  # doctest: +SKIP
     """
+    if init == "pissa":
+        raise ValueError(
+            "dora(init='pissa') is not supported: PiSSA moves the top singular part out of the "
+            "frozen kernel, which DoRA's magnitude would then have to be taken after; use "
+            "init='kaiming' or 'gaussian'."
+        )
     direction = lora(
         rank,
         alpha=alpha,
@@ -286,7 +292,8 @@ def unmerge_dora(params: Any, adapters: Any, norms: dict[str, jax.Array]) -> Any
 
     def update(path, leaf, ads):
         out = leaf
-        for ad in ads:
+        # merge gives W' = (W + s·A B)·diag(c) + Σ others: the others come off before the division
+        for ad in sorted(ads, key=lambda ad: isinstance(ad.kind, DoRA)):
             if not isinstance(ad.kind, DoRA):
                 d = delta(ad, leaf.shape)
                 out = (out - d.astype(out.dtype)).astype(out.dtype)

@@ -32,7 +32,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from lowrank_jax.adapters.core import Adapter, AdapterSet, as_sets
+from lowrank_jax.adapters.core import Adapter, AdapterSet, as_sets, needs_kernel
 from lowrank_jax.adapters.kinds import LoRA
 
 __all__ = ["AdapterBank", "select_adapters", "stack_adapters"]
@@ -178,6 +178,12 @@ def stack_adapters(sets: Sequence[AdapterSet]) -> AdapterSet:
     out = {}
     for path in paths:
         ads = [s[path] for s in sets]
+        if any(needs_kernel(a) for a in ads):
+            raise TypeError(
+                f"the adapters at {path!r} include a DoRA adapter, whose update depends on the "
+                "frozen kernel: a bank holds factor-only kinds (LoRA, VeRA, ...); apply DoRA sets "
+                "one at a time."
+            )
         kinds = {a.kind for a in ads}
         layouts = {(a.in_ndim, a.out_ndim, a.matrix) for a in ads}
         if len(layouts) != 1:
@@ -231,6 +237,13 @@ def select_adapters(bank: AdapterSet, adapter_ids: jax.Array) -> AdapterSet:
         raise ValueError(f"adapter_ids must be (batch,) ints; got shape {ids.shape}.")
     if not jnp.issubdtype(ids.dtype, jnp.integer):
         raise TypeError(f"adapter_ids must be integers; got dtype {ids.dtype}.")
+    size = next((a.kind.size for a in bank.values() if isinstance(a.kind, AdapterBank)), None)
+    concrete = size is not None and ids.size and not isinstance(ids, jax.core.Tracer)
+    if concrete and (int(ids.min()) < 0 or int(ids.max()) >= size):
+        raise ValueError(
+            f"adapter_ids must lie in [0, {size}) for a bank of {size} adapters; got "
+            f"{int(ids.min())}..{int(ids.max())} (under jit, out-of-range ids are clamped)."
+        )
     out = {}
     for path, adapter in bank.items():
         if not isinstance(adapter.kind, AdapterBank):

@@ -195,11 +195,18 @@ def packing_posterior(
       ``(M,)`` normalised log posterior.
 
     Raises:
-      ValueError: neither or both of ``num_good`` and ``good``.
+      ValueError: neither or both of ``num_good`` and ``good``, or ``num_good`` outside
+        ``[0, T - 1]``.
     """
     if (num_good is None) == (good is None):
         raise ValueError("pass exactly one of num_good (good set unknown) and good (known)")
     lr = _log_lik_ratio(x, y, centers, beta, window)  # (T, M)
+    known = num_good is not None and not isinstance(num_good, jax.core.Tracer)
+    if known and not 0 <= int(num_good) <= lr.shape[0] - 1:
+        raise ValueError(
+            f"num_good counts the good sources besides the target: it must lie in "
+            f"[0, {lr.shape[0] - 1}] for {lr.shape[0]} tasks; got {num_good}."
+        )
     if good is not None:
         logp = jnp.sum(jnp.where(jnp.asarray(good, bool)[:, None], lr, 0.0), axis=0)
     else:

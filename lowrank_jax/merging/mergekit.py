@@ -33,6 +33,7 @@ import jax.numpy as jnp
 
 from lowrank_jax.adapters.core import Adapter
 from lowrank_jax.merging import task_vectors as tv
+from lowrank_jax.merging.sparsify import task_weights
 
 __all__ = [
     "breadcrumbs_delta",
@@ -116,7 +117,8 @@ def model_stock_delta(deltas: jax.Array) -> jax.Array:
     gram = (flat @ flat.T) / jnp.maximum(norms[:, None] * norms[None, :], 1e-6)
     i, j = jnp.triu_indices(k, 1)
     c = jnp.mean(jnp.clip(gram[i, j], -1.0, 1.0))
-    t = k * c / (1 + (k - 1) * c)
+    denom = 1 + (k - 1) * c  # 0 only for exactly opposed updates (K = 2, c = -1): then t = 0
+    t = jnp.where(denom > 1e-6, k * c / jnp.where(denom > 1e-6, denom, 1.0), 0.0)
     return t * deltas.mean(0)
 
 
@@ -152,9 +154,7 @@ def breadcrumbs_delta(
     density = _fraction(density, "density")
     gamma = _fraction(gamma, "gamma", low_open=False)
     k = deltas.shape[0]
-    w = jnp.ones((k,), jnp.float32) if weights is None else jnp.asarray(weights, jnp.float32)
-    if w.shape != (k,):
-        raise ValueError(f"weights must hold one float per update ({k}); got shape {w.shape}.")
+    w = task_weights(weights, k)
     flat = deltas.reshape(k, -1)
     size = flat.shape[1]
     kept, top = int(density * size), int(gamma * size)
@@ -236,7 +236,7 @@ def della_delta(
             f"deltas must be (K, n, m) and keep the same shape; got {deltas.shape}, {keep.shape}."
         )
     k = deltas.shape[0]
-    w = jnp.ones((k,), jnp.float32) if weights is None else jnp.asarray(weights, jnp.float32)
+    w = task_weights(weights, k)
     probs = jax.vmap(lambda d: della_keep_probabilities(d, density=density, epsilon=epsilon))(
         deltas
     )

@@ -58,7 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lowrank_jax.adapters import paths as paths_lib
-from lowrank_jax.adapters.core import Adapter
+from lowrank_jax.adapters.core import Adapter, needs_kernel
 from lowrank_jax.adapters.kinds import LoRA
 from lowrank_jax.merging import trees
 from lowrank_jax.merging.sparsify import (
@@ -115,6 +115,11 @@ def _check_same_paths(trees_: Sequence[Mapping[str, Any]], what: str) -> None:
 def _matrix_view(value: Any, layout: tuple[int, int] | None, path: str) -> jax.Array:
     """``(L, n, m)`` float32 matrix views of one update (``L`` stacked layers, 1 if none)."""
     if isinstance(value, Adapter):
+        if needs_kernel(value):
+            raise TypeError(
+                f"the adapter at {path!r} is DoRA, whose update depends on the frozen kernel: "
+                "merge its dense update instead, adapters.delta(ad, kernel.shape, kernel)."
+            )
         if value.matrix is None:
             raise ValueError(f"the Adapter at {path!r} does not record its (n, m) shape.")
         n, m = value.matrix

@@ -178,3 +178,22 @@ def test_the_magnitude_is_sharded_like_the_kernel_outputs():
         "b": P(None, "model"),
         "m": P("model"),
     }
+
+
+@pytest.mark.parametrize("dora_first", [True, False])
+def test_unmerge_dora_with_a_lora_on_the_same_kernel_in_either_order(dora_first):
+    dora_set = _trained()
+    lora_set = perturb(A.init(jax.random.key(5), PARAMS, [(r"fc/kernel", A.lora(2))]), 0.1)
+    sets = [dora_set, lora_set] if dora_first else [lora_set, dora_set]
+    norms = A.dora_norms(PARAMS, dora_set)
+    back = A.unmerge_dora(A.merge(PARAMS, sets), sets, norms)
+    np.testing.assert_allclose(back["fc"]["kernel"], PARAMS["fc"]["kernel"], atol=1e-5)
+
+
+def test_pissa_initialisation_and_merging_dora_sets_are_refused():
+    with pytest.raises(ValueError, match="pissa"):
+        A.dora(2, init="pissa")
+    from lowrank_jax import merging
+
+    with pytest.raises(TypeError, match="DoRA"):
+        merging.merge_task_arithmetic([_trained(), _trained()])

@@ -194,3 +194,17 @@ def test_bank_partition_specs_and_dropout():
     again = fwd(p, bank, x, adapter_ids=ids, adapter_key=jax.random.key(0))
     np.testing.assert_array_equal(dropped, again)  # seeded
     assert not np.allclose(dropped, plain)  # dropout is active on the adapter input
+
+
+def test_out_of_range_ids_and_dora_sets_are_refused():
+    model = Block()
+    x = jax.random.normal(jax.random.key(9), (B, T, 4))
+    variables = model.init(jax.random.key(0), x)
+    bank = A.stack_adapters(_sets(variables, [BLOCK_RULES] * 2))
+    fwd = A.adapt(model.apply)
+    for ids in ([0, 1, 2, 0, 1][:B], [0, -1, 0, 1, 1][:B]):
+        with pytest.raises(ValueError, match=r"must lie in \[0, 2\)"):
+            fwd(variables, bank, x, adapter_ids=jnp.array(ids))
+    dora_rules = [(r".*fc1/kernel", A.dora(2))]
+    with pytest.raises(TypeError, match="DoRA"):
+        A.stack_adapters(_sets(variables, [dora_rules] * 2))

@@ -165,3 +165,9 @@ def test_bad_arguments_raise():
         merging.merge_della(tvs, jax.random.key(0), density=0.1, epsilon=0.2)
     with pytest.raises(TypeError, match="t must be a float"):
         merging.merge_slerp(*tvs, t="half")
+
+
+def test_model_stock_of_exactly_opposed_updates_is_zero_not_nan():
+    d = jax.random.normal(jax.random.key(0), (4, 3))
+    out = merging.model_stock_delta(jnp.stack([d, -d]))
+    np.testing.assert_array_equal(np.asarray(out), 0.0)
