@@ -33,6 +33,7 @@ from experiments import common
 from experiments.common import gist_report as report
 from experiments.common import sweep
 from experiments.common.digits_shift import adapter_loss, xent
+from experiments.common.loop import padded_means
 from lowrank_jax import adapters, data, models, selection
 
 __all__ = ["check_config", "run"]
@@ -117,15 +118,9 @@ def _eval_sums(batch_loss, accuracy_fn=None):
 
 def _make_evaluate(batch_loss, variables, *, accuracy_fn=None, batch_size=256):
     sums = _eval_sums(batch_loss, accuracy_fn)
-
-    def evaluate(ad, arrays):
-        n, tot = len(arrays["y"]), {}
-        for chunk, w in common.padded_batches(arrays, batch_size):
-            for k, v in sums(ad, variables, chunk, w).items():
-                tot[k] = tot.get(k, 0.0) + float(v)
-        return {k: v / n for k, v in tot.items()}
-
-    return evaluate
+    return lambda ad, arrays: padded_means(
+        lambda chunk, w: sums(ad, variables, chunk, w), arrays, batch_size
+    )
 
 
 def _shakespeare_task(config: Any, workdir: str) -> Task:

@@ -23,7 +23,7 @@ reports test accuracy, the number of trained parameters and the mean step time, 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -33,15 +33,15 @@ import optax
 from absl import logging
 
 from experiments import common
+from experiments.common import config_checks, lowering, optimizers
 from experiments.common import lora_finetune_report as report
-from experiments.common import lowering
+from experiments.common.loop import padded_means
 from lowrank_jax import adapters, data, models
 
 METHODS = ("lora", "full", "head")
 ADAPTER_KINDS = ("lora", "frameft")
 DATASETS = ("shakespeare_genre", "digits")
 MODELS = ("minilm", "mlp")
-OPTIMIZERS = ("adamw", "sgd")
 # Which model reads which dataset, and which batch entries it takes as inputs.
 _MODEL_DATA = {"minilm": ("shakespeare_genre",), "mlp": ("digits",)}
 _INPUTS = {"minilm": ("input_ids", "attention_mask"), "mlp": ("x",)}
@@ -96,20 +96,13 @@ def check_config(config: Any) -> None:
         c.check_regexes(config, "adapter.targets")
     if model == "mlp":
         c.check_positive_ints(config, "model.features")
-    c.check_choice(config, "optim.name", OPTIMIZERS)
+    c.check_choice(config, "optim.name", optimizers.OPTIMIZERS)
     c.check_positive(config, "optim.learning_rate")
     c.check_nonnegative(config, "optim.weight_decay")
     c.check_nonnegative(config, "optim.grad_clip")
-    steps = c.check_positive(config, "schedule.num_steps", integer=True)
-    warmup = c.check_nonnegative(config, "schedule.warmup_steps", integer=True)
-    if warmup >= steps:
-        raise c.ConfigError(
-            f"config.schedule.warmup_steps={warmup} is invalid: must be < schedule.num_steps={steps}"
-        )
+    config_checks.check_warmup(config)
     c.check_nonnegative(config, "eval.every", integer=True)
-    c.check_positive(config, "ckpt.every", integer=True)
-    c.check_positive(config, "ckpt.max_to_keep", integer=True)
-    c.check_positive(config, "log.every", integer=True)
+    config_checks.check_fit_options(config)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -136,15 +129,10 @@ def _load_data(
         valid_fraction=config.data.valid_fraction,
         test_fraction=config.data.test_fraction,
     )
-    arrays = {}
-    for part in ("train", "valid", "test"):
-        ds = getattr(splits, part)
-        if tokenizer is not None:
-            inputs = models.tokenize(tokenizer, list(ds.x), max_len=config.data.max_len)
-        else:
-            inputs = {"x": np.asarray(ds.x, np.float32)}
-        arrays[part] = {**inputs, "y": ds.y}
-    return arrays, dataset.class_names
+    encode = None if tokenizer is None else (
+        lambda x: models.tokenize(tokenizer, list(x), max_len=config.data.max_len)
+    )  # fmt: skip
+    return data.to_arrays(splits, encode=encode), dataset.class_names
 
 
 def _build_model(
@@ -170,39 +158,13 @@ def _model_kwargs(config: Any, *, train: bool, key: jax.Array | None) -> dict[st
     return {}
 
 
-def _base_optimizer(config: Any, peak: float) -> optax.GradientTransformation:
-    schedule = optax.warmup_cosine_decay_schedule(
-        init_value=0.0,
-        peak_value=peak,
-        warmup_steps=config.schedule.warmup_steps,
-        decay_steps=config.schedule.num_steps,
-        end_value=0.0,
-    )
-    if config.optim.name == "adamw":
-        return optax.adamw(schedule, weight_decay=config.optim.weight_decay)
-    return optax.sgd(schedule, momentum=0.9)
-
-
-def _group_labels(trained: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: jax.tree.map(lambda _, k=k: k, v) for k, v in trained.items()}
-
-
 def _optimizer(config: Any) -> optax.GradientTransformation:
     """The (clipped) optimizer; the adapters get their own peak learning rate if one is set."""
     adapter_lr = config.optim.get("adapter_learning_rate", 0.0)
+    peaks = None
     if config.adapter.method == "lora" and adapter_lr:
-        tx = optax.multi_transform(
-            {
-                "params": _base_optimizer(config, config.optim.learning_rate),
-                "adapters": _base_optimizer(config, adapter_lr),
-            },
-            _group_labels,
-        )
-    else:
-        tx = _base_optimizer(config, config.optim.learning_rate)
-    if config.optim.grad_clip:
-        tx = optax.chain(optax.clip_by_global_norm(config.optim.grad_clip), tx)
-    return tx
+        peaks = {"params": config.optim.learning_rate, "adapters": adapter_lr}
+    return optimizers.warmup_cosine_optimizer(config, peaks=peaks)
 
 
 def _adapter_rules(config: Any) -> list[tuple[str, Any]]:
@@ -248,7 +210,7 @@ def init_state(
         # The frozen kernels in bfloat16 or int8 (adapters and optimizer state stay float32).
         frozen = adapters.low_precision_base(frozen, config.model.get("base_dtype", "float32"))
     tx = _optimizer(config)
-    state["opt_state"] = tx.init(_trained(state))
+    state["opt_state"] = tx.init(adapters.trained_parts(state))
     state["step"] = 0
     input_keys = _INPUTS[config.model.name]
 
@@ -264,60 +226,18 @@ def init_state(
     return state, frozen, logits_fn, tx
 
 
-def _trained(state: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: state[k] for k in ("params", "adapters") if k in state}
-
-
-def make_train_step(logits_fn: Callable[..., jax.Array], tx: optax.GradientTransformation):
-    """``train_step(state, frozen, batch, key) -> (state, {"loss", "accuracy"})`` for ``fit``."""
-
-    def train_step(state, frozen, batch, key):
-        def loss_fn(trained):
-            logits = logits_fn({**state, **trained}, frozen, batch, train=True, key=key)
-            loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
-            return loss, logits
-
-        trained = _trained(state)
-        (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(trained)
-        updates, opt_state = tx.update(grads, state["opt_state"], trained)
-        trained = optax.apply_updates(trained, updates)
-        accuracy = jnp.mean(jnp.argmax(logits, -1) == batch["y"])
-        return {**state, **trained, "opt_state": opt_state}, {"loss": loss, "accuracy": accuracy}
-
-    return train_step
-
-
-def make_eval_sums(logits_fn: Callable[..., jax.Array]):
-    """The jitted evaluation of one batch: ``sums(state, frozen, batch, weight) -> {"loss",
-    "correct"}``, sums over the rows weighted by ``weight`` (0 on padding rows)."""
-
-    @jax.jit
-    def sums(state, frozen, batch, weight):
-        logits = logits_fn(state, frozen, batch, train=False, key=None)
-        loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"])
-        correct = (jnp.argmax(logits, -1) == batch["y"]).astype(jnp.float32)
-        return {"loss": jnp.sum(loss * weight), "correct": jnp.sum(correct * weight)}
-
-    return sums
-
-
 def make_evaluate(logits_fn: Callable[..., jax.Array], mesh: Any, *, batch_size: int):
     """``evaluate(state, frozen, arrays, prefix) -> {"<prefix>/loss", "<prefix>/accuracy"}``.
 
-    Runs over all examples of ``arrays`` (a dict of ``(N, ...)`` host arrays with ``"y"``) in
-    sharded batches of ``batch_size`` (:func:`make_eval_sums`), padding the last one with
-    zero-weight rows.
+    Runs the jitted :func:`lowrank_jax.adapters.classifier_sums` over all examples of
+    ``arrays`` (``(N, ...)`` host arrays with ``"y"``) in sharded batches of ``batch_size``,
+    the last one padded with zero-weight rows (:func:`experiments.common.loop.padded_means`).
     """
-    sums = make_eval_sums(logits_fn)
+    sums = jax.jit(adapters.classifier_sums(logits_fn))
 
     def evaluate(state, frozen, arrays, prefix):
-        n = len(arrays["y"])
-        totals = {"loss": 0.0, "correct": 0.0}
-        for chunk, weight in common.padded_batches(arrays, batch_size):
-            out = sums(state, frozen, *common.shard_batch(mesh, (chunk, weight)))
-            for k in totals:
-                totals[k] += float(out[k])
-        return {f"{prefix}/loss": totals["loss"] / n, f"{prefix}/accuracy": totals["correct"] / n}
+        out = padded_means(lambda *b: sums(state, frozen, *b), arrays, batch_size, mesh=mesh)
+        return {f"{prefix}/{k}": v for k, v in out.items()}
 
     return evaluate
 
@@ -372,7 +292,7 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
     fsdp = config.parallel.fsdp
     evaluate = common.Step(
         "eval",
-        make_eval_sums(logits_fn),
+        jax.jit(adapters.classifier_sums(logits_fn)),
         (
             common.placed(state, mesh, fsdp=fsdp),
             common.placed(frozen, mesh, fsdp=fsdp),
@@ -386,7 +306,7 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
         ),
     )
     train_step = common.fit_step(
-        make_train_step(logits_fn, tx), state, frozen, train, mesh=mesh, fsdp=fsdp
+        adapters.make_classifier_step(logits_fn, tx), state, frozen, train, mesh=mesh, fsdp=fsdp
     )
     return [train_step, evaluate]
 
@@ -417,7 +337,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
     if method == "lora":
         method = config.adapter.kind  # "lora" or "frameft": what the results table reports
     state, frozen, logits_fn, tx = init_state(config, model, variables, adapter_key)
-    num_trained = adapters.count_params(_trained(state))
+    num_trained = adapters.count_params(adapters.trained_parts(state))
     num_total = adapters.count_params(variables)
     logging.info("%s: training %d of %d parameters", method, num_trained, num_total)
     evaluate = make_evaluate(logits_fn, mesh, batch_size=config.eval.batch_size)
@@ -428,7 +348,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
     result = common.fit(
         state,
         frozen,
-        make_train_step(logits_fn, tx),
+        adapters.make_classifier_step(logits_fn, tx),
         batches,
         key=train_key,
         num_steps=config.schedule.num_steps,

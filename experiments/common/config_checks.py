@@ -27,11 +27,13 @@ __all__ = [
     "ConfigError",
     "check_choice",
     "check_divisible",
+    "check_fit_options",
     "check_fraction",
     "check_nonnegative",
     "check_positive",
     "check_positive_ints",
     "check_regexes",
+    "check_warmup",
     "config_differences",
     "explain_unknown_key",
     "get_path",
@@ -220,6 +222,40 @@ def check_divisible(config: Any, path: str, divisor: int, *, why: str) -> int:
             f"try {lower} or {lower + divisor}"
         )
     return value
+
+
+def check_warmup(
+    config: Any, steps: str = "schedule.num_steps", warmup: str = "schedule.warmup_steps"
+) -> tuple[int, int]:
+    """Checks a schedule's length (a positive integer) and its warm-up (an integer below it).
+
+    Args:
+      config: the config.
+      steps: dotted key of the number of steps.
+      warmup: dotted key of the warm-up steps (0: none).
+
+    Returns:
+      ``(steps, warmup)``.
+
+    Raises:
+      ConfigError: naming the first bad key and its value.
+    """
+    num_steps = check_positive(config, steps, integer=True)
+    num_warmup = check_nonnegative(config, warmup, integer=True)
+    if num_warmup >= num_steps:
+        raise ConfigError(f"config.{warmup}={num_warmup} is invalid: must be < {steps}={num_steps}")
+    return num_steps, num_warmup
+
+
+def check_fit_options(config: Any) -> None:
+    """Checks the keys ``experiments.common.fit_options`` reads that must be positive integers:
+    ``ckpt.every``, ``ckpt.max_to_keep``, ``log.every`` (in that order).
+
+    Raises:
+      ConfigError: naming the first bad key and its value.
+    """
+    for path in ("ckpt.every", "ckpt.max_to_keep", "log.every"):
+        check_positive(config, path, integer=True)
 
 
 def config_differences(

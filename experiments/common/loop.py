@@ -79,6 +79,7 @@ __all__ = [
     "fit",
     "fit_step",
     "on_start",
+    "padded_means",
     "fit_options",
     "train_options",
     "training_started",
@@ -258,6 +259,39 @@ def padded_batches(
             chunk = {k: np.concatenate([v, np.repeat(v[-1:], pad, 0)]) for k, v in chunk.items()}
             weight = np.concatenate([weight, np.zeros(pad, np.float32)])
         yield chunk, weight
+
+
+def padded_means(
+    sums: Callable[[Any, np.ndarray], Mapping[str, Any]],
+    arrays: Mapping[str, np.ndarray],
+    batch_size: int,
+    *,
+    mesh: Any = None,
+) -> dict[str, float]:
+    """Per-example means over all rows of ``arrays``, from weighted sums of padded chunks.
+
+    ``sums(chunk, weight) -> {name: sum of the rows' values times weight}`` (a jitted
+    evaluation) runs on every chunk of :func:`padded_batches`; the totals are accumulated on
+    the host in float and divided by the row count, so padding rows (weight 0) count nowhere.
+
+    Args:
+      sums: the chunk evaluation; ``chunk`` holds ``(batch_size, ...)`` arrays, ``weight`` is
+        ``(batch_size,)`` float32.
+      arrays: ``(N, ...)`` host arrays, with ``"y"`` (its length is ``N``).
+      batch_size: rows per chunk (one compiled shape).
+      mesh: if given, each ``(chunk, weight)`` is put on it with :func:`shard_batch` first.
+
+    Returns:
+      ``{name: total / N}`` with the names of ``sums``'s output, in its order.
+    """
+    totals: dict[str, float] = {}
+    for batch in padded_batches(arrays, batch_size):
+        if mesh is not None:
+            batch = sharding_lib.shard_batch(mesh, batch)
+        for k, v in sums(*batch).items():
+            totals[k] = totals.get(k, 0.0) + float(v)
+    n = len(arrays["y"])
+    return {k: v / n for k, v in totals.items()}
 
 
 def _key_to_json(key: jax.Array) -> dict[str, Any]:

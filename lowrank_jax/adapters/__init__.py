@@ -14,6 +14,7 @@ from lowrank_jax.adapters.core import (
     unmerge,
 )
 from lowrank_jax.adapters.dora import DoRA, dora, dora_column_norms, dora_norms, unmerge_dora
+from lowrank_jax.adapters.finetune import classifier_sums, make_classifier_step, trained_parts
 from lowrank_jax.adapters.fourierft import FourierFT, fourier_frequencies, fourierft
 from lowrank_jax.adapters.frameft import FrameFT, frame_positions, frameft
 from lowrank_jax.adapters.initializers import (
@@ -55,6 +56,7 @@ __all__ = [
     "VeRA",
     "adapt",
     "as_sets",
+    "classifier_sums",
     "combine",
     "count_params",
     "delta",
@@ -76,6 +78,7 @@ __all__ = [
     "lora_ga",
     "lora_one",
     "low_precision_base",
+    "make_classifier_step",
     "match_rules",
     "merge",
     "named_leaves",
@@ -90,6 +93,7 @@ __all__ = [
     "spectral",
     "split_trainable",
     "stack_adapters",
+    "trained_parts",
     "unmerge",
     "unmerge_dora",
     "vera",

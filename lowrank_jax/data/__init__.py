@@ -23,7 +23,7 @@ from lowrank_jax.data.iterators import BatchIterator
 from lowrank_jax.data.kg import KG_DATASETS, KGData, load_kg
 from lowrank_jax.data.multiview import MULTIPLE_FEATURES_VIEWS, MultiView, load_multiple_features
 from lowrank_jax.data.nlschools import NLSchools, load_nlschools
-from lowrank_jax.data.records import Dataset, Splits, split
+from lowrank_jax.data.records import Dataset, Splits, split, to_arrays
 from lowrank_jax.data.shakespeare import GENRES, PLAYS, load_shakespeare, strip_gutenberg
 from lowrank_jax.data.tfds_source import load_tfds, resize_images
 
@@ -58,4 +58,5 @@ __all__ = [
     "split_by_classes",
     "strip_gutenberg",
     "task_classes",
+    "to_arrays",
 ]

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Dataset", "Splits", "split"]
+__all__ = ["Dataset", "Splits", "split", "to_arrays"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -194,3 +194,44 @@ def split(
         valid=dataset.take(np.sort(valid_idx)),
         test=dataset.take(np.sort(test_idx)),
     )
+
+
+def to_arrays(
+    splits: Splits, *, encode: Callable[[np.ndarray], dict[str, np.ndarray]] | None = None
+) -> dict[str, dict[str, np.ndarray]]:
+    """The parts of a split as dicts of model-input arrays plus labels, ready for batching.
+
+    Each part's examples become ``encode(part.x)`` (by default ``{"x": part.x as float32}``;
+    for text, a tokenizer call such as ``lambda x: models.tokenize(tok, list(x), max_len=64)``)
+    and its labels ``"y"``.
+
+    Args:
+      splits: ``Splits`` from :func:`split` (parts of ``N_train``, ``N_valid``, ``N_test``).
+      encode: ``(n, ...)`` examples -> dict of ``(n, ...)`` arrays; default float32 ``"x"``.
+
+    Returns:
+      ``{"train" | "valid" | "test": {**encode(x), "y": (n,) int labels}}``, rows in the
+      order of each part.
+
+    Raises:
+      TypeError: if ``splits`` is not a ``Splits``.
+      ValueError: if ``encode`` returns a ``"y"`` entry or arrays of another length.
+
+    Example:
+      >>> parts = split(load_digits(), seed=0, valid_fraction=0.1, test_fraction=0.2)
+      >>> arrays = to_arrays(parts)
+      >>> arrays["test"]["x"].shape, arrays["test"]["y"].shape
+      ((359, 8, 8, 1), (359,))
+    """
+    if not isinstance(splits, Splits):
+        raise TypeError(f"to_arrays expects the Splits of split(); got {type(splits).__name__}.")
+    out = {}
+    for name, part in splits._asdict().items():
+        inputs = {"x": np.asarray(part.x, np.float32)} if encode is None else encode(part.x)
+        bad = [k for k, v in inputs.items() if k == "y" or len(v) != len(part)]
+        if bad:
+            raise ValueError(
+                f"encode must return arrays of the part's {len(part)} rows and no 'y'; got {bad}."
+            )
+        out[name] = {**inputs, "y": part.y}
+    return out

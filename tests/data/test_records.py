@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from lowrank_jax.data import Dataset, Splits, load_digits, split
+from lowrank_jax.data import Dataset, Splits, load_digits, split, to_arrays
 
 
 @pytest.fixture(scope="module")
@@ -91,3 +91,27 @@ def test_split_without_stratification_and_empty_parts():
 def test_split_rejects_bad_fractions(valid, test):
     with pytest.raises(ValueError, match="fraction"):
         split(_toy(), seed=0, valid_fraction=valid, test_fraction=test)
+
+
+def test_to_arrays_keeps_each_part_row_for_row():
+    parts = split(_toy(), seed=1, valid_fraction=0.2, test_fraction=0.2)
+    arrays = to_arrays(parts)
+    assert list(arrays) == ["train", "valid", "test"]
+    for name, part in parts._asdict().items():
+        assert arrays[name]["x"].dtype == np.float32
+        np.testing.assert_array_equal(arrays[name]["x"], part.x)
+        np.testing.assert_array_equal(arrays[name]["y"], part.y)
+    # A custom encoding sees the part's examples; the labels stay the part's.
+    encoded = to_arrays(parts, encode=lambda x: {"s": x.sum(axis=1), "first": x[:, 0]})
+    np.testing.assert_array_equal(encoded["test"]["s"], parts.test.x.sum(axis=1))
+    assert list(encoded["test"]) == ["s", "first", "y"]
+
+
+def test_to_arrays_rejects_bad_input():
+    parts = split(_toy(), seed=0, valid_fraction=0.2, test_fraction=0.2)
+    with pytest.raises(TypeError, match="Splits"):
+        to_arrays(parts.train)
+    with pytest.raises(ValueError, match="rows"):
+        to_arrays(parts, encode=lambda x: {"x": x[:1]})
+    with pytest.raises(ValueError, match="'y'"):
+        to_arrays(parts, encode=lambda x: {"y": x[:, 0]})

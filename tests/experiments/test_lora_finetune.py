@@ -34,7 +34,7 @@ def test_each_method_trains_what_it_says(minilm, method, trained):
     model, variables = minilm
     config = lora_config.get_config(f"smoke,method={method}")
     state, frozen, _, _ = lora_finetune.init_state(config, model, variables, jax.random.key(1))
-    assert adapters.count_params(lora_finetune._trained(state)) == trained
+    assert adapters.count_params(adapters.trained_parts(state)) == trained
     params = _leaves_by_path(state["params"])
     if method == "full":
         assert frozen is None and len(params) == len(_leaves_by_path(variables))

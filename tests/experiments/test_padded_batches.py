@@ -15,3 +15,19 @@ def test_padded_batches_cover_every_row_once_with_fixed_shape():
     np.testing.assert_array_equal(ys[weights > 0], arrays["y"])
     np.testing.assert_array_equal(ys[7:], [6, 6])  # padding repeats the last row
     assert len(list(common.padded_batches(arrays, 7))) == 1
+
+
+def test_padded_means_are_the_means_over_real_rows():
+    from experiments.common.loop import padded_means
+
+    arrays = {"x": np.arange(7, dtype=np.float32), "y": np.arange(7)}
+    seen = []
+
+    def sums(chunk, weight):
+        seen.append(len(weight))
+        return {"x": np.sum(chunk["x"] * weight), "one": np.sum(weight)}
+
+    out = padded_means(sums, arrays, 3)
+    assert seen == [3, 3, 3] and list(out) == ["x", "one"]
+    np.testing.assert_allclose(out["x"], arrays["x"].mean())  # padding repeats 6.0, weight 0
+    assert out["one"] == 1.0
