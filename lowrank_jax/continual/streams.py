@@ -1,17 +1,387 @@
-r"""Synthetic task streams for continual learning (no download).
+r"""Task streams for continual learning (no download).
 
 :func:`long_stream` is the 20-task class-incremental stream of specs.md §2 (4): every class mean
 lies in one shared ``subspace_dim``-dimensional subspace of ``R^dim``, so the input subspaces of
 old tasks fill up and orthogonal projection (GPM/InfLoRA) runs out of room for new tasks.
+
+The benchmark streams of the continual experiment are :class:`TaskStream` records built from
+labelled datasets (:mod:`lowrank_jax.data`) by :func:`split_digits` (task-incremental, conflicting
+tasks), :func:`digits_cil`, :func:`class_incremental_stream` (one labelled pool with a fixed test
+holdout, e.g. the Shakespeare plays), :func:`split_mnist` (base session + increments) and :func:`mnist_cil`
+(every class incremental, a separate base session); :func:`training_arrays` gives the rows a loop
+trains on for one task (or several, jointly)::
+
+    train, test = data.load_mnist("train"), data.load_mnist("test")
+    stream = continual.split_mnist(train, test, num_tasks=3, train_per_class=100, seed=0)
+    for t in range(len(stream.tasks)):
+        arrays = continual.training_arrays(stream, [t])      # {"x", "y", "mask"}
+        ...
 """
 
 from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
 
 import numpy as np
 
 from lowrank_jax.data import Dataset
 
-__all__ = ["long_stream"]
+__all__ = [
+    "TaskStream",
+    "class_incremental_stream",
+    "digits_cil",
+    "long_stream",
+    "mnist_cil",
+    "split_digits",
+    "split_mnist",
+    "training_arrays",
+]
+
+Split = dict[str, np.ndarray]
+
+
+@dataclasses.dataclass
+class TaskStream:
+    """A task stream: per-task train/test arrays and the classes of each task (host arrays).
+
+    Attributes:
+      tasks: per task ``t``, ``{"train": {"x": (N, ...), "y": (N,) int32}, "test": {...}}`` with
+        global labels.
+      task_classes: per task ``t``, ``(k_t,)`` its classes.
+      num_classes: ``C``, the classes of all tasks (the head's width).
+      protocol: ``"til"`` (task-incremental: the task id is given at test time) or ``"cil"``.
+      base: the pretraining session ``{"x", "y"}`` or None.
+      base_classes: the classes of the base session (its head's width; 0 without one).
+      keep_base_head: the base session's head rows ``0 .. base_classes-1`` are those of the
+        stream's classes ``0 .. base_classes-1`` (kept in the full head) rather than a throwaway.
+    """
+
+    tasks: list[dict[str, Split]]
+    task_classes: list[np.ndarray]
+    num_classes: int
+    protocol: str
+    base: Split | None
+    base_classes: int
+    keep_base_head: bool = False
+
+
+def _flat(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x, np.float32).reshape(len(x), -1)
+
+
+def _rows(ds: Dataset, keep: np.ndarray, transform=lambda x: x) -> Split:
+    return {"x": transform(ds.x[keep]), "y": ds.y[keep].astype(np.int32)}
+
+
+def _by_classes(
+    train: Dataset, test: Dataset, groups: Sequence[np.ndarray], transform=lambda x: x
+) -> list[dict[str, Split]]:
+    """Per group of classes, the train and test rows of those classes (in dataset order)."""
+    return [
+        {
+            name: _rows(ds, np.isin(ds.y, cls), transform)
+            for name, ds in (("train", train), ("test", test))
+        }
+        for cls in groups
+    ]
+
+
+def _check_sizes(**sizes: int) -> None:
+    for name, v in sizes.items():
+        if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}.")
+
+
+def split_digits(
+    train: Dataset,
+    test: Dataset,
+    *,
+    num_tasks: int,
+    seed: int | np.random.Generator,
+    base_classes: int = 5,
+) -> TaskStream:
+    """Task-incremental stream of conflicting tasks over one ``k``-class dataset (specs §1 (4)).
+
+    Task 0 is the data as is; odd tasks permute the (flattened) pixels, even tasks ``≥ 2`` permute
+    the labels, each with a fresh permutation; task ``t`` owns the classes ``k·t .. k·t + k − 1``
+    (one head block per task). The base session is the training rows of classes
+    ``0 .. base_classes − 1``.
+
+    Args:
+      train, test: ``Dataset`` with ``x`` ``(N, ...)`` (flattened to float32 ``(N, d)``) and
+        labels in ``[0, k)``, ``k = len(class_names)``.
+      num_tasks: ``T``.
+      seed: an int or a ``numpy.random.Generator`` (drawn from in place, in task order: the pixel
+        permutation of odd tasks, the label permutation of even tasks ``≥ 2``).
+      base_classes: classes of the base session.
+
+    Returns:
+      A ``"til"`` :class:`TaskStream` over ``C = k·T`` classes.
+
+    Raises:
+      ValueError: sizes that are not positive, or ``base_classes > k``.
+    """
+    _check_sizes(num_tasks=num_tasks, base_classes=base_classes)
+    k = len(train.class_names)
+    if base_classes > k:
+        raise ValueError(f"base_classes={base_classes} must be <= the {k} classes of train.")
+    rng = np.random.default_rng(seed)
+    flat = {"train": _flat(train.x), "test": _flat(test.x)}
+    tasks, classes = [], []
+    for t in range(num_tasks):
+        pixels = (
+            np.arange(flat["train"].shape[1])
+            if t % 2 == 0
+            else rng.permutation(flat["train"].shape[1])
+        )
+        labels = rng.permutation(k) if (t % 2 == 0 and t > 0) else np.arange(k)
+        tasks.append(
+            {
+                name: {"x": flat[name][:, pixels], "y": (k * t + labels[ds.y]).astype(np.int32)}
+                for name, ds in (("train", train), ("test", test))
+            }
+        )
+        classes.append(np.arange(k * t, k * t + k))
+    base = _rows(train, train.y < base_classes, _flat)
+    return TaskStream(tasks, classes, k * num_tasks, "til", base, base_classes)
+
+
+def digits_cil(
+    train: Dataset, test: Dataset, *, num_tasks: int, seed: int | np.random.Generator
+) -> TaskStream:
+    """Class-incremental stream: the ``k`` classes in a random order, cut into equal tasks.
+
+    Args:
+      train, test: ``Dataset`` with ``x`` ``(N, ...)`` (flattened to float32 ``(N, d)``) and
+        labels in ``[0, k)``, ``k = len(class_names)``.
+      num_tasks: ``T``, a divisor of ``k``.
+      seed: an int or a ``numpy.random.Generator`` (one permutation of the classes is drawn).
+
+    Returns:
+      A ``"cil"`` :class:`TaskStream` over ``k`` classes; task ``t`` holds the sorted classes
+      ``order[t·k/T .. (t+1)·k/T − 1]``, its rows in dataset order, and no base session.
+
+    Raises:
+      ValueError: ``num_tasks`` is not a positive divisor of ``k``.
+    """
+    _check_sizes(num_tasks=num_tasks)
+    k = len(train.class_names)
+    per_task = k // num_tasks
+    if per_task * num_tasks != k:
+        raise ValueError(f"num_tasks={num_tasks} must divide the {k} classes.")
+    order = np.random.default_rng(seed).permutation(k)
+    groups = [np.sort(order[t * per_task : (t + 1) * per_task]) for t in range(num_tasks)]
+    return TaskStream(_by_classes(train, test, groups, _flat), groups, k, "cil", None, 0)
+
+
+def _increments(
+    train: Dataset,
+    test: Dataset,
+    groups: list[np.ndarray],
+    train_per_class: int,
+    rng: np.random.Generator,
+) -> list[dict[str, Split]]:
+    """Per group, the first ``train_per_class`` training rows of each of its classes (stored
+    order; shuffled with ``rng`` so that a prefix of a task's rows sees all its classes) and all
+    its test rows."""
+    keep = np.concatenate(
+        [np.flatnonzero(train.y == c)[:train_per_class] for c in range(len(train.class_names))]
+    )
+    return _by_classes(train.take(rng.permutation(keep)), test, groups)
+
+
+def split_mnist(
+    train: Dataset,
+    test: Dataset,
+    *,
+    num_tasks: int,
+    train_per_class: int,
+    seed: int | np.random.Generator,
+    base_classes: int = 5,
+) -> TaskStream:
+    """Class-incremental stream of a base session plus increments over one ``k``-class dataset.
+
+    The base session is every training row of classes ``0 .. base_classes − 1``; task 0 is those
+    classes (a model keeps the base session's head rows: ``keep_base_head``) and tasks
+    ``1 .. T − 1`` split the other classes, in a random order, into near-equal groups
+    (``numpy.array_split``). A task trains on ``train_per_class`` rows per class and is tested on
+    all test rows of its classes.
+
+    Args:
+      train, test: ``Dataset`` with labels in ``[0, k)`` (images keep their layout).
+      num_tasks: ``T ≥ 2``.
+      train_per_class: training rows per class in the tasks.
+      seed: an int or a ``numpy.random.Generator`` (drawn from in place: the order of the
+        incremental classes, then the shuffle of the training rows).
+      base_classes: classes of the base session (and of task 0).
+
+    Returns:
+      A ``"cil"`` :class:`TaskStream` over ``k`` classes with ``base_classes`` base classes.
+
+    Raises:
+      ValueError: sizes that are not positive, ``num_tasks < 2``, or an increment of no class.
+    """
+    _check_sizes(num_tasks=num_tasks, train_per_class=train_per_class, base_classes=base_classes)
+    k = len(train.class_names)
+    if num_tasks < 2 or k - base_classes < num_tasks - 1:
+        raise ValueError(
+            f"num_tasks={num_tasks} needs 1 base task and {num_tasks - 1} increments of the "
+            f"{k - base_classes} classes beyond base_classes={base_classes}."
+        )
+    rng = np.random.default_rng(seed)
+    rest = rng.permutation(np.arange(base_classes, k))
+    groups = [np.arange(base_classes)]
+    groups += [np.sort(g) for g in np.array_split(rest, num_tasks - 1)]
+    tasks = _increments(train, test, groups, train_per_class, rng)
+    base = _rows(train, train.y < base_classes)
+    return TaskStream(tasks, groups, k, "cil", base, base_classes, keep_base_head=True)
+
+
+def mnist_cil(
+    train: Dataset,
+    test: Dataset,
+    base: Dataset,
+    *,
+    num_tasks: int,
+    train_per_class: int,
+    seed: int | np.random.Generator,
+) -> TaskStream:
+    """Class-incremental stream in which every class is incremental, after a separate base session.
+
+    The ``k`` classes of ``train`` in a random order are split into ``num_tasks`` near-equal
+    groups (``numpy.array_split``); a task trains on ``train_per_class`` rows per class and is
+    tested on all test rows of its classes. The base session (e.g. Fashion-MNIST before MNIST
+    digits) is all of ``base``; its head is a throwaway (``keep_base_head=False``).
+
+    Args:
+      train, test: ``Dataset`` with labels in ``[0, k)`` (images keep their layout).
+      base: the pretraining ``Dataset`` (its own classes, ``len(base.class_names)`` of them).
+      num_tasks: ``T``, at most ``k``.
+      train_per_class: training rows per class in the tasks.
+      seed: an int or a ``numpy.random.Generator`` (drawn from in place: the class order, then
+        the shuffle of the training rows).
+
+    Returns:
+      A ``"cil"`` :class:`TaskStream` over ``k`` classes.
+
+    Raises:
+      ValueError: sizes that are not positive or ``num_tasks > k``.
+    """
+    _check_sizes(num_tasks=num_tasks, train_per_class=train_per_class)
+    k = len(train.class_names)
+    if num_tasks > k:
+        raise ValueError(f"num_tasks={num_tasks} must be <= the {k} classes of train.")
+    rng = np.random.default_rng(seed)
+    groups = [np.sort(g) for g in np.array_split(rng.permutation(k), num_tasks)]
+    tasks = _increments(train, test, groups, train_per_class, rng)
+    base_rows = {"x": base.x, "y": base.y.astype(np.int32)}
+    return TaskStream(tasks, groups, k, "cil", base_rows, len(base.class_names))
+
+
+def class_incremental_stream(
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    num_classes: int,
+    num_tasks: int,
+    classes_per_task: int,
+    test_per_class: int,
+    seed: int | np.random.Generator,
+    split_seed: int = 0,
+) -> TaskStream:
+    """Class-incremental stream from one labelled pool, with a fixed test holdout per class.
+
+    ``test_per_class`` rows of each class are held out for testing, drawn from
+    ``numpy.random.default_rng(split_seed)`` (the same split for every ``seed``); the classes in a
+    random order are cut into ``num_tasks`` tasks of ``classes_per_task`` (classes beyond
+    ``num_tasks · classes_per_task`` are left out). A task's train and test rows are shuffled, so
+    a prefix of them sees all its classes.
+
+    Args:
+      x: ``(N, ...)`` examples.
+      y: ``(N,)`` int labels in ``[0, num_classes)``.
+      num_classes: ``C``, the classes of the pool (the head's width).
+      num_tasks: ``T``.
+      classes_per_task: ``k``, with ``T · k ≤ C``.
+      test_per_class: held-out rows per class (every class needs more rows than that).
+      seed: an int or a ``numpy.random.Generator`` (drawn from in place: the class order, then
+        each task's train and test shuffles).
+      split_seed: the seed of the test holdout.
+
+    Returns:
+      A ``"cil"`` :class:`TaskStream` over ``C`` classes, without a base session.
+
+    Raises:
+      ValueError: sizes that are not positive, ``T · k > C``, or a class with no more than
+        ``test_per_class`` rows.
+    """
+    _check_sizes(
+        num_classes=num_classes,
+        num_tasks=num_tasks,
+        classes_per_task=classes_per_task,
+        test_per_class=test_per_class,
+    )
+    if num_tasks * classes_per_task > num_classes:
+        raise ValueError(
+            f"num_tasks={num_tasks} x classes_per_task={classes_per_task} exceeds the "
+            f"{num_classes} classes."
+        )
+    y = np.asarray(y)
+    split_rng = np.random.default_rng(split_seed)
+    is_test = np.zeros(len(y), bool)
+    for c in range(num_classes):
+        idx = np.flatnonzero(y == c)
+        if len(idx) <= test_per_class:
+            raise ValueError(
+                f"class {c} has {len(idx)} rows: more than test_per_class={test_per_class} needed."
+            )
+        is_test[split_rng.choice(idx, test_per_class, replace=False)] = True
+    rng = np.random.default_rng(seed)
+    k = classes_per_task
+    order = rng.permutation(num_classes)[: k * num_tasks]
+    groups = [np.sort(order[t * k : (t + 1) * k]) for t in range(num_tasks)]
+    tasks = []
+    for cls in groups:
+        part = {}
+        for name, rows in (("train", ~is_test), ("test", is_test)):
+            keep = rng.permutation(np.flatnonzero(rows & np.isin(y, cls)))
+            part[name] = {"x": x[keep], "y": y[keep].astype(np.int32)}
+        tasks.append(part)
+    return TaskStream(tasks, groups, num_classes, "cil", None, 0)
+
+
+def training_arrays(stream: TaskStream, tasks: Sequence[int]) -> Split:
+    """The training rows of ``tasks`` with per-row class masks, for masked cross-entropy.
+
+    A row's mask is its task's classes; for several tasks trained at once (joint training) it is
+    every class under the class-incremental protocol, its own task's classes under the
+    task-incremental one.
+
+    Args:
+      stream: the stream.
+      tasks: task indices, e.g. ``[t]``.
+
+    Returns:
+      ``{"x": (N, ...), "y": (N,) int32, "mask": (N, C) bool}``, the tasks' rows in order.
+
+    Raises:
+      ValueError: ``tasks`` is empty or names a task the stream does not have.
+    """
+    if not len(tasks) or any(not 0 <= t < len(stream.tasks) for t in tasks):
+        raise ValueError(f"tasks={list(tasks)!r} must be indices of the {len(stream.tasks)} tasks.")
+    xs, ys, masks = [], [], []
+    for t in tasks:
+        tr = stream.tasks[t]["train"]
+        mask = np.zeros(stream.num_classes, bool)
+        if stream.protocol == "til" or len(tasks) == 1:
+            mask[stream.task_classes[t]] = True
+        else:
+            mask[:] = True
+        xs.append(tr["x"])
+        ys.append(tr["y"])
+        masks.append(np.repeat(mask[None], len(tr["y"]), 0))
+    return {"x": np.concatenate(xs), "y": np.concatenate(ys), "mask": np.concatenate(masks)}
 
 
 def long_stream(
