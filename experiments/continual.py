@@ -211,10 +211,6 @@ def make_method(
     return continual.with_head(factories[name](), head=c.head, seed=seed, **m.heads)
 
 
-# ----------------------------------------------------------------------------------------------
-# One method on one stream.
-
-
 def steps(config: Any, mesh: Any = None) -> list[common.Step]:
     """The jitted programs of a run on abstract inputs (no data, no weights read): the cached
     MiniLM layers or the base session's step, and each method's first-task ``fit`` step.
@@ -225,12 +221,12 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
     check_config(config)
     mesh = common.make_mesh() if mesh is None else mesh
     shapes, b = stream_shapes(config), config.data.batch_size
-    key = jax.random.key(0)
+    key, f32, spec = jax.random.key(0), jnp.float32, jax.ShapeDtypeStruct
     out = []
     if config.data.benchmark == "shakespeare_plays":
         bert_config, encoder = lowering.abstract_minilm()
         prefix = models.split_encoder(bert_config, encoder, config.model.first_layer)
-        ids = jax.ShapeDtypeStruct((64, config.data.seq_len), jnp.int32)  # chunks of 64
+        ids = spec((64, config.data.seq_len), jnp.int32)  # chunks of 64
         out.append(
             common.Step("prefix encoder", models.prefix_encoder(prefix[0]), (prefix[1], ids))
         )
@@ -239,15 +235,12 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
         state, step = common.eval_shape_with_static(
             lambda k: pretrain_setup(config, make_model(config, classes), x_shape, k), key
         )
-        batch = {"x": _spec((b, *x_shape)), "y": _spec((b,), jnp.int32)}
+        batch = {"x": spec((b, *x_shape), f32), "y": spec((b,), jnp.int32)}
         out.append(common.fit_step(step, state, None, batch, mesh=mesh, name="base session"))
     model = make_model(config, shapes["num_classes"])
     variables = jax.eval_shape(model.init, key, jnp.zeros((1, *shapes["x"])))
-    batch = {
-        "x": _spec((b, *shapes["x"])),
-        "y": _spec((b,), jnp.int32),
-        "mask": _spec((b, shapes["num_classes"]), jnp.bool_),
-    }
+    batch = {"x": spec((b, *shapes["x"]), f32), "y": spec((b,), jnp.int32)}
+    batch["mask"] = spec((b, shapes["num_classes"]), jnp.bool_)
     for name in config.methods:
         method = make_method(config, name, model.apply, shapes["protocol"], config.seeds[0])
         x = np.zeros((b, *shapes["x"]), np.float32)  # a stand-in first task (never read)
@@ -263,8 +256,8 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
     return out
 
 
-def _spec(shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(shape, dtype)
+# ----------------------------------------------------------------------------------------------
+# One method on one stream.
 
 
 def run_method(

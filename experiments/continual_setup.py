@@ -1,6 +1,6 @@
 """Task streams and frozen backbones of the continual-learning experiment (``continual.py``).
 
-Benchmarks (``config.data.benchmark``; all deterministic in the seed):
+Benchmarks (``config.data.benchmark``, seeded; built by :mod:`lowrank_jax.continual.streams`):
 
 * ``split_digits`` (task-incremental, specs §1 (4)): five 10-class digit tasks made conflicting
   (task 0 plain, odd tasks pixel-permuted, even tasks ``≥ 2`` label-permuted; task ``t`` owns
