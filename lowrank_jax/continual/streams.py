@@ -5,11 +5,11 @@ lies in one shared ``subspace_dim``-dimensional subspace of ``R^dim``, so the in
 old tasks fill up and orthogonal projection (GPM/InfLoRA) runs out of room for new tasks.
 
 The benchmark streams of the continual experiment are :class:`TaskStream` records built from
-labelled datasets (:mod:`lowrank_jax.data`) by :func:`split_digits` (task-incremental, conflicting
-tasks), :func:`digits_cil`, :func:`class_incremental_stream` (one labelled pool with a fixed test
-holdout, e.g. the Shakespeare plays), :func:`split_mnist` (base session + increments) and :func:`mnist_cil`
-(every class incremental, a separate base session); :func:`training_arrays` gives the rows a loop
-trains on for one task (or several, jointly)::
+labelled datasets (:mod:`lowrank_jax.data`) by :func:`split_digits` (task-incremental,
+conflicting tasks), :func:`digits_cil`, :func:`class_incremental_stream` (one labelled pool with a
+fixed test holdout, e.g. the Shakespeare plays), :func:`split_mnist` (base session + increments)
+and :func:`mnist_cil` (every class incremental, a separate base session); :func:`training_arrays`
+gives the rows a loop trains on for one task (or several, jointly)::
 
     train, test = data.load_mnist("train"), data.load_mnist("test")
     stream = continual.split_mnist(train, test, num_tasks=3, train_per_class=100, seed=0)
@@ -103,10 +103,10 @@ def split_digits(
 ) -> TaskStream:
     """Task-incremental stream of conflicting tasks over one ``k``-class dataset (specs §1 (4)).
 
-    Task 0 is the data as is; odd tasks permute the (flattened) pixels, even tasks ``≥ 2`` permute
-    the labels, each with a fresh permutation; task ``t`` owns the classes ``k·t .. k·t + k − 1``
-    (one head block per task). The base session is the training rows of classes
-    ``0 .. base_classes − 1``.
+    Task 0 is the data as is; odd tasks permute the (flattened) pixels, even tasks ``≥ 2``
+    permute the labels, each with a fresh permutation; task ``t`` owns the classes
+    ``k·t .. k·t + k − 1`` (one head block per task). The base session is the training rows of
+    classes ``0 .. base_classes − 1``.
 
     Args:
       train, test: ``Dataset`` with ``x`` ``(N, ...)`` (flattened to float32 ``(N, d)``) and
@@ -117,7 +117,7 @@ def split_digits(
       base_classes: classes of the base session.
 
     Returns:
-      A ``"til"`` :class:`TaskStream` over ``C = k·T`` classes.
+      A ``"til"`` :class:`~lowrank_jax.continual.TaskStream` over ``C = k·T`` classes.
 
     Raises:
       ValueError: sizes that are not positive, or ``base_classes > k``.
@@ -159,8 +159,9 @@ def digits_cil(
       seed: an int or a ``numpy.random.Generator`` (one permutation of the classes is drawn).
 
     Returns:
-      A ``"cil"`` :class:`TaskStream` over ``k`` classes; task ``t`` holds the sorted classes
-      ``order[t·k/T .. (t+1)·k/T − 1]``, its rows in dataset order, and no base session.
+      A ``"cil"`` :class:`~lowrank_jax.continual.TaskStream` over ``k`` classes; task ``t``
+      holds the sorted classes ``order[t·k/T .. (t+1)·k/T − 1]``, its rows in dataset order;
+      no base session.
 
     Raises:
       ValueError: ``num_tasks`` is not a positive divisor of ``k``.
@@ -217,7 +218,8 @@ def split_mnist(
       base_classes: classes of the base session (and of task 0).
 
     Returns:
-      A ``"cil"`` :class:`TaskStream` over ``k`` classes with ``base_classes`` base classes.
+      A ``"cil"`` :class:`~lowrank_jax.continual.TaskStream` over ``k`` classes, with
+      ``base_classes`` base classes.
 
     Raises:
       ValueError: sizes that are not positive, ``num_tasks < 2``, or an increment of no class.
@@ -263,7 +265,7 @@ def mnist_cil(
         the shuffle of the training rows).
 
     Returns:
-      A ``"cil"`` :class:`TaskStream` over ``k`` classes.
+      A ``"cil"`` :class:`~lowrank_jax.continual.TaskStream` over ``k`` classes.
 
     Raises:
       ValueError: sizes that are not positive or ``num_tasks > k``.
@@ -310,7 +312,8 @@ def class_incremental_stream(
       split_seed: the seed of the test holdout.
 
     Returns:
-      A ``"cil"`` :class:`TaskStream` over ``C`` classes, without a base session.
+      A ``"cil"`` :class:`~lowrank_jax.continual.TaskStream` over ``C`` classes, without a base
+      session.
 
     Raises:
       ValueError: sizes that are not positive, ``T · k > C``, or a class with no more than
