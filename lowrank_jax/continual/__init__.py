@@ -10,7 +10,8 @@ their optax halves live in :mod:`lowrank_jax.optim` (``scale_by_orthogonal_proje
 ``scale_by_gradient_recycling``), the per-matrix maths in the submodules below. Class-incremental
 heads for every method alike (:func:`with_head`: SLCA classifier alignment, prototype/LDA heads
 from stored class statistics) live in :mod:`lowrank_jax.continual.heads`; benchmark task streams
-(:class:`TaskStream`) in :mod:`lowrank_jax.continual.streams`, a method's training step
+(:class:`TaskStream`) in :mod:`lowrank_jax.continual.streams` and
+:mod:`lowrank_jax.continual.benchmarks`, a method's training step
 (:func:`make_train_step`) in :mod:`lowrank_jax.continual.training`.
 """
 
@@ -20,6 +21,7 @@ from lowrank_jax.continual.baselines import (
     sd_lora_kernel,
     unit_direction,
 )
+from lowrank_jax.continual.benchmarks import digits_cil, mnist_cil, split_digits, split_mnist
 from lowrank_jax.continual.capture import layer_inputs
 from lowrank_jax.continual.evaluation import evaluate_stream, evaluate_tasks
 from lowrank_jax.continual.gr_lora import (
@@ -88,11 +90,7 @@ from lowrank_jax.continual.statistics import (
 from lowrank_jax.continual.streams import (
     TaskStream,
     class_incremental_stream,
-    digits_cil,
     long_stream,
-    mnist_cil,
-    split_digits,
-    split_mnist,
     training_arrays,
 )
 from lowrank_jax.continual.training import make_train_step

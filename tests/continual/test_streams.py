@@ -1,4 +1,4 @@
-"""The synthetic long stream of specs §2."""
+"""The synthetic long stream of specs §2, the benchmark builders and TaskStream helpers."""
 
 import numpy as np
 import pytest
