@@ -40,7 +40,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from absl import logging
 
 from experiments import common
@@ -58,7 +57,6 @@ from experiments.continual_setup import (
     stream_shapes,
 )
 from lowrank_jax import continual, data, models
-from lowrank_jax.continual import evaluate_tasks
 
 __all__ = [
     "METHODS",
@@ -213,41 +211,6 @@ def make_method(
     return continual.with_head(factories[name](), head=c.head, seed=seed, **m.heads)
 
 
-# ----------------------------------------------------------------------------------------------
-# One method on one stream.
-
-
-def _task_arrays(stream: Stream, tasks: list[int]) -> dict[str, np.ndarray]:
-    """Training rows of ``tasks`` with per-row class masks (joint class-incremental: all)."""
-    xs, ys, masks = [], [], []
-    for t in tasks:
-        tr = stream.tasks[t]["train"]
-        mask = np.zeros(stream.num_classes, bool)
-        if stream.protocol == "til" or len(tasks) == 1:
-            mask[stream.task_classes[t]] = True
-        else:
-            mask[:] = True
-        xs.append(tr["x"])
-        ys.append(tr["y"])
-        masks.append(np.repeat(mask[None], len(tr["y"]), 0))
-    return {"x": np.concatenate(xs), "y": np.concatenate(ys), "mask": np.concatenate(masks)}
-
-
-def _train_step(method: continual.ContinualMethod, tx: Any):
-    def step(state, frozen, batch, key):
-        def loss_fn(tr):
-            logits = method.apply(tr, frozen, batch["x"])
-            ce = continual.masked_cross_entropy(logits, batch["y"], batch["mask"])
-            return ce + method.loss(tr, frozen, batch, key), ce
-
-        (loss, ce), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["trainable"])
-        updates, opt_state = tx.update(grads, state["opt_state"], state["trainable"])
-        trainable = optax.apply_updates(state["trainable"], updates)
-        return {**state, "trainable": trainable, "opt_state": opt_state}, {"loss": loss, "ce": ce}
-
-    return step
-
-
 def steps(config: Any, mesh: Any = None) -> list[common.Step]:
     """The jitted programs of a run on abstract inputs (no data, no weights read): the cached
     MiniLM layers or the base session's step, and each method's first-task ``fit`` step.
@@ -258,12 +221,12 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
     check_config(config)
     mesh = common.make_mesh() if mesh is None else mesh
     shapes, b = stream_shapes(config), config.data.batch_size
-    key = jax.random.key(0)
+    key, f32, spec = jax.random.key(0), jnp.float32, jax.ShapeDtypeStruct
     out = []
     if config.data.benchmark == "shakespeare_plays":
         bert_config, encoder = lowering.abstract_minilm()
         prefix = models.split_encoder(bert_config, encoder, config.model.first_layer)
-        ids = jax.ShapeDtypeStruct((64, config.data.seq_len), jnp.int32)  # chunks of 64
+        ids = spec((64, config.data.seq_len), jnp.int32)  # chunks of 64
         out.append(
             common.Step("prefix encoder", models.prefix_encoder(prefix[0]), (prefix[1], ids))
         )
@@ -272,15 +235,12 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
         state, step = common.eval_shape_with_static(
             lambda k: pretrain_setup(config, make_model(config, classes), x_shape, k), key
         )
-        batch = {"x": _spec((b, *x_shape)), "y": _spec((b,), jnp.int32)}
+        batch = {"x": spec((b, *x_shape), f32), "y": spec((b,), jnp.int32)}
         out.append(common.fit_step(step, state, None, batch, mesh=mesh, name="base session"))
     model = make_model(config, shapes["num_classes"])
     variables = jax.eval_shape(model.init, key, jnp.zeros((1, *shapes["x"])))
-    batch = {
-        "x": _spec((b, *shapes["x"])),
-        "y": _spec((b,), jnp.int32),
-        "mask": _spec((b, shapes["num_classes"]), jnp.bool_),
-    }
+    batch = {"x": spec((b, *shapes["x"]), f32), "y": spec((b,), jnp.int32)}
+    batch["mask"] = spec((b, shapes["num_classes"]), jnp.bool_)
     for name in config.methods:
         method = make_method(config, name, model.apply, shapes["protocol"], config.seeds[0])
         x = np.zeros((b, *shapes["x"]), np.float32)  # a stand-in first task (never read)
@@ -292,28 +252,12 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
 
         (trainable, frozen, opt_state), tx = common.eval_shape_with_static(first_task, variables)
         state = {"trainable": trainable, "opt_state": opt_state, "step": 0}
-        out.append(common.fit_step(_train_step(method, tx), state, frozen, batch, mesh=mesh, name=name))  # fmt: skip
+        out.append(common.fit_step(continual.make_train_step(method, tx), state, frozen, batch, mesh=mesh, name=name))  # fmt: skip
     return out
 
 
-def _spec(shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.ShapeDtypeStruct:
-    return jax.ShapeDtypeStruct(shape, dtype)
-
-
-def evaluate(
-    method: continual.ContinualMethod, state: Any, stream: Stream, t: int, batch_size: int
-) -> tuple[list[float], float]:
-    """Accuracy on the test sets of tasks ``0..t`` (and the module-selection accuracy, if any):
-    :func:`lowrank_jax.continual.evaluate_tasks` on the stream."""
-    return evaluate_tasks(
-        method,
-        state,
-        [task["test"] for task in stream.tasks[: t + 1]],
-        stream.task_classes[: t + 1],
-        num_classes=stream.num_classes,
-        task_incremental=stream.protocol == "til",
-        batch_size=batch_size,
-    )
+# ----------------------------------------------------------------------------------------------
+# One method on one stream.
 
 
 def run_method(
@@ -334,7 +278,7 @@ def run_method(
     out = {"selection_accuracy": [], "memory_fill": [], "recycled_fraction": [], "diagnostics": []}
     updates = []
     for t, tasks, num_steps in schedule:
-        arrays = _task_arrays(stream, tasks)
+        arrays = continual.training_arrays(stream, tasks)
         classes = np.concatenate([stream.task_classes[s] for s in tasks])
         task = continual.Task(t, classes, arrays["x"], arrays["y"], stream.num_classes)
         key = jax.random.fold_in(jax.random.key(seed), t)
@@ -346,7 +290,7 @@ def run_method(
         result = common.fit(
             fit_state,
             frozen,
-            _train_step(method, tx),
+            continual.make_train_step(method, tx),
             data.BatchIterator(arrays, batch_size=c.data.batch_size, seed=seed * 1000 + t),
             key=jax.random.fold_in(jax.random.key(seed), 7919 + t),
             num_steps=num_steps,
@@ -366,8 +310,8 @@ def run_method(
         out["memory_fill"] += measures["memory_fill"]
         updates.append(measures["update"])
         out["diagnostics"].append(method.diagnostics(state))
-        accs, selection = evaluate(
-            method, state, stream, num_tasks - 1 if joint else t, c.eval.batch_size
+        accs, selection = continual.evaluate_stream(
+            method, state, stream, num_tasks - 1 if joint else t, batch_size=c.eval.batch_size
         )
         r[-1 if joint else t, : len(accs)] = accs
         out["selection_accuracy"].append(selection)

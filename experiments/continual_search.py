@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from experiments.common import sweep
-from experiments.continual_setup import Stream
+from lowrank_jax.continual import TaskStream as Stream
 
 __all__ = [
     "SPACES",

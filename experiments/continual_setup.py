@@ -1,6 +1,6 @@
 """Task streams and frozen backbones of the continual-learning experiment (``continual.py``).
 
-Benchmarks (``config.data.benchmark``; all deterministic in the seed):
+Benchmarks (``config.data.benchmark``, seeded; built by :mod:`lowrank_jax.continual.streams`):
 
 * ``split_digits`` (task-incremental, specs §1 (4)): five 10-class digit tasks made conflicting
   (task 0 plain, odd tasks pixel-permuted, even tasks ``≥ 2`` label-permuted; task ``t`` owns
@@ -33,7 +33,6 @@ task's training rows (``config.data.valid_fraction``); :mod:`experiments.continu
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import os
 from typing import Any
@@ -66,23 +65,8 @@ PROTOCOLS = {
 MODELS = ("mlp", "vit", "minilm")
 
 
-@dataclasses.dataclass
-class Stream:
-    """A task stream: per-task train/test arrays and the classes of each task.
-
-    ``tasks[t] = {"train": {"x", "y"}, "test": {"x", "y"}}`` with global labels;
-    ``task_classes[t]`` the classes of task ``t``; ``base`` the pretraining session or None;
-    ``keep_base_head``: the base session's head rows ``0 .. base_classes-1`` are those of the
-    stream's classes ``0 .. base_classes-1`` (kept in the full head) rather than a throwaway.
-    """
-
-    tasks: list[dict[str, dict[str, np.ndarray]]]
-    task_classes: list[np.ndarray]
-    num_classes: int
-    protocol: str
-    base: dict[str, np.ndarray] | None
-    base_classes: int
-    keep_base_head: bool = False
+# The stream record of the library (kept under its old name for the experiment modules).
+Stream = continual.TaskStream
 
 
 def check_setup(config: Any) -> None:
@@ -182,23 +166,6 @@ def _digits_splits(seed: int) -> tuple[Any, Any]:
     return train, splits.test
 
 
-def _flat(x: np.ndarray) -> np.ndarray:
-    return np.asarray(x, np.float32).reshape(len(x), -1)
-
-
-def _by_classes(
-    train: Any, test: Any, groups: list[np.ndarray], transform=lambda x: x
-) -> list[dict[str, dict[str, np.ndarray]]]:
-    tasks = []
-    for cls in groups:
-        part = {}
-        for name, ds in (("train", train), ("test", test)):
-            keep = np.isin(ds.y, cls)
-            part[name] = {"x": transform(ds.x[keep]), "y": ds.y[keep].astype(np.int32)}
-        tasks.append(part)
-    return tasks
-
-
 def load_stream(config: Any, seed: int) -> Stream:
     """Builds the benchmark's stream (deterministic in ``seed``); see the module docstring."""
     rng = np.random.default_rng(1000 + seed)
@@ -224,61 +191,21 @@ def load_stream(config: Any, seed: int) -> Stream:
     if bench == "shakespeare_plays":
         return _shakespeare_stream(config, rng)
     if bench in ("split_mnist", "mnist_cil"):
-        return _mnist_stream(config, rng)
+        train, test = data.load_mnist("train"), data.load_mnist("test")
+        per_class = dict(num_tasks=num_tasks, train_per_class=config.data.train_per_class)
+        if bench == "split_mnist":
+            return continual.split_mnist(train, test, **per_class, seed=rng)
+        fashion = data.load_fashion_mnist("train")  # every digit is incremental
+        return continual.mnist_cil(train, test, fashion, **per_class, seed=rng)
     train, test = _digits_splits(seed)
     if bench == "digits_cil":
-        k = 10 // num_tasks
-        if k * num_tasks != 10:
+        if 10 % num_tasks:
             raise common.ConfigError(
                 f"config.data.num_tasks={num_tasks} must divide the 10 digit classes (2 or 5)"
             )
-        order = rng.permutation(10)
-        groups = [np.sort(order[t * k : (t + 1) * k]) for t in range(num_tasks)]
-        return Stream(_by_classes(train, test, groups, _flat), groups, 10, "cil", None, 0)
+        return continual.digits_cil(train, test, num_tasks=num_tasks, seed=rng)
     # split_digits: conflicting digit tasks, one 10-class head block per task.
-    tasks, classes = [], []
-    for t in range(num_tasks):
-        pixels = np.arange(64) if t % 2 == 0 else rng.permutation(64)
-        labels = rng.permutation(10) if (t % 2 == 0 and t > 0) else np.arange(10)
-        part = {}
-        for name, ds in (("train", train), ("test", test)):
-            part[name] = {
-                "x": _flat(ds.x)[:, pixels],
-                "y": (10 * t + labels[ds.y]).astype(np.int32),
-            }
-        tasks.append(part)
-        classes.append(np.arange(10 * t, 10 * t + 10))
-    keep = train.y < 5
-    base = {"x": _flat(train.x[keep]), "y": train.y[keep].astype(np.int32)}
-    return Stream(tasks, classes, 10 * num_tasks, "til", base, 5)
-
-
-def _mnist_stream(config: Any, rng: np.random.Generator) -> Stream:
-    num_tasks, base_classes = config.data.num_tasks, 5
-    fashion_base = config.data.benchmark == "mnist_cil"
-    if fashion_base:  # every digit is incremental
-        order = rng.permutation(10)
-        groups = [np.sort(g) for g in np.array_split(order, num_tasks)]
-    else:
-        rest = rng.permutation(np.arange(base_classes, 10))
-        groups = [np.arange(base_classes)]
-        groups += [np.sort(g) for g in np.array_split(rest, num_tasks - 1)]
-    train, test = data.load_mnist("train"), data.load_mnist("test")
-    # a fixed number of training images per class for the increments (the base session uses all)
-    per_class = config.data.train_per_class
-    keep = np.concatenate(
-        [np.flatnonzero(train.y == c)[:per_class] for c in range(10)]  # stored order: fixed
-    )
-    keep = rng.permutation(keep)  # classes mixed: a prefix of a task's rows sees all its classes
-    sub = data.Dataset(train.x[keep], train.y[keep], train.class_names)
-    tasks = _by_classes(sub, test, groups)
-    if fashion_base:
-        fashion = data.load_fashion_mnist("train")
-        base = {"x": fashion.x, "y": fashion.y.astype(np.int32)}
-        return Stream(tasks, groups, 10, "cil", base, 10, keep_base_head=False)
-    base_rows = train.y < base_classes
-    base = {"x": train.x[base_rows], "y": train.y[base_rows].astype(np.int32)}
-    return Stream(tasks, groups, 10, "cil", base, base_classes, keep_base_head=True)
+    return continual.split_digits(train, test, num_tasks=num_tasks, seed=rng)
 
 
 @functools.lru_cache(maxsize=1)
@@ -353,34 +280,27 @@ def stream_shapes(config: Any) -> dict[str, Any]:
 def _shakespeare_stream(config: Any, rng: np.random.Generator) -> Stream:
     d = config.data
     plays = tuple(d.plays)
-    per_task = d.plays_per_task
     per_play = d.train_per_class + d.test_per_class
     hidden, y = _minilm_hidden(
         plays, d.passage_chars, per_play, d.seq_len, config.model.first_layer
     )
+    counts = np.bincount(y, minlength=len(plays))
+    for c in np.flatnonzero(counts < per_play)[:1]:
+        raise common.ConfigError(
+            f"play {plays[c]!r} has only {counts[c]} passages of {d.seq_len} word pieces, "
+            f"fewer than config.data.train_per_class + test_per_class = {per_play}: lower "
+            "them or config.data.seq_len, raise config.data.passage_chars, or pick other plays"
+        )
     # a fixed train/test split per play (the same for every seed); the task order is per seed
-    split_rng = np.random.default_rng(0)
-    is_test = np.zeros(len(y), bool)
-    for c in range(len(plays)):
-        idx = np.flatnonzero(y == c)
-        if len(idx) < per_play:
-            raise common.ConfigError(
-                f"play {plays[c]!r} has only {len(idx)} passages of {d.seq_len} word pieces, "
-                f"fewer than config.data.train_per_class + test_per_class = {per_play}: lower "
-                "them or config.data.seq_len, raise config.data.passage_chars, or pick other plays"
-            )
-        is_test[split_rng.choice(idx, d.test_per_class, replace=False)] = True
-    order = rng.permutation(len(plays))[: per_task * d.num_tasks]
-    groups = [np.sort(order[t * per_task : (t + 1) * per_task]) for t in range(d.num_tasks)]
-    tasks = []
-    for cls in groups:
-        part = {}
-        for name, rows in (("train", ~is_test), ("test", is_test)):
-            # classes mixed: a prefix of a task's rows (the memories' examples) sees all its plays
-            keep = rng.permutation(np.flatnonzero(rows & np.isin(y, cls)))
-            part[name] = {"x": hidden[keep], "y": y[keep]}
-        tasks.append(part)
-    return Stream(tasks, groups, len(plays), "cil", None, 0)
+    return continual.class_incremental_stream(
+        hidden,
+        y,
+        num_classes=len(plays),
+        num_tasks=d.num_tasks,
+        classes_per_task=d.plays_per_task,
+        test_per_class=d.test_per_class,
+        seed=rng,
+    )
 
 
 # ----------------------------------------------------------------------------------------------

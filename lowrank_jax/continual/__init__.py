@@ -9,7 +9,10 @@ a loop). SABER and GR-LoRA are reconstructions from their abstracts (``papers/sp
 their optax halves live in :mod:`lowrank_jax.optim` (``scale_by_orthogonal_projection``,
 ``scale_by_gradient_recycling``), the per-matrix maths in the submodules below. Class-incremental
 heads for every method alike (:func:`with_head`: SLCA classifier alignment, prototype/LDA heads
-from stored class statistics) live in :mod:`lowrank_jax.continual.heads`.
+from stored class statistics) live in :mod:`lowrank_jax.continual.heads`; benchmark task streams
+(:class:`TaskStream`) in :mod:`lowrank_jax.continual.streams` and
+:mod:`lowrank_jax.continual.benchmarks`, a method's training step
+(:func:`make_train_step`) in :mod:`lowrank_jax.continual.training`.
 """
 
 from lowrank_jax.continual.baselines import (
@@ -18,8 +21,9 @@ from lowrank_jax.continual.baselines import (
     sd_lora_kernel,
     unit_direction,
 )
+from lowrank_jax.continual.benchmarks import digits_cil, mnist_cil, split_digits, split_mnist
 from lowrank_jax.continual.capture import layer_inputs
-from lowrank_jax.continual.evaluation import evaluate_tasks
+from lowrank_jax.continual.evaluation import evaluate_stream, evaluate_tasks
 from lowrank_jax.continual.gr_lora import (
     GRLoRAState,
     gr_lora,
@@ -83,7 +87,13 @@ from lowrank_jax.continual.statistics import (
     covariance_factors,
     sample_class_features,
 )
-from lowrank_jax.continual.streams import long_stream
+from lowrank_jax.continual.streams import (
+    TaskStream,
+    class_incremental_stream,
+    long_stream,
+    training_arrays,
+)
+from lowrank_jax.continual.training import make_train_step
 
 __all__ = [
     "HEADS",
@@ -95,13 +105,17 @@ __all__ = [
     "SDLoRAState",
     "SaberState",
     "Task",
+    "TaskStream",
     "alignment_penalty",
     "average_incremental_accuracy",
     "backward_transfer",
     "balance_by_input_energy",
     "balance_weights",
+    "class_incremental_stream",
     "class_statistics",
     "decompose_update",
+    "digits_cil",
+    "evaluate_stream",
     "evaluate_tasks",
     "final_average_accuracy",
     "forgetting",
@@ -115,9 +129,11 @@ __all__ = [
     "kernel_paths",
     "layer_inputs",
     "long_stream",
+    "make_train_step",
     "masked_cross_entropy",
     "masked_entropy",
     "mismatch_loss",
+    "mnist_cil",
     "module_adapters",
     "o_lora",
     "o_lora_penalty",
@@ -130,9 +146,12 @@ __all__ = [
     "select_module",
     "sequential_lora",
     "set_path",
+    "split_digits",
+    "split_mnist",
     "summarize",
     "synthesize_global",
     "synthesize_local",
+    "training_arrays",
     "unit_direction",
     "compensate_drift",
     "sample_class_features",

@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from lowrank_jax import adapters
@@ -231,3 +232,10 @@ def no_penalty(trainable: Any, frozen: Any, batch: Any, key: jax.Array) -> jax.A
 def no_diagnostics(state: ContinualState) -> dict[str, Any]:
     del state
     return {}
+
+
+def check_sizes(**sizes: int) -> None:
+    """Raises ``ValueError`` naming the first of ``sizes`` that is not a positive int."""
+    for name, v in sizes.items():
+        if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}.")

@@ -7,6 +7,8 @@ accuracy matrix ``R`` (:func:`~lowrank_jax.continual.summarize`) is the result::
         ...                                               # begin_task, train, end_task
         r[t, : t + 1], selection = evaluate_tasks(
             method, state, tests[: t + 1], classes[: t + 1], num_classes=C)
+
+or, on a :class:`~lowrank_jax.continual.TaskStream`, ``evaluate_stream(method, state, stream, t)``.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from typing import Any
 import numpy as np
 
 from lowrank_jax.continual.protocol import ContinualMethod, ContinualState
+from lowrank_jax.continual.streams import TaskStream
 
-__all__ = ["evaluate_tasks"]
+__all__ = ["evaluate_stream", "evaluate_tasks"]
 
 
 def evaluate_tasks(
@@ -87,3 +90,45 @@ def evaluate_tasks(
             correct += int(np.sum(pred == y))
         accs.append(correct / len(test["y"]))
     return accs, (selected_ok / total if total else math.nan)
+
+
+def evaluate_stream(
+    method: ContinualMethod,
+    state: ContinualState,
+    stream: TaskStream,
+    t: int,
+    *,
+    batch_size: int = 256,
+) -> tuple[list[float], float]:
+    """Accuracy of ``method`` on the test sets of tasks ``0..t`` of ``stream`` (row ``t`` of ``R``).
+
+    :func:`~lowrank_jax.continual.evaluate_tasks` on the stream's test splits and task classes,
+    with the task id given to ``predict`` under the task-incremental protocol
+    (``stream.protocol == "til"``).
+
+    Args:
+      method: the continual method.
+      state: its state after task ``t``.
+      stream: the task stream.
+      t: the last task to evaluate, ``0 ≤ t < len(stream.tasks)``.
+      batch_size: examples per ``predict`` call.
+
+    Returns:
+      ``(accuracies, selection_accuracy)``: ``t + 1`` accuracies and the module-selection
+      accuracy (NaN if the method selects none), as :func:`~lowrank_jax.continual.evaluate_tasks`.
+
+    Raises:
+      ValueError: ``t`` is not a task of the stream, or as
+        :func:`~lowrank_jax.continual.evaluate_tasks`.
+    """
+    if isinstance(t, bool) or not isinstance(t, int | np.integer) or not 0 <= t < len(stream.tasks):
+        raise ValueError(f"t={t!r} must be a task index in [0, {len(stream.tasks)}).")
+    return evaluate_tasks(
+        method,
+        state,
+        [task["test"] for task in stream.tasks[: t + 1]],
+        stream.task_classes[: t + 1],
+        num_classes=stream.num_classes,
+        task_incremental=stream.protocol == "til",
+        batch_size=batch_size,
+    )

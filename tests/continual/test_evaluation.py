@@ -73,3 +73,19 @@ def test_bad_input_raises():
     empty = [*tests[:2], {"x": np.zeros((0, C)), "y": np.zeros(0, int)}]
     with pytest.raises(ValueError, match="task 2 is empty"):
         evaluate_tasks(method, None, empty, CLASSES, num_classes=C)
+
+
+@pytest.mark.parametrize("protocol", ["cil", "til"])
+def test_evaluate_stream_is_evaluate_tasks_on_the_streams_test_splits(protocol):
+    tests, ids = _tests(), []
+    tasks = [{"train": t, "test": t} for t in tests]
+    stream = continual.TaskStream(tasks, CLASSES, C, protocol, None, 0)
+    got = continual.evaluate_stream(_method(False, ids), None, stream, 1, batch_size=4)
+    want = evaluate_tasks(
+        _method(False, []), None, tests[:2], CLASSES[:2], num_classes=C,
+        task_incremental=protocol == "til", batch_size=4,
+    )  # fmt: skip
+    np.testing.assert_array_equal(got[0], want[0])
+    assert len(got[0]) == 2 and set(ids) == ({0, 1} if protocol == "til" else {None})
+    with pytest.raises(ValueError, match="task index"):
+        continual.evaluate_stream(_method(False, []), None, stream, 3)

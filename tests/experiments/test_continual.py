@@ -139,7 +139,9 @@ def test_a_users_own_loop_reproduces_the_experiment(tmp_path):
                     trainable, opt_state, next(batches), jax.random.fold_in(key, i)
                 )
             state = method.end_task(state, trainable, frozen, task)
-            r[t, : t + 1] = continual.evaluate(method, state, stream, t, config.eval.batch_size)[0]
+            r[t, : t + 1] = lj_continual.evaluate_stream(
+                method, state, stream, t, batch_size=config.eval.batch_size
+            )[0]
         np.testing.assert_allclose(r, out["R"], atol=1e-6, err_msg=name)
 
 
