@@ -79,3 +79,17 @@ def test_examples_run(path, tmp_path, monkeypatch):
     code = page_script(path.read_text())
     namespace = {"__name__": "__docs_example__"}
     exec(compile(code, str(path), "exec"), namespace)  # noqa: S102 - the page's own example
+
+
+def test_site_builds_without_warnings(tmp_path):
+    """``make docs``: the whole site, warnings as errors (cross-references, API pages, notebooks)."""
+    pytest.importorskip("sphinx", reason="the docs extra is not installed (make install adds it)")
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html"]
+    command += ["-d", str(tmp_path / "doctrees"), str(DOCS), str(tmp_path / "html")]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=REPO, check=False)
+    assert result.returncode == 0, f"sphinx -W failed:\n{result.stderr[-4000:]}"
+    for page in ("index.html", "papers/p01_saber.html", "api/generated/adapters.html"):
+        assert (tmp_path / "html" / page).is_file(), f"the site has no {page}"
