@@ -348,6 +348,15 @@ def _first_nonfinite(
     return None
 
 
+def _has_sub_byte_leaves(tree) -> bool:
+    """Whether any array of ``tree`` has a dtype narrower than a byte (int4, uint4, ...)."""
+    return any(
+        jnp.issubdtype(leaf.dtype, jnp.integer) and jnp.iinfo(leaf.dtype).bits < 8
+        for leaf in jax.tree.leaves(tree)
+        if hasattr(leaf, "dtype")
+    )
+
+
 def _jit_step(
     step_fn: Callable[..., Any],
     state_sh: Any,
@@ -621,8 +630,12 @@ def fit(
                     meter.compiled(compiled, batch)
                     if jax.process_count() > 1:
                         # Wait for every process before the first collective (gloo drops a peer
-                        # that joins > ~30 s late; compile times differ under load).
-                        run_step = compiled
+                        # that joins > ~30 s late; compile times differ under load). The jitted
+                        # step reuses this executable; it is called directly unless an argument
+                        # is sub-byte (NF4's uint4): on CPU such arrays carry a layout the
+                        # executable refuses (JAX 0.10.2), while the jitted call accepts them.
+                        if not _has_sub_byte_leaves((state, frozen)):
+                            run_step = compiled
                         sharding_lib.sync_processes("fit_first_step")
                 paused = meter.profile(step, state)  # starts or stops a trace, if asked for
                 if t_last is not None:  # (that is not a training step's time)

@@ -6,8 +6,8 @@ Cases: ``digits_mlp`` (the fast config of the machinery tests; killed at step 20
 continual stream (sequential LoRA on ``digits_cil``: one ``fit`` per task, host-side
 consolidation between tasks; SABER passes too, at twice the CPU time), the real MiniLM
 (``lora_finetune:smoke``, about 100 CPU-seconds for its three processes) and the decoder LLM
-(``llm_lora:smoke`` made tiny: pretraining, the Hugging Face round trip and LoRA on the scanned
-stack, data-parallel over the two processes).
+(``llm_lora:smoke`` made tiny: pretraining, the Hugging Face round trip, LoRA and QLoRA on the
+scanned stack, data-parallel over the two processes).
 """
 
 from __future__ import annotations
@@ -42,18 +42,17 @@ CONTINUAL = (
     "--config.log.progress=False",
 )
 MINILM = ("--config=configs/lora_finetune.py:smoke", "--config.log.progress=False")
-LLM = (  # llm_lora:smoke made tiny (one scanned layer): pretraining, the HF round trip, LoRA.
-    # Not QLoRA: with several processes fit runs the AOT-compiled step, which rejects the NF4
-    # base's uint4 arrays on CPU (their layout reads sub_byte_element_size_in_bits=0, the
-    # executable wants 4; JAX 0.10.2).
+LLM = (  # llm_lora:smoke made tiny (one scanned layer): pretraining, the HF round trip, LoRA
+    # and QLoRA (the NF4 base's uint4 arrays go through fit's jitted step; on CPU the executable
+    # compiled ahead of time refuses their layout, JAX 0.10.2).
     "--config=configs/llm_lora.py:smoke",
     "--config.model.num_hidden_layers=1",
     "--config.model.pretrain_steps=6",
     "--config.schedule.num_steps=4",
     "--config.schedule.warmup_steps=1",
     "--config.finetune.learning_rates=(0.01,)",
-    "--config.finetune.methods=('float32',)",
-    "--config.finetune.bases=('float32',)",
+    "--config.finetune.methods=('float32', 'nf4')",
+    "--config.finetune.bases=('float32', 'nf4')",
     "--config.data.max_passages_per_play=12",
     "--config.data.finetune_examples=64",
     "--config.data.passage_chars=64",
