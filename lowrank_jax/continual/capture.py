@@ -22,8 +22,8 @@ reverse pass (:func:`jax.vjp` of the adapted function at ``P = 0``) then returns
 callback. ``b`` (the rows one layer's matmul sees) is read from a shape-only trace first. A kernel
 of a stack must be used once per layer and its output must reach ``apply_fn``'s output (every
 projection of a transformer layer is and does): uses of different sizes in one layer raise, but
-two of the same size cannot be told apart (their inputs would be summed), and an output that
-does not reach ``apply_fn``'s leaves zeros.
+two of the same size cannot be told apart (their inputs would be summed), an output that does
+not reach ``apply_fn``'s leaves zeros, and an ``apply_fn`` with no floating-point output raises.
 """
 
 from __future__ import annotations
@@ -171,6 +171,12 @@ def _stacked_inputs(apply_fn, stacked, params, args, kwargs):
         return run(params, tapped, *args, **kwargs)
 
     out, pullback = jax.vjp(probed, probes)
+    if not any(jnp.issubdtype(jnp.result_type(x), jnp.inexact) for x in jax.tree.leaves(out)):
+        raise ValueError(
+            f"kernels {sorted(probes)} are layers of a stack, whose inputs leave the scan through "
+            "autodiff, but apply_fn returns no floating-point output (e.g. argmax predictions): "
+            "pass a function that returns the logits."
+        )
     (inputs,) = pullback(_ones_like_output(out))
     return out, {p: [x] for p, x in inputs.items()}
 
@@ -233,7 +239,8 @@ def layer_inputs(
 
     Raises:
       ValueError: a path in ``kernel_paths`` was never used in a matmul, a stacked kernel is
-        used in matmuls of different sizes in one layer, ``capture="linen"`` for a kernel used
+        used in matmuls of different sizes in one layer or ``apply_fn`` has no floating-point
+        output to pull the stack's inputs back from, ``capture="linen"`` for a kernel used
         inside ``nn.scan``, or an unknown ``capture``.
 
     Example:

@@ -242,6 +242,8 @@ def test_layer_inputs_of_a_stack_inside_lax_scan_and_remat():
     np.testing.assert_allclose(out, plain(params, x), rtol=1e-6)
     with pytest.raises(ValueError, match="never used"):
         continual.layer_inputs(lambda p, a: a @ p["head"], ("w",), params, x[:, -1])
+    with pytest.raises(ValueError, match="no floating-point output"):  # not silent zeros
+        continual.layer_inputs(lambda p, a: jnp.argmax(plain(p, a), -1), ("w",), params, x)
 
 
 def test_projection_before_adam_is_detected():
