@@ -356,7 +356,8 @@ def _adapter_from_peft(
         first = next(iter(layers.values()))
         factors = {f: np.zeros((stack[0], *first[f].shape), first[f].dtype) for f in names}
         if use_dora:  # absent layers: magnitude = column norm of W, i.e. no update
-            factors["m"][:] = np.linalg.norm(np.asarray(kernel, np.float32), axis=1)
+            matrices = np.asarray(kernel, np.float32).reshape(stack[0], n, m)
+            factors["m"][:] = np.linalg.norm(matrices, axis=1)
         for k, v in layers.items():
             for f in names:
                 factors[f][k] = v[f]

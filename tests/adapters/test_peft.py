@@ -157,3 +157,25 @@ def test_pytorch_peft_loads_it_and_agrees(saved):
         return h @ p["fc2"]["kernel"] + p["fc2"]["bias"]
 
     np.testing.assert_allclose(A.adapt(ours)(PARAMS, ad, x), theirs, atol=1e-5)
+
+
+def test_stacked_dora_absent_layer_keeps_the_kernel(tmp_path):
+    # A DoRA layer PEFT did not adapt loads as b = 0 and m = the column norms of W, so W' = W;
+    # the kernel may have several output axes (n, heads, head_dim): its norms are over n.
+    from safetensors.numpy import save_file
+
+    params = {"layers": {"w": jax.random.normal(jax.random.key(0), (3, 8, 2, 3))}}
+    rules = [("layers/w", A.dora(2, in_ndim=1, out_ndim=2))]
+    ad = perturb(A.init(jax.random.key(1), params, rules), 0.1)
+    name = lambda path, layer: f"layers.{layer}.w"
+    path_of = lambda n: ("layers/w", int(n.split(".")[1]))
+    A.save_peft(tmp_path, ad, module_name=name)
+    tensors = load_file(tmp_path / "adapter_model.safetensors")
+    for kind in ("lora_A.weight", "lora_B.weight", "lora_magnitude_vector"):
+        del tensors[f"base_model.model.layers.1.w.{kind}"]
+    save_file(tensors, tmp_path / "adapter_model.safetensors")
+    back = A.load_peft(tmp_path, params, module_path=path_of, rules=rules)["layers/w"].factors
+    norms = np.linalg.norm(np.asarray(params["layers"]["w"][1]).reshape(8, 6), axis=0)
+    np.testing.assert_allclose(np.reshape(back["m"][1], -1), norms, rtol=1e-6)
+    assert not np.any(back["b"][1])
+    np.testing.assert_array_equal(back["m"][2], ad["layers/w"].factors["m"][2])
