@@ -36,8 +36,9 @@ METHODS = ("probe", "map", "msp", "dcp", "spr", "spr-gif", "spr-lfr", "spr-cfs")
 
 def get_config(arg=None):
     """``arg``: ``smoke``, ``seeds=<count>`` (at most 2 with smoke), ``methods=<a+b+...>``,
-    ``views=<v0+v1>``."""
-    arg = parse_arg(arg, smoke=False, seeds=5, methods="all", views="fou+zer")
+    ``views=<v0+v1>``, ``drop=<a+b+...>`` (methods also run with missing tokens dropped; empty:
+    none)."""
+    arg = parse_arg(arg, smoke=False, seeds=5, methods="all", views="fou+zer", drop="probe+spr")
     methods = METHODS if arg.methods == "all" else tuple(arg.methods.split("+"))
     if any(m not in METHODS for m in methods):
         raise ConfigError(f"config arg methods={arg.methods!r} is invalid: '+'-joined {METHODS}")
@@ -68,6 +69,11 @@ def get_config(arg=None):
     c.missing = ml_collections.ConfigDict()
     c.missing.train_rate = 0.7
     c.missing.test_rates = (0.5, 0.7, 0.9)
+    # A missing modality enters the frozen backbone as a blank input (zero standardised features,
+    # tokens attended to, as MAP); these methods are also run with its tokens dropped from the
+    # attention (arms "<method>:drop", the ablation).
+    drop = tuple(m for m in arg.drop.split("+") if m)
+    c.missing.drop_methods = tuple(m for m in drop if m in c.methods) if smoke else drop
 
     c.schedule = ml_collections.ConfigDict()
     c.schedule.pretrain_steps = 30 if smoke else 1000

@@ -1,7 +1,9 @@
 """Reporting of the P13 SPR study: the table (mean and 95% t-interval over seeds), the trend
 checks of specs.md §13, the F1-vs-missing-rate plot and ``results.md``.
 
-Used by ``experiments/spr.py``. ``cells`` maps ``"seed=<s>/<method>"`` to a cell record:
+Used by ``experiments/spr.py``. ``cells`` maps ``"seed=<s>/<arm>"`` to a cell record (an arm is
+a method, with missing modalities as blank inputs, or ``<method>:drop``, with their tokens dropped
+from the attention; ``missing.drop_methods``):
 ``learning_rate`` (chosen on validation), ``valid_f1``, ``trainable_params``, ``prompt_params``,
 ``pretrain_valid_accuracy`` and the test macro-F1 columns ``f1@<rate>`` (per
 ``missing.test_rates``), ``complete`` and ``no_<view>`` (per ``data.views``).
@@ -31,14 +33,19 @@ def _ci(values) -> tuple[float, float]:
     )
 
 
+def _arms(config) -> list[str]:
+    """Every arm's name: the methods, then ``<method>:drop`` per ``missing.drop_methods``."""
+    return [*config.methods, *(f"{m}:drop" for m in config.missing.get("drop_methods", ()))]
+
+
 def table(config, cells) -> tuple[list[dict[str, Any]], dict[str, dict[str, float]]]:
-    """``(rows, means)``: one row per method (``"mean ± half-width"`` of every F1 column, the
+    """``(rows, means)``: one row per arm (``"mean ± half-width"`` of every F1 column, the
     prompt parameter count and the chosen learning rate per seed) and the plain means by method
     and column for :func:`checks` and :func:`plot`."""
     cols = [f"f1@{r:g}" for r in config.missing.test_rates]
     cols += ["complete", *(f"no_{v}" for v in config.data.views)]
     rows, means = [], {}
-    for m in config.methods:
+    for m in _arms(config):
         group = [cells[f"seed={s}/{m}"] for s in config.seeds]
         row = {"method": m, "prompt_params": group[0]["prompt_params"]}
         row["learning_rates"] = "/".join(f"{c['learning_rate']:g}" for c in group)
@@ -53,7 +60,9 @@ def table(config, cells) -> tuple[list[dict[str, Any]], dict[str, dict[str, floa
 
 def checks(config, means) -> list[dict[str, Any]]:
     """SPR ≥ DCP-like ≥ MAP > probe at the training rate, SPR's margin over MAP largest at the
-    highest missing rate, and each ablation below SPR (each only where its methods ran)."""
+    highest missing rate, each ablation below SPR, and each dropped-token arm against its blank
+    one (descriptive: which way the missing-input choice moves F1) (each only where its arms
+    ran)."""
     rates = config.missing.test_rates
     train = f"f1@{config.missing.train_rate:g}"
     have = lambda *ms: all(m in means for m in ms)  # noqa: E731
@@ -77,6 +86,16 @@ def checks(config, means) -> list[dict[str, Any]]:
                     f"removing {module} lowers F1 ({train})", a < s, f"{a:.3f} vs SPR {s:.3f}"
                 )
             )
+    for m in config.missing.get("drop_methods", ()):
+        if have(m, f"{m}:drop") and train in means[m]:
+            b, d = means[m][train], means[f"{m}:drop"][train]
+            out.append(
+                sweep.check(
+                    f"{m}: blank missing input ≥ dropped tokens ({train})",
+                    b >= d,
+                    f"blank {b:.3f} vs drop {d:.3f}",
+                )
+            )
     return out
 
 
@@ -90,7 +109,7 @@ def plot(config, workdir, means) -> str:
                 list(config.missing.test_rates),
                 [means[m][f"f1@{r:g}"] for r in config.missing.test_rates],
             )
-            for m in config.methods
+            for m in _arms(config)
         },
         title="P13: test macro-F1 vs missing rate (trained at 70%)",
         xlabel="missing rate η (missing-both)",
