@@ -20,7 +20,7 @@ import scipy.stats
 from experiments.common import sweep
 from experiments.common.plots import plot_curves
 
-__all__ = ["checks", "plot", "table", "write_results"]
+__all__ = ["checks", "paired", "plot", "table", "write_results"]
 
 
 def _ci(values) -> tuple[float, float]:
@@ -99,6 +99,32 @@ def checks(config, means) -> list[dict[str, Any]]:
     return out
 
 
+def paired(config, cells) -> dict[str, str]:
+    """Per-seed paired differences at the training rate and the highest test rate,
+    ``"mean ± half-width"`` (95% t-interval over seeds): every arm minus the probe, and each
+    ``<method>:drop`` minus its blank arm."""
+    rates = sorted({config.missing.train_rate, max(config.missing.test_rates)})
+    drops = [m for m in config.missing.get("drop_methods", ()) if m in config.methods]
+    out = {}
+    for col in (f"f1@{r:g}" for r in rates):
+
+        def diff(a: str, b: str, col: str = col) -> str:
+            v = [cells[f"seed={s}/{a}"][col] - cells[f"seed={s}/{b}"][col] for s in config.seeds]
+            mean, half = _ci(v)
+            return f"{a} {mean:+.3f} ± {half:.3f}"
+
+        if "probe" in config.methods:
+            arms = [m for m in _arms(config) if m != "probe"]
+            out[f"paired difference to the probe ({col})"] = ", ".join(
+                diff(m, "probe") for m in arms
+            )
+        if drops:
+            out[f"paired difference drop − blank ({col})"] = ", ".join(
+                diff(f"{m}:drop", m) for m in drops
+            )
+    return out
+
+
 def plot(config, workdir, means) -> str:
     """``f1_vs_missing_rate.png``: mean test macro-F1 per method against the missing rate; returns
     its path."""
@@ -125,6 +151,7 @@ def write_results(config, workdir, cells) -> dict[str, Any]:
     found = checks(config, means)
     path = plot(config, workdir, means)
     extra = {"plots": os.path.basename(path), "views": "+".join(config.data.views)}
+    extra.update(paired(config, cells))
     first = [cells[f"seed={s}/{config.methods[0]}"] for s in config.seeds]
     if all("pretrain_valid_accuracy" in c for c in first):  # the frozen backbone, complete data
         extra["pretrained backbone, complete valid accuracy"] = ", ".join(
