@@ -16,15 +16,20 @@ Command::
 
     nice -n 10 python -m experiments.train --config=configs/spr.py --workdir=runs/spr
 
-Runtime: about 44 minutes wall on a 2-core CPU shared with other jobs (load average 20-30);
-``:smoke`` takes about 30 s of CPU. Rerunning resumes (pre-training checkpoints and finished cells
-are read back). ``:seeds=3`` or ``:methods=probe+map+spr`` trim the grid.
+Runtime: about 7 minutes wall on the 2-core CPU lightly loaded (44 min for the earlier 8-arm
+run at load average 20-30); ``:smoke`` takes about 15 s of CPU. Rerunning resumes (pre-training
+checkpoints and finished cells are read back). ``:seeds=3``, ``:methods=probe+map+spr`` or
+``:drop=`` (no drop arms) trim the grid.
+
+A missing modality enters the frozen backbone as a blank input (zero standardised features, its
+tokens attended to, as MAP); ``drop=probe+spr`` (default) adds the arms ``probe:drop`` and
+``spr:drop`` with the missing tokens masked out of the attention instead.
 
 Expected result (specs.md §13): SPR ≥ DCP-like ≥ MAP > probe in macro-F1, the SPR margin largest
-at η = 90%, and removing GIF or CFS lowers F1; on a toy this small a null result is plausible, so
-the table carries confidence intervals. Measured (5 seeds): a null result, every method within
-about 1 F1 point of the probe at η = 70% (probe 0.775, MAP 0.775, DCP-like 0.775, SPR 0.774), the
-ablations no lower, intervals ±1.5-2.5 points (``docs/papers/p13_spr.md``).
+at η = 90%, and removing GIF or CFS lowers F1. Measured (5 seeds, ``docs/papers/p13_spr.md``):
+not reproduced. At η = 90% MAP, MSP, DCP-like and SPR beat the probe (paired +0.015 to +0.025,
+intervals above 0); at η = 70% probe 0.752, MAP 0.771, DCP-like 0.766, SPR 0.766 (intervals
+±1.5-2 points), ablations within 0.003 of SPR; SPR with dropped tokens 0.783, above SPR with blanks.
 """
 
 import ml_collections
