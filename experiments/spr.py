@@ -7,16 +7,19 @@ probe, MAP, MSP and DCP-like prompts, with SPR's ablations (configs/spr.py descr
    train/valid/test), standardises every view with the training statistics;
 2. pre-trains a ``prompts.MultimodalTransformer`` on complete training pairs through
    ``experiments.common.fit`` (checkpointed under ``<workdir>/pretrain-seed<s>/``) and freezes it;
+   a missing modality then enters it as a blank input (zero standardised features, tokens kept in
+   the attention, as MAP), and for the arms ``<method>:drop`` of ``missing.drop_methods`` its
+   tokens are masked out of the attention instead (the ablation);
 3. per method and learning rate of ``optim.learning_rates``: trains the method's prompts and the
    head (initialised from the pre-trained head) for ``schedule.prompt_steps`` AdamW steps at the
    missing-both rate ``missing.train_rate`` (``sweep.train_scan``; the rate lives in the optimizer
    state, so one compilation serves the grid); keeps the rate with the best validation macro-F1
    (validation at the same missing rate);
 4. evaluates test macro-F1 at every ``missing.test_rates`` (missing-both patterns drawn once per
-   seed and rate, shared by all methods) and per missing type (all complete, all without view 0,
+   seed and rate, shared by all arms) and per missing type (all complete, all without view 0,
    all without view 1).
 
-Each (seed, method) is a cell (``cells/<key>.json``; a rerun reads finished cells back).
+Each (seed, arm) is a cell (``cells/<key>.json``; a rerun reads finished cells back).
 :mod:`experiments.common.spr_report` writes ``results.md`` / ``summary.json`` (mean and 95%
 t-interval over seeds, the trend checks of specs.md §13) and ``f1_vs_missing_rate.png``.
 """
@@ -38,9 +41,16 @@ from experiments.common import spr_report as report
 from experiments.common import sweep
 from lowrank_jax import data, prompts
 
-__all__ = ["METHODS", "check_config", "run"]
+__all__ = ["METHODS", "arms", "check_config", "run"]
 
 METHODS = ("probe", "map", "msp", "dcp", "spr", "spr-gif", "spr-lfr", "spr-cfs")
+
+
+def arms(config: Any) -> dict[str, tuple[str, str]]:
+    """``{arm name: (method, missing_input)}``: every method with the blank missing input, then
+    ``<method>:drop`` for each of ``missing.drop_methods`` (missing tokens masked out instead)."""
+    out = {m: (m, "blank") for m in config.methods}
+    return {**out, **{f"{m}:drop": (m, "drop") for m in config.missing.drop_methods}}
 
 
 def check_config(config: Any) -> None:
@@ -54,6 +64,11 @@ def check_config(config: Any) -> None:
         raise c.ConfigError(
             f"config.methods={methods!r} is invalid: a non-empty tuple of distinct names from "
             f"{METHODS}"
+        )
+    drop = c.get_path(config, "missing.drop_methods")
+    if any(m not in METHODS for m in drop) or len(set(drop)) < len(drop):
+        raise c.ConfigError(
+            f"config.missing.drop_methods={drop!r} is invalid: distinct names from {METHODS}"
         )
     views = c.get_path(config, "data.views")
     if len(views) < 2 or any(v not in data.MULTIPLE_FEATURES_VIEWS for v in views):
@@ -120,7 +135,9 @@ def _splits(config: Any, seed: int) -> dict[str, dict[str, np.ndarray]]:
     return out
 
 
-def _model(config: Any, widths: tuple[int, ...]) -> prompts.MultimodalTransformer:
+def _model(
+    config: Any, widths: tuple[int, ...], missing_input: str = "blank"
+) -> prompts.MultimodalTransformer:
     m = config.model
     return prompts.MultimodalTransformer(
         tuple(f"x{i}" for i in range(len(widths))),
@@ -131,6 +148,7 @@ def _model(config: Any, widths: tuple[int, ...]) -> prompts.MultimodalTransforme
         heads=m.heads,
         mlp_dim=m.mlp_dim,
         num_classes=10,
+        missing_input=missing_input,
     )
 
 
@@ -331,9 +349,10 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
     frozen, head = jax.eval_shape(prompts.split_head, params)
     missing = np.asarray(prompts.sample_missing(key, 2, num_modalities=num, rate=0.5, kind="both"))  # fmt: skip
     tx = _adamw(config.optim.prompt_weight_decay)
-    for m in config.methods:
-        method = _method(config, m, num)
-        loss_fn, logits = _method_fns(model, method, num)
+    models = {mode: _model(config, widths, mode) for mode in prompts.MISSING_INPUTS}
+    for m, (name, mode) in arms(config).items():
+        method = _method(config, name, num)
+        loss_fn, logits = _method_fns(models[mode], method, num)
         trainable = jax.eval_shape(lambda h, method=method: prompts.init_trainable(key, method, h), head)  # fmt: skip
         opt_state = jax.eval_shape(tx.init, trainable)
         train = {**arrays(n_train), "missing": spec((n_train, *missing.shape[1:]), missing.dtype)}
@@ -348,7 +367,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
     check_config(config)
     store = sweep.CellStore(workdir)
     num = len(config.data.views)
-    methods = {m: _method(config, m, num) for m in config.methods}
+    methods = {arm: (_method(config, m, num), mode) for arm, (m, mode) in arms(config).items()}
     model, fns = None, {}
     bar = tqdm(total=len(config.seeds) * len(methods), desc="spr cells", disable=None)
     for seed in config.seeds:
@@ -360,12 +379,16 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
             continue
         arrays = _splits(config, seed)
         if model is None:
-            model = _model(config, tuple(arrays["train"][f"x{i}"].shape[1] for i in range(num)))
+            widths = tuple(arrays["train"][f"x{i}"].shape[1] for i in range(num))
+            models = {mode: _model(config, widths, mode) for mode in prompts.MISSING_INPUTS}
+            model = models["blank"]  # pre-trained on complete pairs: both modes agree there
             pretrain = _pretrainer(config, model)
-            fns = {m: _method_fns(model, method, num) for m, method in methods.items()}
+            fns = {
+                m: _method_fns(models[mode], method, num) for m, (method, mode) in methods.items()
+            }
         pre = pretrain(arrays, seed, workdir)
         ctx = _context(config, model, arrays, pre, seed)
-        for m, method in methods.items():
+        for m, (method, _) in methods.items():
             store.get(keys[m], functools.partial(_cell, config, ctx, method, fns[m], seed))
             bar.update()
     bar.close()

@@ -1,7 +1,9 @@
 """Reporting of the P13 SPR study: the table (mean and 95% t-interval over seeds), the trend
 checks of specs.md §13, the F1-vs-missing-rate plot and ``results.md``.
 
-Used by ``experiments/spr.py``. ``cells`` maps ``"seed=<s>/<method>"`` to a cell record:
+Used by ``experiments/spr.py``. ``cells`` maps ``"seed=<s>/<arm>"`` to a cell record (an arm is
+a method, with missing modalities as blank inputs, or ``<method>:drop``, with their tokens dropped
+from the attention; ``missing.drop_methods``):
 ``learning_rate`` (chosen on validation), ``valid_f1``, ``trainable_params``, ``prompt_params``,
 ``pretrain_valid_accuracy`` and the test macro-F1 columns ``f1@<rate>`` (per
 ``missing.test_rates``), ``complete`` and ``no_<view>`` (per ``data.views``).
@@ -18,7 +20,7 @@ import scipy.stats
 from experiments.common import sweep
 from experiments.common.plots import plot_curves
 
-__all__ = ["checks", "plot", "table", "write_results"]
+__all__ = ["checks", "paired", "plot", "table", "write_results"]
 
 
 def _ci(values) -> tuple[float, float]:
@@ -31,14 +33,19 @@ def _ci(values) -> tuple[float, float]:
     )
 
 
+def _arms(config) -> list[str]:
+    """Every arm's name: the methods, then ``<method>:drop`` per ``missing.drop_methods``."""
+    return [*config.methods, *(f"{m}:drop" for m in config.missing.get("drop_methods", ()))]
+
+
 def table(config, cells) -> tuple[list[dict[str, Any]], dict[str, dict[str, float]]]:
-    """``(rows, means)``: one row per method (``"mean ± half-width"`` of every F1 column, the
+    """``(rows, means)``: one row per arm (``"mean ± half-width"`` of every F1 column, the
     prompt parameter count and the chosen learning rate per seed) and the plain means by method
     and column for :func:`checks` and :func:`plot`."""
     cols = [f"f1@{r:g}" for r in config.missing.test_rates]
     cols += ["complete", *(f"no_{v}" for v in config.data.views)]
     rows, means = [], {}
-    for m in config.methods:
+    for m in _arms(config):
         group = [cells[f"seed={s}/{m}"] for s in config.seeds]
         row = {"method": m, "prompt_params": group[0]["prompt_params"]}
         row["learning_rates"] = "/".join(f"{c['learning_rate']:g}" for c in group)
@@ -53,7 +60,9 @@ def table(config, cells) -> tuple[list[dict[str, Any]], dict[str, dict[str, floa
 
 def checks(config, means) -> list[dict[str, Any]]:
     """SPR ≥ DCP-like ≥ MAP > probe at the training rate, SPR's margin over MAP largest at the
-    highest missing rate, and each ablation below SPR (each only where its methods ran)."""
+    highest missing rate, each ablation below SPR, and each dropped-token arm against its blank
+    one (descriptive: which way the missing-input choice moves F1) (each only where its arms
+    ran)."""
     rates = config.missing.test_rates
     train = f"f1@{config.missing.train_rate:g}"
     have = lambda *ms: all(m in means for m in ms)  # noqa: E731
@@ -77,6 +86,42 @@ def checks(config, means) -> list[dict[str, Any]]:
                     f"removing {module} lowers F1 ({train})", a < s, f"{a:.3f} vs SPR {s:.3f}"
                 )
             )
+    for m in config.missing.get("drop_methods", ()):
+        if have(m, f"{m}:drop") and train in means[m]:
+            b, d = means[m][train], means[f"{m}:drop"][train]
+            out.append(
+                sweep.check(
+                    f"{m}: blank missing input ≥ dropped tokens ({train})",
+                    b >= d,
+                    f"blank {b:.3f} vs drop {d:.3f}",
+                )
+            )
+    return out
+
+
+def paired(config, cells) -> dict[str, str]:
+    """Per-seed paired differences at the training rate and the highest test rate,
+    ``"mean ± half-width"`` (95% t-interval over seeds): every arm minus the probe, and each
+    ``<method>:drop`` minus its blank arm."""
+    rates = sorted({config.missing.train_rate, max(config.missing.test_rates)})
+    drops = [m for m in config.missing.get("drop_methods", ()) if m in config.methods]
+    out = {}
+    for col in (f"f1@{r:g}" for r in rates):
+
+        def diff(a: str, b: str, col: str = col) -> str:
+            v = [cells[f"seed={s}/{a}"][col] - cells[f"seed={s}/{b}"][col] for s in config.seeds]
+            mean, half = _ci(v)
+            return f"{a} {mean:+.3f} ± {half:.3f}"
+
+        if "probe" in config.methods:
+            arms = [m for m in _arms(config) if m != "probe"]
+            out[f"paired difference to the probe ({col})"] = ", ".join(
+                diff(m, "probe") for m in arms
+            )
+        if drops:
+            out[f"paired difference drop − blank ({col})"] = ", ".join(
+                diff(f"{m}:drop", m) for m in drops
+            )
     return out
 
 
@@ -90,7 +135,7 @@ def plot(config, workdir, means) -> str:
                 list(config.missing.test_rates),
                 [means[m][f"f1@{r:g}"] for r in config.missing.test_rates],
             )
-            for m in config.methods
+            for m in _arms(config)
         },
         title="P13: test macro-F1 vs missing rate (trained at 70%)",
         xlabel="missing rate η (missing-both)",
@@ -106,6 +151,7 @@ def write_results(config, workdir, cells) -> dict[str, Any]:
     found = checks(config, means)
     path = plot(config, workdir, means)
     extra = {"plots": os.path.basename(path), "views": "+".join(config.data.views)}
+    extra.update(paired(config, cells))
     first = [cells[f"seed={s}/{config.methods[0]}"] for s in config.seeds]
     if all("pretrain_valid_accuracy" in c for c in first):  # the frozen backbone, complete data
         extra["pretrained backbone, complete valid accuracy"] = ", ".join(

@@ -1,7 +1,8 @@
 """Prompts for a frozen multimodal transformer under missing modalities (P13 SPR).
 
 * :mod:`~lowrank_jax.prompts.backbone`: ``MultimodalTransformer`` (per-modality projections to
-  tokens, pre-LN blocks; missing modalities and prompt slots handled by attention masks).
+  tokens, pre-LN blocks; a missing modality enters as a blank (zero) input, or with
+  ``missing_input="drop"`` leaves the attention keys; prompt slots handled by attention masks).
 * :mod:`~lowrank_jax.prompts.missing`: missing patterns ``(b, M)`` bool, ``missing_type`` ids,
   ``sample_missing`` (MAP's missing-rate protocol).
 * :mod:`~lowrank_jax.prompts.methods`: ``PromptMethod`` values — ``no_prompts`` (probe),
@@ -11,7 +12,7 @@
   ``cross_entropy``, ``macro_f1``, ``count_params``.
 """
 
-from lowrank_jax.prompts.backbone import MultimodalTransformer
+from lowrank_jax.prompts.backbone import MISSING_INPUTS, MultimodalTransformer
 from lowrank_jax.prompts.methods import (
     PromptMethod,
     dcp_prompts,
@@ -36,6 +37,7 @@ from lowrank_jax.prompts.training import (
 )
 
 __all__ = [
+    "MISSING_INPUTS",
     "MultimodalTransformer",
     "PromptMethod",
     "check_rate",

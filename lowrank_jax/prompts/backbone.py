@@ -5,10 +5,17 @@ Each modality i (features x_i of width n_i) becomes T_i tokens of width d by one
 plus learned position embeddings goes through ``depth`` pre-LN blocks
 (`lowrank_jax.models.PreLNBlock`), a final LayerNorm, and a linear ``head`` on the CLS token.
 
-A missing modality (``missing[b, i]`` True) is handled with masks only, so one jitted function
-serves every missing pattern: its features are replaced by zeros (the mean of standardised
-features: MAP's "blank image / empty text") and its tokens are removed from the attention keys
-(key mask False), so no other token reads them.
+A missing modality (``missing[b, i]`` True) is handled with ``jnp.where`` and masks only, so one
+jitted function per ``missing_input`` mode serves every missing pattern. Its features are replaced
+by zeros, the mean of standardised features: a fixed, non-informative input, the analogue of MAP's
+blank image / empty text, whose tokens are the projection bias ``c_i`` plus position embeddings.
+``missing_input`` then decides what the backbone does with them:
+
+* ``"blank"`` (default, as MAP): the blank tokens stay in the attention like any others, so the
+  frozen backbone, pre-trained on complete pairs, sees an input it never saw in training (the
+  shift prompts are meant to correct).
+* ``"drop"`` (an ablation): the tokens are removed from the attention keys (key mask False), so
+  no other token reads them and the missing modality has no effect on the output.
 
 Prompts (``lowrank_jax.prompts.methods``) are ``P`` (b, L_p, T, d): deep, input-level prompts as
 in MAP/VPT-deep. ``T`` prompt slots are prepended to the sequence; before block l < L_p the slots
@@ -40,7 +47,9 @@ import jax.numpy as jnp
 
 from lowrank_jax.models.layers import PreLNBlock
 
-__all__ = ["MultimodalTransformer"]
+__all__ = ["MISSING_INPUTS", "MultimodalTransformer"]
+
+MISSING_INPUTS = ("blank", "drop")  # how a missing modality enters the backbone
 
 
 class MultimodalTransformer(nn.Module):
@@ -55,6 +64,8 @@ class MultimodalTransformer(nn.Module):
       heads: attention heads (must divide d).
       mlp_dim: MLP hidden width.
       num_classes: width of the head.
+      missing_input: ``"blank"`` (a missing modality enters as zero features, its tokens attended
+        to) or ``"drop"`` (its tokens masked out of the attention keys); see the module doc.
 
     Example:
       >>> model = MultimodalTransformer(("img", "txt"), (240, 76), (8, 8), 64, 4, 4, 128, 10)
@@ -70,8 +81,13 @@ class MultimodalTransformer(nn.Module):
     heads: int = 4
     mlp_dim: int = 128
     num_classes: int = 10
+    missing_input: str = "blank"
 
     def setup(self):
+        if self.missing_input not in MISSING_INPUTS:
+            raise ValueError(
+                f"missing_input={self.missing_input!r} is invalid: use one of {MISSING_INPUTS}."
+            )
         m = len(self.modalities)
         if m < 1 or len(self.feature_dims) != m or len(self.tokens) != m:
             raise ValueError(
@@ -126,10 +142,12 @@ class MultimodalTransformer(nn.Module):
     def embed(
         self, features: Mapping[str, jax.Array], missing: jax.Array | None = None
     ) -> tuple[jax.Array, jax.Array]:
-        """Tokens ``(b, 1 + sum T_i, d)`` and their key mask ``(b, 1 + sum T_i)`` bool.
+        """Tokens ``(b, 1 + sum T_i, d)`` and their key mask ``(b, 1 + sum T_i)`` bool (all True
+        with ``missing_input="blank"``; False on a missing modality's tokens with ``"drop"``).
 
         Args:
-          features: ``{name: (b, n_i)}`` for every modality (values of missing ones are ignored).
+          features: ``{name: (b, n_i)}`` for every modality (values of missing ones are ignored:
+            they become zeros, the blank input).
           missing: ``(b, M)`` bool, True where a modality is missing (None: all present).
 
         Raises:
@@ -142,7 +160,10 @@ class MultimodalTransformer(nn.Module):
         for i, (x, proj, t) in enumerate(zip(xs, self.proj, self.tokens, strict=True)):
             x = jnp.where(missing[:, i : i + 1], 0.0, x)
             parts.append(proj(x).reshape(b, t, self.dim))
-            masks.append(jnp.broadcast_to(~missing[:, i : i + 1], (b, t)))
+            keep = (
+                ~missing[:, i : i + 1] if self.missing_input == "drop" else jnp.ones((b, 1), bool)
+            )
+            masks.append(jnp.broadcast_to(keep, (b, t)))
         return jnp.concatenate(parts, 1) + self.pos_embed, jnp.concatenate(masks, 1)
 
     def encode(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from urllib.parse import quote
 
 import numpy as np
 import pytest
@@ -27,11 +28,13 @@ def test_smoke_run_writes_a_ci_table_and_resumes(tmp_path):
         assert (tmp_path / name).exists(), name
     summary = json.loads((tmp_path / "summary.json").read_text())
     rows = {r["method"]: r for r in summary["table"]}
-    assert set(rows) == {"probe", "map"} and result["rows"] == 2
+    # probe:drop, the smoke config's drop ablation: the probe with missing tokens masked out.
+    assert set(rows) == {"probe", "map", "probe:drop"} and result["rows"] == 3
     assert rows["probe"]["prompt_params"] == 0 and rows["map"]["prompt_params"] > 0
-    for m in ("probe", "map"):
+    for m in ("probe", "map", "probe:drop"):
         cells = [
-            json.loads((tmp_path / "cells" / f"seed={s}%2F{m}.json").read_text()) for s in (0, 1)
+            json.loads((tmp_path / "cells" / f"seed={s}%2F{quote(m)}.json").read_text())
+            for s in (0, 1)
         ]
         for cell in cells:  # the chosen rate is the grid's best on validation
             valid = {float(k): v for k, v in cell["valid_f1"].items()}
@@ -42,6 +45,8 @@ def test_smoke_run_writes_a_ci_table_and_resumes(tmp_path):
         v = np.array([c["f1@0.7"] for c in cells])
         half = scipy.stats.t.ppf(0.975, 1) * v.std(ddof=1) / np.sqrt(2)
         assert rows[m]["f1@0.7"] == f"{v.mean():.3f} ± {half:.3f}"
+    checks = {c["criterion"]: c for c in summary["checks"]}
+    assert "probe: blank missing input ≥ dropped tokens (f1@0.7)" in checks
     again = spr.run(config, str(tmp_path))  # every cell read back, nothing retrained
     assert again == result
 
@@ -62,6 +67,10 @@ def test_bad_configs_fail_early_with_the_key():
     config = _tiny()
     config.prompt.layers = 5
     with pytest.raises(common.ConfigError, match="config.prompt.layers=5 is invalid"):
+        spr.check_config(config)
+    config = _tiny()
+    config.missing.drop_methods = ("maple",)
+    with pytest.raises(common.ConfigError, match="config.missing.drop_methods=.*maple"):
         spr.check_config(config)
     with pytest.raises(common.ConfigError, match="methods='maple' is invalid"):
         cfg.get_config("methods=maple")

@@ -70,8 +70,10 @@ def test_disabled_prompts_and_probe_equal_the_frozen_model(setup, methods):
     np.testing.assert_allclose(got, frozen_logits, rtol=0, atol=1e-5)
 
 
-def _np_frozen(params, feats, keep):
-    """float64 NumPy forward of the backbone on the kept modalities only (tokens removed)."""
+def _np_frozen(params, feats, keep, *, blank=False):
+    """float64 NumPy forward of the backbone: without ``blank``, on the kept modalities only
+    (the others' tokens removed); with ``blank``, every modality's tokens, the others' features
+    replaced by zeros."""
     p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
 
     def ln(x, q):
@@ -84,10 +86,9 @@ def _np_frozen(params, feats, keep):
     b = feats["img"].shape[0]
     parts, pos, start = [np.broadcast_to(p["cls_token"], (b, 1, DIM))], [0], 1
     for i, (name, t) in enumerate(zip(MODALITIES, (3, 2), strict=True)):
-        if keep[i]:
-            parts.append(
-                dense(np.asarray(feats[name], np.float64), p[f"proj_{i}"]).reshape(b, t, DIM)
-            )
+        if keep[i] or blank:
+            x = np.asarray(feats[name], np.float64) * keep[i]
+            parts.append(dense(x, p[f"proj_{i}"]).reshape(b, t, DIM))
             pos += list(range(start, start + t))
         start += t
     x = np.concatenate(parts, 1) + p["pos_embed"][:, pos]
@@ -108,18 +109,40 @@ def _np_frozen(params, feats, keep):
     return dense(ln(x, p["ln_final"])[:, 0], p["head"])
 
 
-def test_masked_missing_modality_equals_removing_its_tokens_float64(setup):
+@pytest.mark.parametrize("mode", ["blank", "drop"])
+def test_missing_modality_is_a_blank_input_or_dropped_tokens_float64(setup, mode):
+    """blank (the default): zero features, tokens attended to; drop: tokens removed."""
     model, feats, params = setup
-    apply = jax.jit(model.apply)
+    assert model.missing_input == "blank"
+    apply = jax.jit(model.clone(missing_input=mode).apply)
     for name in ("complete", "img-missing", "txt-missing"):
         missing = jnp.array(PATTERNS[name])
         got = apply({"params": params}, feats, missing)
         keep = ~np.asarray(missing[0])
-        want = _np_frozen(params, feats, keep)
+        want = _np_frozen(params, feats, keep, blank=mode == "blank")
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4, err_msg=name)
         # The values of a missing modality's features are never read.
         noisy = {k: v + 100.0 * missing[:, i : i + 1] for i, (k, v) in enumerate(feats.items())}
         np.testing.assert_allclose(apply({"params": params}, noisy, missing), got, atol=1e-6)
+
+
+def test_blank_input_shifts_the_frozen_output_where_drop_does_not_see_it(setup):
+    """Same parameters: the modes agree on complete examples and differ on a missing modality
+    (the blank tokens are attended to), and the blank tokens are the projection biases."""
+    model, feats, params = setup
+    blank, drop = jax.jit(model.apply), jax.jit(model.clone(missing_input="drop").apply)
+    for name, pattern in PATTERNS.items():
+        missing = jnp.array(pattern)
+        a, d = blank({"params": params}, feats, missing), drop({"params": params}, feats, missing)
+        complete = ~np.asarray(missing).any(1)
+        np.testing.assert_allclose(a[complete], d[complete], atol=1e-6, err_msg=name)
+        if (~complete).any():
+            assert np.abs(a[~complete] - d[~complete]).max() > 1e-3, name
+    x, mask = model.apply({"params": params}, feats, jnp.array(PATTERNS["img-missing"]),
+                          method="embed")  # fmt: skip
+    assert bool(mask.all())
+    bias = params["proj_0"]["bias"].reshape(3, DIM) + params["pos_embed"][0, 1:4]
+    np.testing.assert_allclose(x[:, 1:4], np.broadcast_to(bias, (B, 3, DIM)), atol=1e-6)
 
 
 def test_shapes_masks_and_type_gather_for_every_pattern(methods):
@@ -224,8 +247,10 @@ def test_gradients_reach_prompts_and_head_never_the_backbone(setup, methods, nam
         assert float(jnp.abs(g).max()) > 0, jax.tree_util.keystr(path)
 
 
-def test_one_compilation_serves_every_missing_pattern(setup, methods):
+@pytest.mark.parametrize("mode", ["blank", "drop"])
+def test_one_compilation_serves_every_missing_pattern(setup, methods, mode):
     model, feats, params = setup
+    model = model.clone(missing_input=mode)
     method, pp = methods["map"]
     frozen, head = P.split_head(params)
     trainable = {"prompts": pp, "head": head}
@@ -283,6 +308,8 @@ def test_bad_inputs_raise_clear_errors(setup):
         model.apply({"params": params}, {**feats, "txt": jnp.zeros((B, 6))})
     with pytest.raises(ValueError, match="missing must be a bool array"):
         model.apply({"params": params}, feats, jnp.zeros((B, 3), bool))
+    with pytest.raises(ValueError, match="missing_input='mask' is invalid"):
+        model.clone(missing_input="mask").apply({"params": params}, feats)
     with pytest.raises(ValueError, match="the backbone has 3"):
         model.apply({"params": params}, feats, prompts=jnp.zeros((B, 4, 2, DIM)))
     with pytest.raises(ValueError, match="missing must be a .* bool array"):
