@@ -93,3 +93,16 @@ def test_site_builds_without_warnings(tmp_path):
     assert result.returncode == 0, f"sphinx -W failed:\n{result.stderr[-4000:]}"
     for page in ("index.html", "papers/p01_saber.html", "api/generated/adapters.html"):
         assert (tmp_path / "html" / page).is_file(), f"the site has no {page}"
+
+
+def test_each_paper_page_quotes_its_status_row_word_for_word():
+    rows = {}
+    for line in (DOCS / "papers" / "index.md").read_text().splitlines():
+        match = re.match(r"\| \[P(\d+)\]\((p\d+_\w+\.md)\) \| [^|]* \| (.*) \|$", line)
+        if match:
+            rows[match.group(2)] = match.group(3).replace("\\|", "|").strip()
+    assert len(rows) == 19, "the Status table should have one row per paper"
+    for page, row in rows.items():
+        verdict = (DOCS / "papers" / page).read_text().split("## Verdict", 1)[1]
+        quote = " ".join(line[2:] for line in verdict.splitlines() if line.startswith("> "))
+        assert quote.replace("\\|", "|").strip() == row, f"{page}: its Verdict differs from its row"
