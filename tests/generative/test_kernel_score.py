@@ -275,3 +275,33 @@ def test_log_log_slope_with_and_without_the_floor():
         g.log_log_slope(n, w1[:3])
     with pytest.raises(ValueError, match="positive"):
         g.log_log_slope(-n, w1)
+
+
+def test_tweedie_step_is_the_denoiser_at_t0_of_the_noisy_sample():
+    key = jax.random.key(0)
+    bases = g.random_subspaces(key, 8, (2, 2, 1))
+    x, _ = g.sample_union_of_subspaces(key, bases, num=100, weights=(0.5, 0.3, 0.2), laws=g.LAWS)
+    kw = dict(num_samples=20, k=2, num_steps=10, chunk_size=32)
+    out = g.sample_kernel_diffusion(key, x, **kw)
+    noisy = g.sample_kernel_diffusion(key, x, tweedie=False, **kw)
+    t0 = jnp.asarray(g.early_stopping_time(100, 2), jnp.float32)
+    np.testing.assert_allclose(g.kernel_denoiser(noisy, x, t0), out, atol=1e-5)
+    assert np.min(np.linalg.norm(np.asarray(noisy - out), axis=1)) > 0.01  # σ(t0) = 0.1
+
+
+def test_preconditioned_denoiser_is_the_wiener_filter_at_zero_and_its_target_has_unit_variance():
+    zero = lambda params, x, t: jnp.zeros_like(x)  # noqa: E731
+    sd, t = 0.3, 0.4
+    m, s = math.exp(-t), math.sqrt(1 - math.exp(-2 * t))
+    x = jnp.ones((2, 5))
+    wiener = m * sd**2 / (m**2 * sd**2 + s**2)  # E[x0 | x_t] for x0 ~ N(0, sd² I)
+    out = g.mlp_denoiser(zero, None, data_std=sd)(x, jnp.asarray(t))
+    np.testing.assert_allclose(out, wiener * np.ones((2, 5)), rtol=1e-6)
+    eps_out = g.mlp_denoiser(zero, None)(x, jnp.asarray(t))  # ε̂ = 0: x̂0 = x / m
+    np.testing.assert_allclose(eps_out, np.ones((2, 5)) / m, rtol=1e-6)
+    x0 = sd * jax.random.normal(jax.random.key(0), (4000, 8))
+    for std in (sd, None):  # the zero network's loss is the target's variance, 1 for both
+        loss = g.dsm_loss(None, zero, jax.random.key(1), x0, t_min=1e-3, t_max=5.0, data_std=std)
+        assert float(loss) == pytest.approx(1.0, abs=0.03)
+    with pytest.raises(ValueError, match="data_std"):
+        g.mlp_denoiser(zero, None, data_std=0.0)
