@@ -10,15 +10,15 @@ uniform-cube / Laplace / two-point mixture, weights (0.5, 0.3, 0.2); n ∈ {125,
 exact assignment (POT) between m = 2000 generated and 2000 fresh true samples, per seed (3 seeds),
 next to the floor W₁(true, true'); slopes of log(W₁ - floor) vs log n (specs.md §7).
 
-Command (the spec's grid)::
+Command (the spec's grid; 16 min wall on a 2-core CPU shared with three other jobs)::
 
     nice -n 5 python -m experiments.train --config=configs/subspace_diffusion.py \
         --workdir=runs/subspace_diffusion
 
-``:reduced`` (what fitted ~35 minutes of a 2-core CPU shared with 3 other jobs): the same m, n,
-seeds and MLP, on D ∈ {10, 200} for every k plus D = 50 for k = 2 (the D-test), i.e. 9 of the 12
-(k, D) sources. Runtime: see ``docs/papers/p07_subspace_diffusion.md``. Rerunning resumes: finished
-cells are read back from ``<workdir>/cells``.
+``:reduced`` (a fallback for a busier machine; the full grid fitted): the same m, n, seeds and
+MLP, on D ∈ {10, 200} for every k plus D = 50 for k = 2 (the D-test), i.e. 9 of the 12 (k, D)
+sources, which come first in the full grid's order. Rerunning resumes: finished cells are read back
+from ``<workdir>/cells``.
 
 Expected result (specs.md §7): slopes ≈ -1/max(k,2) (± 0.1), W₁ independent of D, the
 full-dimensional KDE degrading with D. What was measured is in ``results.md``, reproduced or not.

@@ -243,7 +243,8 @@ def run(config, workdir: str) -> dict[str, Any]:
         title="P7: W₁ vs n of the kernel-score diffusion sampler",
         notes=notes(config, trend, by_d, mlp_rows),
         columns=["source", "k", "D", "method", "slope", "slope_sd", "slope_excess",
-                 "slope_excess_sd", "excess_points", "target", "w1_n_min", "w1_n_max", "floor"],
+                 "slope_excess_sd", "excess_points", "target", "w1_n_min", "w1_n_max", "floor",
+                 "ratio_to_empirical"],
     )  # fmt: skip
     result = {
         "rows": rows,
