@@ -9,7 +9,12 @@ r"""Baselines of the kernel-score sampler (P7, specs.md §7 (5)).
 * :class:`ScoreMLP`, :func:`dsm_loss`, :func:`mlp_denoiser`: a learned score — an MLP
   predicting the noise ``ε`` of ``x_t = m_t x₀ + σ_t ε`` trained by denoising score matching
   (Vincent 2011; ``s_θ = -ε_θ/σ_t``), sampled with the same integrator
-  (:func:`~lowrank_jax.generative.reverse_diffusion`).
+  (:func:`~lowrank_jax.generative.reverse_diffusion`). With ``data_std`` the same network is read
+  as a preconditioned denoiser instead (Karras et al. 2022, EDM, in the OU time variable):
+  ``x̂₀ = c_skip x + c_out F_θ(c_in x, t)``, with ``v = m_t² σ_d² + σ_t²``, ``c_in = 1/√v``,
+  ``c_skip = m_t σ_d²/v``, ``c_out = σ_t σ_d/√v``, trained on the unit-variance target
+  ``(x₀ - c_skip x)/c_out``; the ε-parameterisation divides by ``m_t`` in ``x̂₀ = (x - σ_t ε̂)/m_t``,
+  which amplifies the network's errors ``1/m_T = n`` times at the start of sampling.
 """
 
 from __future__ import annotations
@@ -107,6 +112,18 @@ class ScoreMLP(nn.Module):
         return nn.Dense(x.shape[-1], name="head", kernel_init=nn.initializers.zeros)(h)
 
 
+def _preconditioning(t, data_std):
+    """``(c_in, c_skip, c_out)`` of the EDM-preconditioned denoiser at OU time ``t``."""
+    m_t, s_t = ou_mean_std(t)
+    v = m_t**2 * data_std**2 + s_t**2
+    return jax.lax.rsqrt(v), m_t * data_std**2 / v, s_t * data_std * jax.lax.rsqrt(v)
+
+
+def _check_data_std(data_std):
+    if data_std is not None and not data_std > 0:
+        raise ValueError(f"data_std must be positive (or None for the ε-network), got {data_std}.")
+
+
 def dsm_loss(
     params,
     apply_fn,
@@ -115,32 +132,51 @@ def dsm_loss(
     *,
     t_min: float,
     t_max: float,
+    data_std: float | None = None,
 ) -> jax.Array:
     """Denoising score matching ``E_{t, ε} ‖ε_θ(m_t x₀ + σ_t ε, t) - ε‖²`` (mean over batch and
     coordinates), ``t`` log-uniform on ``[t_min, t_max]`` (the geometric grid's law).
 
+    With ``data_std = σ_d`` the network is the preconditioned denoiser of the module docstring and
+    the loss ``E ‖F_θ(c_in x_t, t) - (x₀ - c_skip x_t)/c_out‖²`` (EDM's weighting).
+
     Args:
       params: the network's parameters.
-      apply_fn: ``(params, x, t) -> ε̂``.
+      apply_fn: ``(params, x, t) -> ε̂`` (or ``F``).
       key: PRNG key.
       x0: ``(b, D)`` clean data.
       t_min, t_max: time range, ``0 < t_min < t_max``.
+      data_std: per-coordinate scale ``σ_d`` of the data for the preconditioned denoiser
+        (``None``: the ε-network).
+
+    Raises:
+      ValueError: for a bad time range or a non-positive ``data_std``.
     """
     if not 0 < t_min < t_max:
         raise ValueError(f"need 0 < t_min < t_max, got {t_min=}, {t_max=}.")
+    _check_data_std(data_std)
     kt, ke = jax.random.split(key)
     u = jax.random.uniform(kt, x0.shape[:1], x0.dtype)
     t = t_min * (t_max / t_min) ** u
     m_t, s_t = ou_mean_std(t)
     eps = jax.random.normal(ke, x0.shape, x0.dtype)
     xt = m_t[:, None] * x0 + s_t[:, None] * eps
-    return jnp.mean((apply_fn(params, xt, t) - eps) ** 2)
+    if data_std is None:
+        return jnp.mean((apply_fn(params, xt, t) - eps) ** 2)
+    c_in, c_skip, c_out = (c[:, None] for c in _preconditioning(t, data_std))
+    target = (x0 - c_skip * xt) / c_out
+    return jnp.mean((apply_fn(params, c_in * xt, t) - target) ** 2)
 
 
-def mlp_denoiser(apply_fn, params) -> DenoiseFn:
-    """``x̂₀(x, t) = (x - σ_t ε_θ(x, t)) / m_t`` for :func:`reverse_diffusion`."""
+def mlp_denoiser(apply_fn, params, *, data_std: float | None = None) -> DenoiseFn:
+    """``x̂₀(x, t) = (x - σ_t ε_θ(x, t)) / m_t`` for :func:`reverse_diffusion`; with
+    ``data_std``, ``x̂₀ = c_skip x + c_out F_θ(c_in x, t)`` (see :func:`dsm_loss`)."""
+    _check_data_std(data_std)
 
     def denoise(x, t):
+        if data_std is not None:
+            c_in, c_skip, c_out = _preconditioning(t, data_std)
+            return c_skip * x + c_out * apply_fn(params, c_in * x, t)
         m_t, s_t = ou_mean_std(t)
         return (x - s_t * apply_fn(params, x, t)) / m_t
 

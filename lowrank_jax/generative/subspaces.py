@@ -8,6 +8,8 @@ r"""Data on a union of linear subspaces, intrinsic dimension by local PCA, and e
 * :func:`estimate_intrinsic_dim`: local PCA around anchor points.
 * :func:`wasserstein1`: exact W₁ between two empirical measures (POT's network simplex, or
   ``scipy.optimize.linear_sum_assignment`` for equal sizes).
+* :func:`log_log_slope`: the rate ``a`` of ``W₁ ≈ c n^a`` by least squares on log-log axes,
+  optionally of the excess ``W₁ - floor`` over the finite-sample floor ``W₁(true, true')``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ __all__ = [
     "class_subspaces",
     "estimate_intrinsic_dim",
     "isometric_embedding",
+    "log_log_slope",
     "project_onto_class_subspaces",
     "random_subspaces",
     "sample_union_of_subspaces",
@@ -254,3 +257,47 @@ def wasserstein1(x: ArrayLike, y: ArrayLike, *, num_iter_max: int = 10_000_000) 
 
     rows, cols = linear_sum_assignment(cost)
     return float(cost[rows, cols].mean())
+
+
+def log_log_slope(
+    sizes: ArrayLike, errors: ArrayLike, *, floor: ArrayLike = 0.0
+) -> tuple[float, int]:
+    r"""Least-squares slope of ``log(error - floor)`` against ``log(size)``.
+
+    With ``floor = 0`` it is the rate ``a`` of ``error ≈ c · size^a``. With the finite-sample floor
+    ``W₁(true, true')`` of an ``m``-sample evaluation (the ``W₁`` a perfect sampler would get), it is
+    the rate of the excess over that floor: near the floor the raw slope flattens towards 0 whatever
+    the true rate. Points whose error does not exceed the floor carry no information on the rate and
+    are left out (their number is returned).
+
+    Args:
+      sizes: ``(p,)`` positive sample sizes ``n``.
+      errors: ``(p,)`` errors (``W₁``).
+      floor: scalar or ``(p,)`` floors subtracted from ``errors``.
+
+    Returns:
+      ``(slope, num_points)``: the slope (NaN when fewer than 2 points exceed the floor) and the
+      number of points it was fitted on.
+
+    Raises:
+      ValueError: for shapes that differ or sizes that are not positive.
+
+    Example:
+      >>> log_log_slope([100, 400], [0.5, 0.25])
+      (-0.5, 2)
+    """
+    sizes = np.asarray(sizes, np.float64)
+    errors = np.asarray(errors, np.float64)
+    floor = np.broadcast_to(np.asarray(floor, np.float64), errors.shape) if errors.ndim else None
+    if sizes.ndim != 1 or errors.shape != sizes.shape or floor is None:
+        raise ValueError(
+            f"sizes and errors must be 1-D of the same length, got {sizes.shape}, {errors.shape}."
+        )
+    if np.any(sizes <= 0):
+        raise ValueError(f"sizes must be positive, got {sizes.tolist()}.")
+    excess = errors - floor
+    keep = np.isfinite(excess) & (excess > 0)
+    if int(keep.sum()) < 2 or np.ptp(sizes[keep]) == 0:
+        return float("nan"), int(keep.sum())
+    slope = np.polyfit(np.log(sizes[keep]), np.log(excess[keep]), 1)[0]
+    return float(round(slope, 12)), int(keep.sum())

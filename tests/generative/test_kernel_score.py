@@ -227,3 +227,81 @@ def test_bad_inputs_raise_clear_errors():
         g.estimate_intrinsic_dim(key, np.zeros((10, 3)), variance_threshold=1.5)
     with pytest.raises(ValueError, match="point sets"):
         g.wasserstein1(np.zeros((3, 2)), np.zeros((3, 3)))
+
+
+def test_tweedie_output_is_embedding_invariant_and_the_noisy_sample_is_not():
+    """With the final Tweedie step the sample is a convex combination of training points, so an
+    isometric embedding R^3 -> R^40 maps samples to samples exactly; without it the sample keeps
+    the reverse ODE's noise off the data span, of norm (σ_{t0}/σ_T) ‖(I - QQᵀ) z‖."""
+    rng = np.random.default_rng(0)
+    data3 = rng.normal(size=(30, 3))
+    q = np.linalg.qr(rng.normal(size=(40, 3)))[0]  # (40, 3), orthonormal columns
+    data40 = data3 @ q.T
+    z40 = rng.normal(size=(16, 40))
+
+    def run(data, z, tweedie):
+        times = g.geometric_time_grid(4.0, 0.02, 25)
+        denoise = lambda x, t: g.kernel_denoiser(x, data, t)  # noqa: E731
+        return np.asarray(g.reverse_diffusion(None, denoise, z, times, tweedie=tweedie))
+
+    s_0, s_T = math.sqrt(-math.expm1(-0.04)), math.sqrt(-math.expm1(-8.0))
+    with jax.enable_x64():
+        out3 = run(data3, z40 @ q, True)
+        out40 = run(data40, z40, True)
+        np.testing.assert_allclose(out40, out3 @ q.T, atol=1e-10)
+        noisy3 = run(data3, z40 @ q, False)
+        noisy40 = run(data40, z40, False)
+    np.testing.assert_allclose(noisy40 @ q, noisy3, atol=1e-10)  # the in-span part is the same
+    perp = np.linalg.norm(noisy40 - noisy40 @ q @ q.T, axis=1)
+    expected = float(s_0 / s_T) * np.linalg.norm(z40 - z40 @ q @ q.T, axis=1)
+    np.testing.assert_allclose(perp, expected, rtol=1e-8)
+    assert np.min(perp) > 0.1 * float(s_0)  # the noisy sample is off the span by ~σ_{t0} √37
+
+
+def test_log_log_slope_with_and_without_the_floor():
+    n = np.array([125, 250, 500, 1000, 2000, 4000])
+    floor = 0.05
+    w1 = floor + 2.0 * n**-0.5
+    slope, used = g.log_log_slope(n, w1, floor=floor)
+    assert slope == pytest.approx(-0.5, abs=1e-9) and used == 6
+    raw, _ = g.log_log_slope(n, w1)
+    assert -0.45 < raw < -0.2  # the floor flattens the raw slope
+    below = w1.copy()
+    below[-1] = floor / 2  # under the floor: left out
+    slope, used = g.log_log_slope(n, below, floor=floor)
+    assert slope == pytest.approx(-0.5, abs=1e-9) and used == 5
+    assert math.isnan(g.log_log_slope(n[:2], [0.01, 0.01], floor=floor)[0])
+    with pytest.raises(ValueError, match="same length"):
+        g.log_log_slope(n, w1[:3])
+    with pytest.raises(ValueError, match="positive"):
+        g.log_log_slope(-n, w1)
+
+
+def test_tweedie_step_is_the_denoiser_at_t0_of_the_noisy_sample():
+    key = jax.random.key(0)
+    bases = g.random_subspaces(key, 8, (2, 2, 1))
+    x, _ = g.sample_union_of_subspaces(key, bases, num=100, weights=(0.5, 0.3, 0.2), laws=g.LAWS)
+    kw = dict(num_samples=20, k=2, num_steps=10, chunk_size=32)
+    out = g.sample_kernel_diffusion(key, x, **kw)
+    noisy = g.sample_kernel_diffusion(key, x, tweedie=False, **kw)
+    t0 = jnp.asarray(g.early_stopping_time(100, 2), jnp.float32)
+    np.testing.assert_allclose(g.kernel_denoiser(noisy, x, t0), out, atol=1e-5)
+    assert np.min(np.linalg.norm(np.asarray(noisy - out), axis=1)) > 0.01  # σ(t0) = 0.1
+
+
+def test_preconditioned_denoiser_is_the_wiener_filter_at_zero_and_its_target_has_unit_variance():
+    zero = lambda params, x, t: jnp.zeros_like(x)  # noqa: E731
+    sd, t = 0.3, 0.4
+    m, s = math.exp(-t), math.sqrt(1 - math.exp(-2 * t))
+    x = jnp.ones((2, 5))
+    wiener = m * sd**2 / (m**2 * sd**2 + s**2)  # E[x0 | x_t] for x0 ~ N(0, sd² I)
+    out = g.mlp_denoiser(zero, None, data_std=sd)(x, jnp.asarray(t))
+    np.testing.assert_allclose(out, wiener * np.ones((2, 5)), rtol=1e-6)
+    eps_out = g.mlp_denoiser(zero, None)(x, jnp.asarray(t))  # ε̂ = 0: x̂0 = x / m
+    np.testing.assert_allclose(eps_out, np.ones((2, 5)) / m, rtol=1e-6)
+    x0 = sd * jax.random.normal(jax.random.key(0), (4000, 8))
+    for std in (sd, None):  # the zero network's loss is the target's variance, 1 for both
+        loss = g.dsm_loss(None, zero, jax.random.key(1), x0, t_min=1e-3, t_max=5.0, data_std=std)
+        assert float(loss) == pytest.approx(1.0, abs=0.03)
+    with pytest.raises(ValueError, match="data_std"):
+        g.mlp_denoiser(zero, None, data_std=0.0)
