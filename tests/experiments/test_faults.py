@@ -210,7 +210,10 @@ def test_config_train_skip_nonfinite_reaches_fit_through_train_options(tmp_path)
 
 
 def _experiment_trains_with_fit(config) -> bool:
-    source = (REPO / "experiments" / f"{config.experiment}.py").read_text()
+    """Whether the experiment's module, or a module of its own (``<experiment>_*.py``), fits."""
+    modules = [REPO / "experiments" / f"{config.experiment}.py"]
+    modules += sorted((REPO / "experiments").glob(f"{config.experiment}_*.py"))
+    source = "".join(path.read_text() for path in modules)
     return "common.fit(" in source or "continual_setup" in source
 
 
