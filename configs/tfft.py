@@ -43,8 +43,8 @@ SOURCES = ("ring", "mnist")
 
 def get_config(arg=None):
     """``arg``: ``smoke``, ``source=ring|mnist|all``, ``seeds=<count>``, ``first_seed=<int>``
-    (runs seeds ``first_seed .. first_seed + seeds - 1``)."""
-    arg = parse_arg(arg, smoke=False, source="all", seeds=3, first_seed=0)
+    (runs seeds ``first_seed .. first_seed + seeds - 1``), ``stage2=adjoint|resample``."""
+    arg = parse_arg(arg, smoke=False, source="all", seeds=3, first_seed=0, stage2="adjoint")
     if arg.source not in (*SOURCES, "all"):
         raise ConfigError(f"config arg source={arg.source!r} is invalid: use ring, mnist or all")
     smoke = arg.smoke
@@ -77,6 +77,10 @@ def get_config(arg=None):
     c.tfft.kl_target = 0.2
     c.tfft.rounds = 2 if smoke else 5  # K of the iterative baseline
     c.tfft.num_stage1 = 2000 if smoke else 20000  # pre-trained samples for η* and resampling
+    # Stage 2: "adjoint" (adjoint matching, specs §16 (A)) or "resample" (flow matching on the
+    # importance-resampled pre-trained samples, (B): it can only reweight those samples).
+    c.tfft.stage2 = arg.stage2
+    c.tfft.time_steps = 10 if smoke else 20  # steps of the memoryless SDE and lean adjoint
 
     c.schedule = ml_collections.ConfigDict()
     c.schedule.pretrain_steps = 40 if smoke else 3000
@@ -89,6 +93,8 @@ def get_config(arg=None):
 
     c.eval = ml_collections.ConfigDict()
     c.eval.num_samples = 2000 if smoke else 20000
+    c.eval.kl_samples = 200 if smoke else 2000  # samples of the measured KL (flow_kl)
+    c.eval.kl_steps = 10 if smoke else 50  # midpoint steps of its ODE log-likelihoods
 
     c.log = ml_collections.ConfigDict()
     c.log.every = 10 if smoke else 200
