@@ -71,6 +71,9 @@ def check_config(config: Any) -> None:
     c.check_positive(config, "tfft.kl_target")
     c.check_choice(config, "tfft.stage2", STAGE2)
     c.check_positive(config, "tfft.time_steps", integer=True)
+    for m in config.methods:
+        if m != "pretrained":
+            c.check_positive(config, f"tfft.alpha_scale.{m}")
     for key in ("eval.kl_samples", "eval.kl_steps"):
         c.check_positive(config, key, integer=True)
     for key in ("tfft.rounds", "tfft.num_stage1", "eval.num_samples", "model.sample_steps"):
@@ -303,6 +306,7 @@ def _method(config, method, src, net, pre_params, key) -> tuple[Any, dict[str, A
                 target_kl=t.kl_target / t.rounds**2,
                 bounds=(1e-3, 1e3),
             )
+            alpha *= t.alpha_scale[method]
             tilt = dict(samples=samples, r_tilde=r_tilde, alpha=alpha, mode="right", eta=q,
                         reward=reward)  # fmt: skip
             params = _finetune(config, net, params, tilt, kf)
@@ -323,7 +327,9 @@ def _method(config, method, src, net, pre_params, key) -> tuple[Any, dict[str, A
             info["eta"] = float(eta)
             return gen.pseudo_reward(r, eta, beta=beta, tail=mode)
 
-    alpha, r_tilde = gen.tilt_for_kl(pseudo, target_kl=t.kl_target, bounds=(1e-3, 1e3))
+    alpha, _ = gen.tilt_for_kl(pseudo, target_kl=t.kl_target, bounds=(1e-3, 1e3))
+    alpha *= t.alpha_scale[method]  # chosen on a validation seed to match the measured KL
+    r_tilde = pseudo(alpha)
     target_kl = float(gen.tilt_kl(gen.tilt_weights(r_tilde, alpha=alpha)))
     tilt = dict(samples=samples, r_tilde=r_tilde, alpha=alpha, mode=mode,
                 eta=info.get("eta", 0.0), reward=reward)  # fmt: skip

@@ -43,11 +43,24 @@ def test_smoke_run_matches_the_kl_budget_writes_outputs_and_resumes(tmp_path):
         cell = _cell(tmp_path, m)
         assert cell["target_kl"] == pytest.approx(config.tfft.kl_target, abs=0.05), m
         assert cell["alpha"] > 0
+        assert cell["model_kl"] > -3 * cell["model_kl_se"] - 0.05, m  # a KL, measured
     left = _cell(tmp_path, "tfft_left")
     assert min(left["rewards"]) <= left["eta"] <= max(left["rewards"]) + 5
     assert len(summary["checks"]) == 4 and result["rows"] == len(tfft.METHODS)
     again = tfft.run(config, str(tmp_path))  # every cell is read back, nothing retrained
     assert again == result
+
+
+def test_the_resampling_stage_2_runs_and_reports_its_measured_kl(tmp_path):
+    config = _tiny()
+    config.tfft.stage2 = "resample"
+    config.methods = ("pretrained", "tfft_left")
+    tfft.run(config, str(tmp_path))
+    cell = _cell(tmp_path, "tfft_left")
+    assert set(cell) >= {"model_kl", "model_kl_se", "target_kl", "eta"}
+    config.tfft.stage2 = "reweight"
+    with pytest.raises(common.ConfigError, match="config.tfft.stage2='reweight' is invalid"):
+        tfft.check_config(config)
 
 
 def test_bad_configs_fail_early_with_the_key():
