@@ -25,12 +25,13 @@ Command::
 
     nice -n 10 python -m experiments.train --config=configs/tfft.py --workdir=runs/tfft
 
-Runtime: one seed of ``:source=ring`` took about 50 minutes wall (about 15 CPU-minutes) on a
-2-core CPU shared with other jobs; one seed of ``:source=mnist,seeds=1`` 18 CPU-minutes (88 min
-wall at load ~20, peak RSS 1.7 GB); the default (3 seeds, both sources) has not been run yet.
+Runtime: with adjoint matching, ``:source=ring`` (3 seeds) took 18 minutes wall on a 2-core CPU
+shared with other jobs (each one-shot fine-tune about 41 CPU-seconds, the iterative baseline
+about 200); ``stage2=resample`` fine-tunes took about 100 CPU-seconds each (ring, seed 0). One
+seed of ``:source=mnist,seeds=1,stage2=resample`` took 18 CPU-minutes (peak RSS 1.7 GB).
 ``first_seed=1,seeds=2`` runs seeds 1 and 2 only (the same workdir later resumes them).
-``:smoke`` takes about a minute of CPU. Rerunning resumes (pre-training checkpoints and finished
-cells are read back).
+``:smoke`` takes well under a minute of CPU. Rerunning resumes (pre-training checkpoints and
+finished cells are read back).
 
 Expected result (specs.md §16): at matched KL, left-TFFT has the best lower-tail CVaR,
 right-TFFT the best upper-tail CVaR, expected-reward fine-tuning the best mean, and TFFT costs
