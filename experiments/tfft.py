@@ -245,20 +245,11 @@ def _finetune(config: Any, net, params, tilt: dict[str, Any], key):
         return gen.train_flow(params, tilt["samples"], log_weights, key, apply_fn=net.apply,
                               tx=tx, num_steps=s.finetune_steps, batch_size=s.batch_size)[0]  # fmt: skip
     args = {"eta": jnp.float32(tilt["eta"]), "alpha": jnp.float32(tilt["alpha"])}
-    params, _ = gen.train_adjoint_matching(
-        params,
-        params,
-        args,
-        key,
-        apply_fn=net.apply,
-        log_tilt=_log_tilt(tilt["reward"], tilt["mode"], config.tfft.beta),
-        tx=tx,
-        dim=tilt["samples"].shape[1],
-        num_steps=s.finetune_steps,
-        batch_size=s.batch_size,
-        time_steps=config.tfft.time_steps,
-    )
-    return params
+    log_tilt = _log_tilt(tilt["reward"], tilt["mode"], config.tfft.beta)
+    return gen.train_adjoint_matching(
+        params, params, args, key, apply_fn=net.apply, log_tilt=log_tilt, tx=tx,
+        dim=tilt["samples"].shape[1], num_steps=s.finetune_steps, batch_size=s.batch_size,
+        time_steps=config.tfft.time_steps)[0]  # fmt: skip
 
 
 @functools.cache
