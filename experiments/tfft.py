@@ -7,12 +7,16 @@ iterative CVaR baseline, at matched KL (configs/tfft.py describes the study).
    ``<workdir>/pretrain-<source>-seed<s>/``, so an interrupted run resumes there);
 2. draws ``tfft.num_stage1`` pre-trained samples and, per method, chooses ``α`` so that the
    target ``p* ∝ p_pre·exp(r̃/α)`` is ``tfft.kl_target`` nats from the pre-trained law, then
-   fine-tunes by flow matching on the importance-resampled samples (``generative.train_flow``);
+   fine-tunes towards it by adjoint matching on ``∇(r̃/α)`` (``generative.train_adjoint_matching``,
+   ``tfft.stage2="adjoint"``) or by flow matching on the importance-resampled samples
+   (``generative.train_flow``, ``"resample"``: it can only reweight those samples);
    the iterative baseline repeats sample → quantile → tilt → fine-tune ``tfft.rounds`` times with
    a per-round target of ``kl_target / K²`` (small tilts add up in the exponent, so K of them
    reach about ``kl_target``; the measured KL is reported next to it);
 3. evaluates ``eval.num_samples`` samples: mean reward, CVaR_L and CVaR_R at β, the target's KL,
-   a 2-D histogram KL to the pre-trained samples (ring only) and the wall and CPU time of step 2
+   the learned model's KL from the pre-trained flow (``generative.flow_kl``: exact ODE
+   log-likelihoods on ``eval.kl_samples`` samples), a 2-D histogram KL to the pre-trained samples
+   (ring only) and the wall and CPU time of step 2
    (stage 1 included; the CPU time is the steadier column on a shared machine).
 
 Each (source, seed, method) is a cell (``cells/<key>.json``; a rerun reads finished cells back).
@@ -44,6 +48,7 @@ __all__ = ["METHODS", "check_config", "mnist_source", "ring_source", "run"]
 
 METHODS = ("pretrained", "expected", "tfft_left", "tfft_right", "iterative_right")
 SOURCES = ("ring", "mnist")
+STAGE2 = ("adjoint", "resample")  # adjoint matching (default) or flow matching on resampled samples
 # The ring: 8 modes at radius 4 (angle 45°·i), std 0.35, unequal weights; mode 2 (90°) is the rare
 # high-reward mode (5%), mode 4 (180°) the failure mode (10% of the mass: the lower β = 0.1 tail).
 RING_WEIGHTS = (0.22, 0.18, 0.05, 0.15, 0.10, 0.12, 0.10, 0.08)
@@ -64,6 +69,13 @@ def check_config(config: Any) -> None:
             )
     c.check_fraction(config, "tfft.beta", allow_zero=False)
     c.check_positive(config, "tfft.kl_target")
+    c.check_choice(config, "tfft.stage2", STAGE2)
+    c.check_positive(config, "tfft.time_steps", integer=True)
+    for m in config.methods:
+        if m != "pretrained":
+            c.check_positive(config, f"tfft.alpha_scale.{m}")
+    for key in ("eval.kl_samples", "eval.kl_steps"):
+        c.check_positive(config, key, integer=True)
     for key in ("tfft.rounds", "tfft.num_stage1", "eval.num_samples", "model.sample_steps"):
         c.check_positive(config, key, integer=True)
     for key in ("pretrain_steps", "finetune_steps", "batch_size"):
@@ -158,11 +170,14 @@ def _flow_setup(config: Any, features: str, dim: int, seed: int):
 
 _SOURCE_DIMS = {"ring": lambda config: 2, "mnist": lambda config: config.data.pca_dim}
 _SOURCE_FEATURES = {"ring": "ring_features", "mnist": "mnist_features"}
+# Data-free stand-ins of the rewards (same shapes) for the abstract steps.
+_ABSTRACT_REWARDS = {"ring": lambda x: x[:, 0], "mnist": lambda x: -jnp.sum(x**2, -1)}
 
 
 def steps(config: Any, mesh: Any = None) -> list[common.Step]:
     """Per source, on abstract inputs (no data): the pre-training ``fit`` step, the sampler and
-    the fine-tuning (``generative.train_flow``)."""
+    the fine-tuning (``generative.train_adjoint_matching``, or ``train_flow`` when
+    ``tfft.stage2="resample"``)."""
     check_config(config)
     mesh = common.make_mesh() if mesh is None else mesh
     spec, key = jax.ShapeDtypeStruct, jax.eval_shape(lambda: jax.random.key(0))
@@ -177,10 +192,20 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
         n = config.tfft.num_stage1
         sampler = jax.jit(lambda p, k, net=net, n=n: _sample(config, net, p, k, n))
         out.append(common.Step(f"{name} sampler", sampler, (state["params"], key)))
-        kw = dict(apply_fn=net.apply, tx=_finetune_tx(config.optim.finetune_learning_rate),
-                  num_steps=config.schedule.finetune_steps, batch_size=config.schedule.batch_size)  # fmt: skip
-        args = (state["params"], spec((n, dim), jnp.float32), spec((n,), jnp.float32), key)
-        out.append(common.Step(f"{name} fine-tuning", gen.train_flow, args, kw))
+        tx = _finetune_tx(config.optim.finetune_learning_rate)
+        b, n_ft = config.schedule.batch_size, config.schedule.finetune_steps
+        if config.tfft.stage2 == "resample":
+            kw = dict(apply_fn=net.apply, tx=tx, num_steps=n_ft, batch_size=b)
+            args = (state["params"], spec((n, dim), jnp.float32), spec((n,), jnp.float32), key)
+            out.append(common.Step(f"{name} fine-tuning", gen.train_flow, args, kw))
+        else:
+            reward = _ABSTRACT_REWARDS[name]
+            kw = dict(apply_fn=net.apply, log_tilt=_log_tilt(reward, "right", config.tfft.beta),
+                      tx=tx, dim=dim, num_steps=n_ft, batch_size=b,
+                      time_steps=config.tfft.time_steps)  # fmt: skip
+            tilt_args = {"eta": spec((), jnp.float32), "alpha": spec((), jnp.float32)}
+            args = (state["params"], state["params"], tilt_args, key)
+            out.append(common.Step(f"{name} fine-tuning", gen.train_adjoint_matching, args, kw))
     return out
 
 
@@ -208,18 +233,37 @@ def _pretrain(config: Any, src: dict[str, Any], seed: int, workdir: str):
     return net, result.state["params"]
 
 
-def _finetune(config: Any, net, params, samples, r_tilde, alpha: float, key):
-    params, _ = gen.train_flow(
-        params,
-        samples,
-        r_tilde / alpha,
-        key,
-        apply_fn=net.apply,
-        tx=_finetune_tx(config.optim.finetune_learning_rate),
-        num_steps=config.schedule.finetune_steps,
-        batch_size=config.schedule.batch_size,
-    )
-    return params
+def _finetune(config: Any, net, params, tilt: dict[str, Any], key):
+    """Stage 2 from ``params`` towards ``p ∝ p_params·exp(r̃/α)``: adjoint matching on the tilt's
+    gradient (``tfft.stage2="adjoint"``) or flow matching on the importance-resampled samples
+    (``"resample"``). ``tilt``: ``samples``, ``r_tilde`` (on them), ``alpha``, ``mode``
+    (``expected``/``left``/``right``), ``eta`` and the reward."""
+    s = config.schedule
+    tx = _finetune_tx(config.optim.finetune_learning_rate)
+    if config.tfft.stage2 == "resample":
+        log_weights = tilt["r_tilde"] / tilt["alpha"]
+        return gen.train_flow(params, tilt["samples"], log_weights, key, apply_fn=net.apply,
+                              tx=tx, num_steps=s.finetune_steps, batch_size=s.batch_size)[0]  # fmt: skip
+    args = {"eta": jnp.float32(tilt["eta"]), "alpha": jnp.float32(tilt["alpha"])}
+    log_tilt = _log_tilt(tilt["reward"], tilt["mode"], config.tfft.beta)
+    return gen.train_adjoint_matching(
+        params, params, args, key, apply_fn=net.apply, log_tilt=log_tilt, tx=tx,
+        dim=tilt["samples"].shape[1], num_steps=s.finetune_steps, batch_size=s.batch_size,
+        time_steps=config.tfft.time_steps)[0]  # fmt: skip
+
+
+@functools.cache
+def _log_tilt(reward, mode: str, beta: float):
+    """``(x, {eta, alpha}) -> r̃(x)/α`` of a method (one object per reward and mode, so the
+    adjoint-matching trainer compiles once); its ``jax.grad`` is ``α⁻¹β⁻¹·1[r ≷ η]·∇r`` for TFFT."""
+
+    def log_tilt(x, args):
+        r = reward(x)
+        if mode != "expected":
+            r = gen.pseudo_reward(r, args["eta"], beta=beta, tail=mode)
+        return r / args["alpha"]
+
+    return log_tilt
 
 
 @functools.cache
@@ -245,13 +289,18 @@ def _method(config, method, src, net, pre_params, key) -> tuple[Any, dict[str, A
         for k in range(t.rounds):
             ks, kf = jax.random.split(jax.random.fold_in(key, k))
             samples = _sample(config, net, params, ks, t.num_stage1)
-            r_tilde = gen.quantile_pseudo_reward(reward(samples), beta=beta, tail="right")
+            r = reward(samples)
+            q = jnp.quantile(r, 1.0 - beta)  # the current model's tail quantile
+            r_tilde = gen.pseudo_reward(r, q, beta=beta, tail="right")
             alpha, r_tilde = gen.tilt_for_kl(
                 lambda a, r_tilde=r_tilde: r_tilde,
                 target_kl=t.kl_target / t.rounds**2,
                 bounds=(1e-3, 1e3),
             )
-            params = _finetune(config, net, params, samples, r_tilde, alpha, kf)
+            alpha *= t.alpha_scale[method]
+            tilt = dict(samples=samples, r_tilde=r_tilde, alpha=alpha, mode="right", eta=q,
+                        reward=reward)  # fmt: skip
+            params = _finetune(config, net, params, tilt, kf)
             alphas.append(alpha)
         return params, {"alpha": float(np.mean(alphas))}
     ks, kf = jax.random.split(key)
@@ -260,17 +309,22 @@ def _method(config, method, src, net, pre_params, key) -> tuple[Any, dict[str, A
     info = {}
     if method == "expected":
         pseudo = lambda a: r  # noqa: E731
+        mode = "expected"
     else:
-        side = method.removeprefix("tfft_")
+        mode = method.removeprefix("tfft_")
 
         def pseudo(a):
-            eta = gen.cvar_threshold(r, beta=beta, alpha=a, tail=side)
+            eta = gen.cvar_threshold(r, beta=beta, alpha=a, tail=mode)
             info["eta"] = float(eta)
-            return gen.pseudo_reward(r, eta, beta=beta, tail=side)
+            return gen.pseudo_reward(r, eta, beta=beta, tail=mode)
 
-    alpha, r_tilde = gen.tilt_for_kl(pseudo, target_kl=t.kl_target, bounds=(1e-3, 1e3))
+    alpha, _ = gen.tilt_for_kl(pseudo, target_kl=t.kl_target, bounds=(1e-3, 1e3))
+    alpha *= t.alpha_scale[method]  # chosen on a validation seed to match the measured KL
+    r_tilde = pseudo(alpha)
     target_kl = float(gen.tilt_kl(gen.tilt_weights(r_tilde, alpha=alpha)))
-    params = _finetune(config, net, pre_params, samples, r_tilde, alpha, kf)
+    tilt = dict(samples=samples, r_tilde=r_tilde, alpha=alpha, mode=mode,
+                eta=info.get("eta", 0.0), reward=reward)  # fmt: skip
+    params = _finetune(config, net, pre_params, tilt, kf)
     return params, {**info, "alpha": alpha, "target_kl": target_kl}
 
 
@@ -301,6 +355,11 @@ def _cell(config, method, src, seed, net, pre_params, pre_eval) -> dict[str, Any
         "rewards": np.asarray(r)[:2000].tolist(),
         **info,
     }
+    if method != "pretrained":  # the learned model's KL, by the flows' exact log-likelihoods
+        kl, se = gen.flow_kl(net.apply, params, pre_params, jax.random.key(20_000 + seed),
+                             num=config.eval.kl_samples, dim=x.shape[1],
+                             num_steps=config.eval.kl_steps)  # fmt: skip
+        out["model_kl"], out["model_kl_se"] = float(kl), float(se)
     if src["name"] == "ring":
         out["hist_kl"] = _histogram_kl(x, pre_eval)
         out["samples"] = x[:1000].tolist()

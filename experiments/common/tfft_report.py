@@ -3,7 +3,8 @@
 
 Used by ``experiments/tfft.py``. ``cells`` maps ``"<source>/seed=<s>/<method>"`` to a cell record:
 ``mean``, ``cvar_left``, ``cvar_right``, ``seconds``, ``cpu_seconds``, ``rewards`` (the first
-2,000 evaluation rewards) and, where they apply, ``alpha``, ``eta``, ``target_kl`` and (ring)
+2,000 evaluation rewards) and, where they apply, ``alpha``, ``eta``, ``target_kl``, ``model_kl``
+(the learned model's measured KL from the pre-trained flow) with ``model_kl_se`` and (ring)
 ``hist_kl`` and ``samples`` (the first 1,000 evaluation samples, ``(1000, 2)``).
 """
 
@@ -32,6 +33,7 @@ def table(config, cells) -> list[dict[str, Any]]:
                 "cvar_left",
                 "cvar_right",
                 "target_kl",
+                "model_kl",
                 "hist_kl",
                 "seconds",
                 "cpu_seconds",
@@ -122,8 +124,10 @@ def write_results(config, workdir, cells) -> dict[str, Any]:
             "cvar_left",
             "cvar_right",
             "target_kl",
+            "model_kl",
             "hist_kl",
             "seconds",
+            "cpu_seconds",
         ],  # fmt: skip
         command=cmd,
         extra={"plots": ", ".join(os.path.basename(p) for p in paths)},

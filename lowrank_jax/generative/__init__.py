@@ -4,10 +4,20 @@ baselines; flow matching and tail-aware (CVaR) fine-tuning (P16, TFFT).
 See :mod:`lowrank_jax.generative.kernel_score` (OU process, kernel score, exponential integrator),
 :mod:`lowrank_jax.generative.subspaces` (data on unions of subspaces, local-PCA dimension, W₁) and
 :mod:`lowrank_jax.generative.baselines` (empirical measure, Gaussian KDE, DSM-trained MLP score),
-:mod:`lowrank_jax.generative.flows` (flow matching, Euler sampler) and
+:mod:`lowrank_jax.generative.flows` (flow matching, Euler sampler),
+:mod:`lowrank_jax.generative.adjoint` (adjoint matching, exact flow log-likelihood and KL) and
 :mod:`lowrank_jax.generative.tail` (CVaR, the TFFT threshold dual, KL tilts).
 """
 
+from lowrank_jax.generative.adjoint import (
+    adjoint_matching_loss,
+    flow_kl,
+    flow_log_likelihood,
+    lean_adjoint,
+    memoryless_sigma,
+    simulate_memoryless,
+    train_adjoint_matching,
+)
 from lowrank_jax.generative.baselines import (
     ScoreMLP,
     dsm_loss,
@@ -57,9 +67,10 @@ from lowrank_jax.generative.tail import (
 
 __all__ = [
     "LAWS",
-    "ScoreMLP",
     "TAILS",
+    "ScoreMLP",
     "VelocityMLP",
+    "adjoint_matching_loss",
     "alpha_for_kl",
     "class_subspaces",
     "cvar",
@@ -68,13 +79,17 @@ __all__ = [
     "dsm_loss",
     "early_stopping_time",
     "estimate_intrinsic_dim",
+    "flow_kl",
+    "flow_log_likelihood",
     "flow_matching_loss",
     "geometric_time_grid",
     "isometric_embedding",
     "kernel_denoiser",
     "kernel_log_density",
     "kernel_score",
+    "lean_adjoint",
     "log_log_slope",
+    "memoryless_sigma",
     "mlp_denoiser",
     "ou_forward",
     "ou_mean_std",
@@ -91,10 +106,12 @@ __all__ = [
     "score_to_denoiser",
     "select_kde_bandwidth",
     "silverman_bandwidth",
+    "simulate_memoryless",
     "terminal_time",
     "tilt_for_kl",
     "tilt_kl",
     "tilt_weights",
+    "train_adjoint_matching",
     "train_flow",
     "wasserstein1",
 ]

@@ -29,6 +29,7 @@ EXTRA = (  # variants whose programs differ from the plain :smoke ones
     "configs/lora_finetune.py:smoke,method=full",  # with FSDP: sharded parameters, below
     "configs/tpv.py:smoke,parts=pruning_cnn",
     "configs/multidim_tuning.py:smoke,parts=fused",
+    "configs/tfft.py:smoke,stage2=resample",
 )
 CONFIGS = [f"{path}:smoke" for path, _ in train.available_configs()] + list(EXTRA)
 
