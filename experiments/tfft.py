@@ -17,7 +17,10 @@ iterative CVaR baseline, at matched KL (configs/tfft.py describes the study).
    the learned model's KL from the pre-trained flow (``generative.flow_kl``: exact ODE
    log-likelihoods on ``eval.kl_samples`` samples), a 2-D histogram KL to the pre-trained samples
    (ring only) and the wall and CPU time of step 2
-   (stage 1 included; the CPU time is the steadier column on a shared machine).
+   (stage 1 included; the CPU time is the steadier column on a shared machine);
+4. with ``tfft.alpha_grid``, repeats 2-3 at those multiples of each method's ``α`` and compares
+   the methods at budgets of *measured* KL (``eval.kl_budgets``; ``frontier.md``,
+   ``kl_frontier_<source>.png``).
 
 Each (source, seed, method) is a cell (``cells/<key>.json``; a rerun reads finished cells back).
 :mod:`experiments.common.tfft_report` writes ``results.md`` / ``summary.json`` (table and the
@@ -74,6 +77,12 @@ def check_config(config: Any) -> None:
     for m in config.methods:
         if m != "pretrained":
             c.check_positive(config, f"tfft.alpha_scale.{m}")
+    grid, budgets = c.get_path(config, "tfft.alpha_grid"), c.get_path(config, "eval.kl_budgets")
+    if any(g <= 0 for g in grid) or not budgets or any(b <= 0 for b in budgets):
+        raise c.ConfigError(
+            f"config.tfft.alpha_grid={tuple(grid)} / config.eval.kl_budgets={tuple(budgets)} are "
+            "invalid: positive multiples of alpha (may be empty) / positive nats (not empty)"
+        )
     for key in ("eval.kl_samples", "eval.kl_steps"):
         c.check_positive(config, key, integer=True)
     for key in ("tfft.rounds", "tfft.num_stage1", "eval.num_samples", "model.sample_steps"):
@@ -278,8 +287,11 @@ def _sample(config: Any, net, params, key, num: int) -> jax.Array:
     )
 
 
-def _method(config, method, src, net, pre_params, key) -> tuple[Any, dict[str, Any]]:
-    """Fine-tuned parameters of ``method`` and its ``α`` / ``η*`` / target KL."""
+def _method(
+    config, method, src, net, pre_params, key, multiple: float = 1.0
+) -> tuple[Any, dict[str, Any]]:
+    """Fine-tuned parameters of ``method`` and its ``α`` / ``η*`` / target KL; ``multiple`` scales
+    ``α`` beyond ``tfft.alpha_scale`` (a point of the KL frontier, ``tfft.alpha_grid``)."""
     t = config.tfft
     beta, reward = t.beta, src["reward"]
     if method == "pretrained":
@@ -297,7 +309,7 @@ def _method(config, method, src, net, pre_params, key) -> tuple[Any, dict[str, A
                 target_kl=t.kl_target / t.rounds**2,
                 bounds=(1e-3, 1e3),
             )
-            alpha *= t.alpha_scale[method]
+            alpha *= t.alpha_scale[method] * multiple
             tilt = dict(samples=samples, r_tilde=r_tilde, alpha=alpha, mode="right", eta=q,
                         reward=reward)  # fmt: skip
             params = _finetune(config, net, params, tilt, kf)
@@ -319,7 +331,7 @@ def _method(config, method, src, net, pre_params, key) -> tuple[Any, dict[str, A
             return gen.pseudo_reward(r, eta, beta=beta, tail=mode)
 
     alpha, _ = gen.tilt_for_kl(pseudo, target_kl=t.kl_target, bounds=(1e-3, 1e3))
-    alpha *= t.alpha_scale[method]  # chosen on a validation seed to match the measured KL
+    alpha *= t.alpha_scale[method] * multiple
     r_tilde = pseudo(alpha)
     target_kl = float(gen.tilt_kl(gen.tilt_weights(r_tilde, alpha=alpha)))
     tilt = dict(samples=samples, r_tilde=r_tilde, alpha=alpha, mode=mode,
@@ -337,10 +349,10 @@ def _histogram_kl(x: np.ndarray, ref: np.ndarray, bins: int = 40, eps: float = 1
     return float(np.sum(p * np.log(p / q)))
 
 
-def _cell(config, method, src, seed, net, pre_params, pre_eval) -> dict[str, Any]:
-    key = jax.random.fold_in(jax.random.key(seed), METHODS.index(method) + 10)
+def _cell(config, method, multiple, src, seed, net, pre_params, pre_eval) -> dict[str, Any]:
+    key = jax.random.fold_in(jax.random.key(seed), METHODS.index(method) + 10)  # same at every α
     start, cpu_start = time.perf_counter(), time.process_time()
-    params, info = _method(config, method, src, net, pre_params, key)
+    params, info = _method(config, method, src, net, pre_params, key, multiple)
     params = jax.block_until_ready(params)
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     x = np.asarray(_sample(config, net, params, jax.random.key(10_000 + seed), pre_eval.shape[0]))
@@ -354,6 +366,7 @@ def _cell(config, method, src, seed, net, pre_params, pre_eval) -> dict[str, Any
         "cpu_seconds": cpu_seconds if method != "pretrained" else 0.0,
         "rewards": np.asarray(r)[:2000].tolist(),
         **info,
+        "alpha_multiple": multiple,
     }
     if method != "pretrained":  # the learned model's KL, by the flows' exact log-likelihoods
         kl, se = gen.flow_kl(net.apply, params, pre_params, jax.random.key(20_000 + seed),
@@ -369,13 +382,14 @@ def _cell(config, method, src, seed, net, pre_params, pre_eval) -> dict[str, Any
 def run(config: Any, workdir: str) -> dict[str, Any]:
     store = sweep.CellStore(workdir)
     builders = {"ring": ring_source, "mnist": mnist_source}
-    todo = [(src, s, m) for src in config.sources for s in config.seeds for m in config.methods]
-    bar = tqdm(total=len(todo), desc="tfft cells", disable=None)
+    runs = report.method_runs(config)  # (method, α multiple), the plain ones first
+    bar = tqdm(total=len(config.sources) * len(config.seeds) * len(runs), desc="tfft cells",
+               disable=None)  # fmt: skip
     warm = set()
     for name in config.sources:
         src = None
         for seed in config.seeds:
-            keys = [f"{name}/seed={seed}/{m}" for m in config.methods]
+            keys = [report.cell_key(name, seed, m, g) for m, g in runs]
             if all(k in store for k in keys):
                 for k in keys:
                     store.get(k, dict)  # read back
@@ -390,8 +404,8 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
                 _method(config, "tfft_left", src, net, pre, jax.random.key(0))
                 warm.add(name)
             args = (src, seed, net, pre, pre_eval)
-            for m, k in zip(config.methods, keys, strict=True):
-                store.get(k, lambda m=m, args=args: _cell(config, m, *args))
+            for (m, g), k in zip(runs, keys, strict=True):
+                store.get(k, lambda m=m, g=g, args=args: _cell(config, m, g, *args))
                 bar.update()
     bar.close()
     store.close()

@@ -5,7 +5,10 @@ Used by ``experiments/tfft.py``. ``cells`` maps ``"<source>/seed=<s>/<method>"``
 ``mean``, ``cvar_left``, ``cvar_right``, ``seconds``, ``cpu_seconds``, ``rewards`` (the first
 2,000 evaluation rewards) and, where they apply, ``alpha``, ``eta``, ``target_kl``, ``model_kl``
 (the learned model's measured KL from the pre-trained flow) with ``model_kl_se`` and (ring)
-``hist_kl`` and ``samples`` (the first 1,000 evaluation samples, ``(1000, 2)``).
+``hist_kl`` and ``samples`` (the first 1,000 evaluation samples, ``(1000, 2)``). With
+``tfft.alpha_grid``, the same methods at further multiples of their ``α`` are cells under
+``"<source>/seed=<s>/<method>/alpha_x<multiple>"`` (:func:`cell_key`), and :func:`matched_kl`
+compares the methods at budgets of measured KL (``frontier.md``).
 """
 
 from __future__ import annotations
@@ -15,9 +18,82 @@ from typing import Any
 
 import numpy as np
 
+from experiments.common import metrics as metrics_lib
 from experiments.common import sweep
 
-__all__ = ["checks", "plots", "table", "write_results"]
+__all__ = [
+    "cell_key",
+    "checks",
+    "frontier_plots",
+    "matched_kl",
+    "method_runs",
+    "plots",
+    "table",
+    "write_results",
+]
+
+OBJECTIVES = (("cvar_left", "tfft_left"), ("cvar_right", "tfft_right"), ("mean", "expected"))
+
+
+def method_runs(config) -> list[tuple[str, float]]:
+    """``(method, α multiple)`` of every cell of a seed: each method at 1, then the fine-tuned
+    ones at the other multiples of ``tfft.alpha_grid``."""
+    others = [g for g in config.tfft.alpha_grid if g != 1.0]
+    return [(m, 1.0) for m in config.methods] + [
+        (m, g) for g in others for m in config.methods if m != "pretrained"
+    ]
+
+
+def cell_key(source: str, seed: int, method: str, multiple: float = 1.0) -> str:
+    """The cell of ``method`` at ``multiple`` × its ``α`` (the plain key at 1)."""
+    key = f"{source}/seed={seed}/{method}"
+    return key if multiple == 1.0 else f"{key}/alpha_x{multiple:g}"
+
+
+def matched_kl(config, cells) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Rows and checks of the comparison at matched measured KL.
+
+    For each budget ``b`` of ``eval.kl_budgets`` and each seed, a method is represented by its run
+    (over ``1`` and ``tfft.alpha_grid``) with the largest measured KL ``≤ b``: the choice reads
+    the learned models' KL, never a reward, so it is the same for every objective. A row holds the
+    mean ± sd over the seeds where such a run exists (``seeds`` counts them) of its measured KL,
+    α multiple and metrics; the checks ask, per budget, whether each TFFT variant (and expected
+    fine-tuning for the mean) is the best on its objective on the seed mean and on how many seeds.
+    """
+    rows, found = [], []
+    multiples = sorted({1.0, *config.tfft.alpha_grid})
+    tuned = [m for m in config.methods if m != "pretrained"]
+    for src in config.sources:
+        for budget in config.eval.kl_budgets:
+            chosen = {}  # method -> seed -> cell
+            for m in tuned:
+                for s in config.seeds:
+                    runs = [cells[cell_key(src, s, m, g)] for g in multiples]
+                    within = [c for c in runs if c["model_kl"] <= budget]
+                    if within:
+                        best = max(within, key=lambda c: c["model_kl"])
+                        chosen.setdefault(m, {})[s] = best
+            for m in tuned:
+                got = list(chosen.get(m, {}).values())
+                row = {"source": src, "kl_budget": budget, "method": m, "seeds": len(got)}
+                for col in ("model_kl", "alpha_multiple", "mean", "cvar_left", "cvar_right"):
+                    row[col] = sweep.format_mean_sd([c[col] for c in got]) if got else "–"
+                rows.append(row)
+            for col, want in OBJECTIVES:
+                if want not in chosen:
+                    continue
+                # seeds where every method has a run within the budget
+                common = [s for s in config.seeds if all(s in chosen.get(m, {}) for m in tuned)]
+                wins = [max(tuned, key=lambda m, s=s: chosen[m][s][col]) == want for s in common]
+                means = {m: np.mean([chosen[m][s][col] for s in common]) for m in tuned}
+                top = max(means, key=means.get) if common else "–"
+                found.append(sweep.check(
+                    f"{src}, measured KL <= {budget}: {want} has the best {col}",
+                    bool(common) and top == want,
+                    f"best on the mean of {len(common)} seeds: {top}; {want} best on "
+                    f"{sum(wins)}/{len(common)} seeds",
+                ))  # fmt: skip
+    return rows, found
 
 
 def table(config, cells) -> list[dict[str, Any]]:
@@ -56,8 +132,7 @@ def checks(config, rows) -> list[dict[str, Any]]:
         def best(col, tuned=tuned):
             return max(tuned, key=lambda name: tuned[name][f"_{col}"])
 
-        for col, want in (("cvar_left", "tfft_left"), ("cvar_right", "tfft_right"),
-                          ("mean", "expected")):  # fmt: skip
+        for col, want in OBJECTIVES:
             if want in tuned:
                 got = best(col)
                 out.append(sweep.check(
@@ -104,6 +179,31 @@ def plots(config, workdir, cells) -> list[str]:
     return paths
 
 
+def frontier_plots(config, workdir, cells) -> list[str]:
+    """``kl_frontier_<source>.png``: each objective against the measured KL, one point per
+    (method, α multiple, seed); returns their paths."""
+    from experiments.common.plots import subplots
+
+    paths = []
+    multiples = sorted({1.0, *config.tfft.alpha_grid})
+    for src in config.sources:
+        fig, axes = subplots(1, len(OBJECTIVES), figsize=(4.2 * len(OBJECTIVES), 3.6))
+        for ax, (col, _) in zip(axes, OBJECTIVES, strict=True):
+            for m in config.methods:
+                if m == "pretrained":
+                    continue
+                got = [cells[cell_key(src, s, m, g)] for s in config.seeds for g in multiples]
+                ax.scatter([c["model_kl"] for c in got], [c[col] for c in got], s=14, label=m)
+            for b in config.eval.kl_budgets:
+                ax.axvline(b, color="0.8", lw=0.8, zorder=0)
+            ax.set(xscale="log", xlabel="measured KL of the model (nats)", ylabel=col)
+        axes[0].legend(fontsize=7)
+        fig.suptitle(f"{src}: objectives against measured KL (α × {multiples}, all seeds)")
+        paths.append(os.path.join(workdir, f"kl_frontier_{src}.png"))
+        fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
+    return paths
+
+
 def write_results(config, workdir, cells) -> dict[str, Any]:
     """The table, checks and plots of ``cells``, written as ``results.md`` and ``summary.json``
     (:func:`sweep.write_sweep_results`); returns the run's metrics."""
@@ -111,6 +211,16 @@ def write_results(config, workdir, cells) -> dict[str, Any]:
     found = checks(config, rows)
     paths = plots(config, workdir, cells)
     cmd = sweep.command_line("python -m experiments.train --config=configs/tfft.py")
+    if config.tfft.alpha_grid:
+        matched, matched_checks = matched_kl(config, cells)
+        found += matched_checks
+        metrics_lib.write_results_md(
+            workdir, matched, filename="frontier.md",
+            title="P16 TFFT at matched measured KL (the run with the largest measured KL within "
+                  "each budget, over the alpha multiples)",
+            notes=f"Command: `{cmd}`\n\n" + sweep.checks_markdown(matched_checks),
+        )  # fmt: skip
+        paths += frontier_plots(config, workdir, cells)
     public = [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]
     return sweep.write_sweep_results(
         workdir,

@@ -11,6 +11,8 @@ import pytest
 
 from configs import tfft as cfg
 from experiments import common, tfft
+from experiments.common import sweep
+from experiments.common import tfft_report as report
 
 
 def _tiny():
@@ -94,3 +96,65 @@ def test_the_adjoint_matching_tilt_gradient_is_the_masked_reward_gradient():
         scale = 1.0 / 2.0 if mask is None else mask[:, None] / (2.0 * beta)
         np.testing.assert_allclose(got, scale * grad_r, rtol=1e-5, atol=1e-6)
         assert mask is None or 0 < int(mask.sum()) < 64  # both sides of the threshold occur
+
+
+def test_the_alpha_grid_runs_each_method_at_its_multiples_and_compares_at_measured_kl(tmp_path):
+    config = _tiny()
+    config.methods = ("pretrained", "expected", "tfft_left")
+    config.tfft.alpha_grid = (0.5, 4.0)
+    tfft.run(config, str(tmp_path))
+    for name in ("frontier.md", "kl_frontier_ring.png", "results.md"):
+        assert (tmp_path / name).exists(), name
+    cells = {p.name: json.loads(p.read_text()) for p in (tmp_path / "cells").glob("*.json")}
+    assert len(cells) == 3 + 2 * 2  # the plain methods, then the two tuned ones at 0.5 and 4
+    plain = _cell(tmp_path, "tfft_left")
+    (half,) = [c for n, c in cells.items() if "tfft_left" in n and "alpha_x0.5" in n]
+    assert half["alpha"] == pytest.approx(0.5 * plain["alpha"], rel=1e-6)
+    assert half["alpha_multiple"] == 0.5 and plain["alpha_multiple"] == 1.0
+    with open(tmp_path / "summary.json") as f:
+        criteria = [c["criterion"] for c in json.load(f)["checks"]]
+    assert sum("measured KL <=" in c for c in criteria) == 2 * len(config.eval.kl_budgets)
+
+
+def test_matched_kl_takes_each_seeds_run_with_the_largest_measured_kl_within_the_budget():
+    config = _tiny()
+    config.methods = ("pretrained", "expected", "tfft_left")
+    config.seeds = (0, 1)
+    config.tfft.alpha_grid = (2.0,)
+    config.eval.kl_budgets = (0.2,)
+    cells = {}
+    # (seed, method, multiple) -> (measured KL, cvar_left); the mean reward is 10 * cvar_left.
+    points = {
+        (0, "expected", 1.0): (0.30, -1.0), (0, "expected", 2.0): (0.15, -1.2),
+        (0, "tfft_left", 1.0): (0.19, -0.8), (0, "tfft_left", 2.0): (0.05, -0.5),
+        (1, "expected", 1.0): (0.18, -0.7), (1, "expected", 2.0): (0.10, -0.9),
+        (1, "tfft_left", 1.0): (0.25, -0.6), (1, "tfft_left", 2.0): (0.12, -0.75),
+    }  # fmt: skip
+    for (s, m, g), (kl, cl) in points.items():
+        cells[report.cell_key("ring", s, m, g)] = {
+            "model_kl": kl, "cvar_left": cl, "cvar_right": 0.0, "mean": 10 * cl,
+            "alpha_multiple": g,
+        }  # fmt: skip
+    rows, found = report.matched_kl(config, cells)
+    by = {r["method"]: r for r in rows}
+    # seed 0: expected's 0.15 run (not the 0.30 one), tfft_left's 0.19 run (not its better 0.05
+    # one: the choice reads the KL, never the reward); seed 1: expected 0.18, tfft_left 0.12.
+    assert by["expected"]["model_kl"] == sweep.format_mean_sd([0.15, 0.18])
+    assert by["tfft_left"]["cvar_left"] == sweep.format_mean_sd([-0.8, -0.75])
+    assert by["tfft_left"]["alpha_multiple"] == sweep.format_mean_sd([1.0, 2.0])
+    left, mean = found[0], found[1]
+    # cvar_left: tfft_left -0.775 vs expected -0.95 on the mean; per seed -0.8 > -1.2, -0.75 < -0.7
+    assert left["reproduced"] is True and "tfft_left best on 1/2 seeds" in left["evidence"]
+    assert mean["reproduced"] is False and "expected best on 1/2 seeds" in mean["evidence"]
+    assert report.cell_key("ring", 0, "expected") == "ring/seed=0/expected"
+
+
+def test_the_alpha_grid_config_arg():
+    assert cfg.get_config("alpha_grid=0.5/2/4").tfft.alpha_grid == (0.5, 2.0, 4.0)
+    assert cfg.get_config("source=ring").tfft.alpha_grid == ()
+    with pytest.raises(common.ConfigError, match="alpha_grid='0/2' is invalid"):
+        cfg.get_config("alpha_grid=0/2")
+    config = _tiny()
+    config.eval.kl_budgets = ()
+    with pytest.raises(common.ConfigError, match="kl_budgets"):
+        tfft.check_config(config)
