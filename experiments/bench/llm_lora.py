@@ -2,8 +2,9 @@
 
 ``python -m experiments.bench.llm_lora`` measures, on a ``DecoderLM`` with Gemma-2's switches
 (GeGLU, sandwich norms, soft-capping, alternating sliding/full layers, tied embeddings) at
-d=2304, MLP 9216, 8 query heads (4 key/value heads) of 256, with ``--layers`` (default 4) layers
-under ``nn.scan`` with ``remat_policy="nothing_saveable"``, bf16 compute and float32 parameters;
+d=2304, MLP 9216, 8 query heads (4 key/value heads) of 256, with ``--layers`` (default 26,
+Gemma-2-2B's depth: the memory is read from shapes, so nothing of the base is allocated)
+layers under ``nn.scan`` with ``remat_policy="nothing_saveable"``, bf16 compute and float32 parameters;
 LoRA r=8, alpha=16 on all seven projections (factors stacked on the layer axis):
 
 * ``scan_lora_extra_over_adapter_bytes``: what LoRA adds to the compiled training step's memory
@@ -15,10 +16,11 @@ LoRA r=8, alpha=16 on all seven projections (factors stacked on the layer axis):
   ``memory_analysis()`` for a batch of ``T`` tokens (``--tokens``, default 4, 16, 64); at a few
   tokens the activations are negligible (``extra`` is flat in ``T``), so the headline is
   ``extra(min T) / adapter bytes``; larger ``T`` shows what LoRA's activations add per token.
-  ``..._by_layers`` repeats it at other depths (``--depth-curve``, default 2, 8, 26: Gemma-2-2B
-  has 26 layers). Measured: 1.0 is the stacked factor
+  ``..._by_layers`` repeats it at other depths (``--depth-curve``, default 2, 4, 8). Measured:
+  1.0 is the stacked factor
   gradients themselves (Adam reads them after the backward); the rest
-  (``scan_lora_per_iteration_bytes = extra − adapter bytes``, 1.56 MB at every ``L``) is the
+  (``scan_lora_per_iteration_bytes = extra − adapter bytes``, 1.56 MB at 2 to 8 layers,
+  1.36 MB at 26) is the
   backward scan body's copies of the current layer's factor slices (``dynamic-slice`` of the
   stacked ``a``, ``b``; XLA:CPU materialises a dot operand, as it does the layer's frozen kernel
   slices in both steps), i.e. ``layer_factor_bytes = adapter bytes / L`` (1.60 MB), so the ratio
@@ -73,9 +75,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         description="LoRA/QLoRA on the scanned decoder at a Gemma-2-2B-like width: memory LoRA "
         "adds to the compiled step, NF4 base bytes, LoRA vs full step time, HF logits parity.",
     )
-    p.add_argument("--layers", type=int, default=4, help="depth of the memory measurement")
+    p.add_argument(
+        "--layers", type=int, default=26, help="depth of the memory measurement (Gemma-2-2B: 26)"
+    )
     p.add_argument("--tokens", default="4,16,64", help="token counts of the memory measurement")
-    p.add_argument("--depth-curve", default="2,8,26", help="other depths, at the fewest tokens")
+    p.add_argument("--depth-curve", default="2,4,8", help="other depths, at the fewest tokens")
     p.add_argument("--time-layers", type=int, default=2, help="depth of the timed steps")
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--seq", type=int, default=64)
@@ -94,7 +98,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.layers, args.time_layers, args.batch, args.seq, args.steps = 1, 1, 2, 16, 2
         args.tokens = "8" if args.tokens == "4,16,64" else args.tokens
-        args.depth_curve = "" if args.depth_curve == "2,8,26" else args.depth_curve
+        args.depth_curve = "" if args.depth_curve == "2,4,8" else args.depth_curve
     try:
         args.tokens = sorted({int(v) for v in args.tokens.split(",") if v.strip()})
         args.depth_curve = [int(v) for v in args.depth_curve.split(",") if v.strip()]
