@@ -281,7 +281,7 @@ def _cell(config, ctx, method, fns, seed: int) -> dict[str, Any]:
     return out
 
 
-def _context(config, model, arrays, pre, seed) -> dict[str, Any]:
+def _context(config, arrays, pre, seed) -> dict[str, Any]:
     """Frozen backbone, head, and the missing patterns of every split (shared by all methods)."""
     num = len(config.data.views)
     frozen, head = prompts.split_head(pre["params"])
@@ -387,7 +387,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
                 m: _method_fns(models[mode], method, num) for m, (method, mode) in methods.items()
             }
         pre = pretrain(arrays, seed, workdir)
-        ctx = _context(config, model, arrays, pre, seed)
+        ctx = _context(config, arrays, pre, seed)
         for m, (method, _) in methods.items():
             store.get(keys[m], functools.partial(_cell, config, ctx, method, fns[m], seed))
             bar.update()

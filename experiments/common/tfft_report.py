@@ -68,7 +68,9 @@ def matched_kl(config, cells) -> tuple[list[dict[str, Any]], list[dict[str, Any]
             chosen = {}  # method -> seed -> cell
             for m in tuned:
                 for s in config.seeds:
-                    runs = [cells[cell_key(src, s, m, g)] for g in multiples]
+                    runs = [
+                        {**cells[cell_key(src, s, m, g)], "alpha_multiple": g} for g in multiples
+                    ]
                     within = [c for c in runs if c["model_kl"] <= budget]
                     if within:
                         best = max(within, key=lambda c: c["model_kl"])

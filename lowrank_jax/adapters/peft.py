@@ -37,7 +37,7 @@ import inspect
 import json
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -158,6 +158,7 @@ def save_peft(
     task_type: str | None = None,
     params: Any = None,
     trained: Any = None,
+    conv_paths: str | Sequence[str] | None = None,
 ) -> list[str]:
     """Writes LoRA/DoRA adapters in PEFT's format so ``PeftModel.from_pretrained`` can load them.
 
@@ -183,6 +184,11 @@ def save_peft(
       trained: trained biases and modules, a tree shaped like ``params`` with ``None`` elsewhere
         (from :func:`lowrank_jax.adapters.split_trainable` or ``load_peft(..., with_trained=True)``);
         written as ``bias="lora_only"``/``"all"`` tensors and ``modules_to_save``.
+      conv_paths: regexes (``re.fullmatch``) of the kernels that are convolutions; ``None`` (the
+        default) takes every kernel of the shape above as one. A ``DenseGeneral`` kernel of the
+        same shape, such as flax attention's out-projection ``(heads, head_dim, features)``,
+        cannot be told from a convolution by its shape: pass ``conv_paths=()`` (or the conv
+        layers' paths) to write it as the ``nn.Linear`` LoRA that PyTorch's attention has.
 
     Returns:
       The directories written (one, or one per named set).
@@ -196,7 +202,11 @@ def save_peft(
     """
     if trained is not None and params is None:
         raise ValueError("save_peft(..., trained=...) needs params= to name the trained leaves.")
-    write = lambda d, s: _save_one(d, s, module_name, base_model, task_type, params, trained)  # noqa: E731
+    conv = [conv_paths] if isinstance(conv_paths, str) else conv_paths
+
+    def write(d, s):
+        return _save_one(d, s, module_name, base_model, task_type, params, trained, conv)
+
     if adapters and all(isinstance(v, dict) for v in adapters.values()):
         return [write(os.path.join(directory, str(name)), s) for name, s in adapters.items()]
     return [write(directory, adapters)]
@@ -210,6 +220,7 @@ def _save_one(
     task_type: str | None,
     params: Any,
     trained: Any,
+    conv_paths: Sequence[str] | None,
 ) -> str:
     if not adapters:
         raise ValueError("save_peft got an empty adapter set; nothing to write.")
@@ -239,7 +250,11 @@ def _save_one(
         layout = None
         if path.endswith("/embedding"):
             layout = "embedding"
-        elif f["a"].ndim == 2 and peft_layout.is_conv(path, adapter, kernels):
+        elif (
+            f["a"].ndim == 2
+            and peft_layout.is_conv(path, adapter, kernels)
+            and (conv_paths is None or any(re.fullmatch(p, path) for p in conv_paths))
+        ):
             layout = tuple(kernels[path].shape)
         for name, f_i in per_module.items():
             tensors.update(

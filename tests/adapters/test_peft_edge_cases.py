@@ -211,3 +211,30 @@ def test_save_rejects_what_is_not_a_lora_set(tmp_path):
         A.save_peft(tmp_path, {}, module_name=module_name)
     with pytest.raises(TypeError, match="PEFT export is LoRA and DoRA only"):
         A.save_peft(tmp_path, {"enc/fc1/kernel": 3.0}, module_name=module_name)
+
+
+def test_conv_paths_writes_a_dense_general_out_projection_as_a_linear_lora(tmp_path):
+    # flax attention's out-projection kernel (heads, head_dim, features) has a conv kernel's shape
+    # (window, in, out); by default it is written as a Conv1d LoRA, with conv_paths=() as the
+    # nn.Linear(heads * head_dim, features) LoRA that PyTorch's attention has.
+    from safetensors.numpy import load_file
+
+    params = {"attn": {"out": {"kernel": jnp.ones((2, 3, 4))}}}
+    rule = A.lora(2, in_ndim=2, out_ndim=1)
+    lora = perturb(A.init(jax.random.key(0), params, [(r".*out/kernel", rule)]))
+    a = np.asarray(lora["attn/out/kernel"].factors["a"])
+    shapes = {}
+    for conv in (None, ()):
+        out = A.save_peft(tmp_path / str(conv), lora, module_name=module_name, params=params,
+                          conv_paths=conv)[0]  # fmt: skip
+        tensors = load_file(f"{out}/adapter_model.safetensors")
+        (name,) = [k for k in tensors if "lora_A" in k]
+        shapes[conv] = tensors[name].shape
+    assert shapes[None] == (2, 3, 2)  # (r, in, window): a Conv1d LoRA
+    assert shapes[()] == (2, 6)  # (r, heads * head_dim): a Linear LoRA
+    np.testing.assert_array_equal(tensors[name], a.T)
+    A.save_peft(
+        tmp_path / "named", lora, module_name=module_name, params=params, conv_paths=r".*out/kernel"
+    )  # fmt: skip (a str is one regex)
+    tensors = load_file(f"{tmp_path}/named/adapter_model.safetensors")
+    assert next(v for k, v in tensors.items() if "lora_A" in k).shape == (2, 3, 2)
