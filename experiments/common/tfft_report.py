@@ -198,7 +198,7 @@ def frontier_plots(config, workdir, cells) -> list[str]:
                 ax.scatter([c["model_kl"] for c in got], [c[col] for c in got], s=14, label=m)
             for b in config.eval.kl_budgets:
                 ax.axvline(b, color="0.8", lw=0.8, zorder=0)
-            ax.set(xscale="log", xlabel="measured KL of the model (nats)", ylabel=col)
+            ax.set(xscale="log", xlabel="measured KL of the model (nats)", title=col)
         axes[0].legend(fontsize=7)
         fig.suptitle(f"{src}: objectives against measured KL (α × {multiples}, all seeds)")
         paths.append(os.path.join(workdir, f"kl_frontier_{src}.png"))
