@@ -31,6 +31,9 @@ about 200); one seed of ``:source=mnist,seeds=1`` 18 minutes wall (fine-tunes ab
 CPU-seconds each, the iterative baseline 655); ``stage2=resample`` fine-tunes took about 100 CPU-seconds each (ring, seed 0). One
 seed of ``:source=mnist,seeds=1,stage2=resample`` took 18 CPU-minutes (peak RSS 1.7 GB).
 ``first_seed=1,seeds=2`` runs seeds 1 and 2 only (the same workdir later resumes them).
+``:source=ring,alpha_grid=0.5/1.5/2/3/4`` adds the comparison at matched measured KL
+(``frontier.md``, ``kl_frontier_ring.png``): 98 CPU-minutes for the 3 seeds, 60 of them on the
+iterative baseline.
 ``:smoke`` takes well under a minute of CPU. Rerunning resumes (pre-training checkpoints and
 finished cells are read back).
 

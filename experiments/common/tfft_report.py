@@ -200,7 +200,7 @@ def frontier_plots(config, workdir, cells) -> list[str]:
                 ax.axvline(b, color="0.8", lw=0.8, zorder=0)
             ax.set(xscale="log", xlabel="measured KL of the model (nats)", title=col)
         axes[0].legend(fontsize=7)
-        fig.suptitle(f"{src}: objectives against measured KL (α × {multiples}, all seeds)")
+        fig.suptitle(f"{src}: objectives against measured KL (α × {multiples}, all seeds)", y=1.04)
         paths.append(os.path.join(workdir, f"kl_frontier_{src}.png"))
         fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
     return paths
