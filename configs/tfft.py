@@ -43,6 +43,8 @@ about what expected fine-tuning costs and about 1/K of the iterative baseline. W
 is in ``results.md`` and ``docs/papers/p16_tfft.md``.
 """
 
+import math
+
 import ml_collections
 
 from configs.common import ConfigError, hardware_section, parse_arg, profile_section, train_section
@@ -51,12 +53,13 @@ SOURCES = ("ring", "mnist")
 
 
 def _grid(text) -> tuple[float, ...]:
-    """``"0.5/2/4"`` (or one number) -> ``(0.5, 2.0, 4.0)``; ``""`` -> ``()``."""
+    """``"0.5/2/4"`` (or one number) -> ``(0.5, 2.0, 4.0)``, sorted, repeats dropped; ``""`` ->
+    ``()``."""
     try:
-        grid = tuple(float(v) for v in str(text).split("/") if v.strip())
+        grid = tuple(sorted({float(v) for v in str(text).split("/") if v.strip()}))
     except ValueError:
         grid = (-1.0,)
-    if any(g <= 0 for g in grid):
+    if not all(0 < g < math.inf for g in grid):
         raise ConfigError(
             f"config arg alpha_grid={text!r} is invalid: positive multiples separated by '/', "
             "e.g. alpha_grid=0.5/2/4"

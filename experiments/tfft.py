@@ -78,10 +78,15 @@ def check_config(config: Any) -> None:
         if m != "pretrained":
             c.check_positive(config, f"tfft.alpha_scale.{m}")
     grid, budgets = c.get_path(config, "tfft.alpha_grid"), c.get_path(config, "eval.kl_budgets")
-    if any(g <= 0 for g in grid) or not budgets or any(b <= 0 for b in budgets):
+    if not all(0 < g < np.inf for g in grid):
         raise c.ConfigError(
-            f"config.tfft.alpha_grid={tuple(grid)} / config.eval.kl_budgets={tuple(budgets)} are "
-            "invalid: positive multiples of alpha (may be empty) / positive nats (not empty)"
+            f"config.tfft.alpha_grid={tuple(grid)} is invalid: positive multiples of alpha "
+            "(empty: no KL frontier)"
+        )
+    if not budgets or not all(0 < b < np.inf for b in budgets):
+        raise c.ConfigError(
+            f"config.eval.kl_budgets={tuple(budgets)} is invalid: a non-empty tuple of positive "
+            "nats"
         )
     for key in ("eval.kl_samples", "eval.kl_steps"):
         c.check_positive(config, key, integer=True)

@@ -27,6 +27,7 @@ __all__ = [
     "frontier_plots",
     "matched_kl",
     "method_runs",
+    "multiples",
     "plots",
     "table",
     "write_results",
@@ -35,10 +36,15 @@ __all__ = [
 OBJECTIVES = (("cvar_left", "tfft_left"), ("cvar_right", "tfft_right"), ("mean", "expected"))
 
 
+def multiples(config) -> list[float]:
+    """The α multiples every fine-tuned method runs at: 1 and those of ``tfft.alpha_grid``."""
+    return sorted({1.0, *config.tfft.alpha_grid})
+
+
 def method_runs(config) -> list[tuple[str, float]]:
     """``(method, α multiple)`` of every cell of a seed: each method at 1, then the fine-tuned
-    ones at the other multiples of ``tfft.alpha_grid``."""
-    others = [g for g in config.tfft.alpha_grid if g != 1.0]
+    ones at the other multiples."""
+    others = [g for g in multiples(config) if g != 1.0]
     return [(m, 1.0) for m in config.methods] + [
         (m, g) for g in others for m in config.methods if m != "pretrained"
     ]
@@ -61,16 +67,14 @@ def matched_kl(config, cells) -> tuple[list[dict[str, Any]], list[dict[str, Any]
     fine-tuning for the mean) is the best on its objective on the seed mean and on how many seeds.
     """
     rows, found = [], []
-    multiples = sorted({1.0, *config.tfft.alpha_grid})
+    grid = multiples(config)
     tuned = [m for m in config.methods if m != "pretrained"]
     for src in config.sources:
         for budget in config.eval.kl_budgets:
             chosen = {}  # method -> seed -> cell
             for m in tuned:
                 for s in config.seeds:
-                    runs = [
-                        {**cells[cell_key(src, s, m, g)], "alpha_multiple": g} for g in multiples
-                    ]
+                    runs = [{**cells[cell_key(src, s, m, g)], "alpha_multiple": g} for g in grid]
                     within = [c for c in runs if c["model_kl"] <= budget]
                     if within:
                         best = max(within, key=lambda c: c["model_kl"])
@@ -188,20 +192,20 @@ def frontier_plots(config, workdir, cells) -> list[str]:
     from experiments.common.plots import subplots
 
     paths = []
-    multiples = sorted({1.0, *config.tfft.alpha_grid})
+    grid = multiples(config)
     for src in config.sources:
         fig, axes = subplots(1, len(OBJECTIVES), figsize=(4.2 * len(OBJECTIVES), 3.6))
         for ax, (col, _) in zip(axes, OBJECTIVES, strict=True):
             for m in config.methods:
                 if m == "pretrained":
                     continue
-                got = [cells[cell_key(src, s, m, g)] for s in config.seeds for g in multiples]
+                got = [cells[cell_key(src, s, m, g)] for s in config.seeds for g in grid]
                 ax.scatter([c["model_kl"] for c in got], [c[col] for c in got], s=14, label=m)
             for b in config.eval.kl_budgets:
                 ax.axvline(b, color="0.8", lw=0.8, zorder=0)
             ax.set(xscale="log", xlabel="measured KL of the model (nats)", title=col)
         axes[0].legend(fontsize=7)
-        fig.suptitle(f"{src}: objectives against measured KL (α × {multiples}, all seeds)", y=1.04)
+        fig.suptitle(f"{src}: objectives against measured KL (α × {grid}, all seeds)", y=1.04)
         paths.append(os.path.join(workdir, f"kl_frontier_{src}.png"))
         fig.savefig(paths[-1], dpi=110, bbox_inches="tight")
     return paths

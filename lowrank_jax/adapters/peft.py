@@ -195,20 +195,33 @@ def save_peft(
 
     Raises:
       TypeError: an adapter is neither LoRA nor DoRA.
-      ValueError: a set that mixes LoRA and DoRA (PEFT has one ``use_dora``), stacked adapters
+      ValueError: ``conv_paths`` without ``params``, or with a pattern that matches no adapted
+        kernel; a set that mixes LoRA and DoRA (PEFT has one ``use_dora``), stacked adapters
         with a ``module_name`` that takes no layer index or with more than one stacked axis,
         dropout rates that differ (PEFT has one ``lora_dropout``), ``trained`` without
         ``params``, a trained leaf no module owns, or an empty set.
     """
     if trained is not None and params is None:
         raise ValueError("save_peft(..., trained=...) needs params= to name the trained leaves.")
+    named = bool(adapters) and all(isinstance(v, dict) for v in adapters.values())
+    sets = adapters if named else {"": adapters}
     conv = [conv_paths] if isinstance(conv_paths, str) else conv_paths
+    if conv is not None:
+        if params is None:
+            raise ValueError("save_peft(..., conv_paths=...) needs params= to see kernel shapes.")
+        adapted = {path for s in sets.values() for path in s}
+        for pattern in conv:
+            if not any(re.fullmatch(pattern, path) for path in adapted):
+                raise ValueError(
+                    f"save_peft: conv_paths pattern {pattern!r} matches no adapted kernel; "
+                    f"the adapted paths are {sorted(adapted)}."
+                )
 
     def write(d, s):
         return _save_one(d, s, module_name, base_model, task_type, params, trained, conv)
 
-    if adapters and all(isinstance(v, dict) for v in adapters.values()):
-        return [write(os.path.join(directory, str(name)), s) for name, s in adapters.items()]
+    if named:
+        return [write(os.path.join(directory, str(name)), s) for name, s in sets.items()]
     return [write(directory, adapters)]
 
 

@@ -233,8 +233,12 @@ def test_conv_paths_writes_a_dense_general_out_projection_as_a_linear_lora(tmp_p
     assert shapes[None] == (2, 3, 2)  # (r, in, window): a Conv1d LoRA
     assert shapes[()] == (2, 6)  # (r, heads * head_dim): a Linear LoRA
     np.testing.assert_array_equal(tensors[name], a.T)
-    A.save_peft(
-        tmp_path / "named", lora, module_name=module_name, params=params, conv_paths=r".*out/kernel"
-    )  # fmt: skip (a str is one regex)
+    one = r".*out/kernel"  # a str is one regex
+    A.save_peft(tmp_path / "named", lora, module_name=module_name, params=params, conv_paths=one)
     tensors = load_file(f"{tmp_path}/named/adapter_model.safetensors")
     assert next(v for k, v in tensors.items() if "lora_A" in k).shape == (2, 3, 2)
+    with pytest.raises(ValueError, match="'.*conv/kernel' matches no adapted kernel"):
+        A.save_peft(tmp_path / "typo", lora, module_name=module_name, params=params,
+                    conv_paths=[r".*conv/kernel"])  # fmt: skip
+    with pytest.raises(ValueError, match="conv_paths=...\\) needs params="):
+        A.save_peft(tmp_path / "no_params", lora, module_name=module_name, conv_paths=())

@@ -147,14 +147,26 @@ def test_matched_kl_takes_each_seeds_run_with_the_largest_measured_kl_within_the
     assert left["reproduced"] is True and "tfft_left best on 1/2 seeds" in left["evidence"]
     assert mean["reproduced"] is False and "expected best on 1/2 seeds" in mean["evidence"]
     assert report.cell_key("ring", 0, "expected") == "ring/seed=0/expected"
+    # At 0.12 nats expected has no run within the budget on seed 0: its row counts one seed, and
+    # with one method left on every seed there is nothing to compare, so no check is made.
+    config.eval.kl_budgets = (0.12,)
+    rows, found = report.matched_kl(config, cells)
+    assert {r["method"]: r["seeds"] for r in rows} == {"expected": 1, "tfft_left": 2}
+    assert found == []
 
 
 def test_the_alpha_grid_config_arg():
     assert cfg.get_config("alpha_grid=0.5/2/4").tfft.alpha_grid == (0.5, 2.0, 4.0)
     assert cfg.get_config("source=ring").tfft.alpha_grid == ()
-    with pytest.raises(common.ConfigError, match="alpha_grid='0/2' is invalid"):
-        cfg.get_config("alpha_grid=0/2")
+    assert cfg.get_config("alpha_grid=4/0.5/4").tfft.alpha_grid == (0.5, 4.0)
+    for bad in ("0/2", "nan", "inf", "2/x"):
+        with pytest.raises(common.ConfigError, match=f"alpha_grid='{bad}' is invalid"):
+            cfg.get_config(f"alpha_grid={bad}")
     config = _tiny()
     config.eval.kl_budgets = ()
-    with pytest.raises(common.ConfigError, match="kl_budgets"):
+    with pytest.raises(common.ConfigError, match=r"config.eval.kl_budgets=\(\) is invalid"):
+        tfft.check_config(config)
+    config = _tiny()
+    config.tfft.alpha_grid = (0.5, -1.0)
+    with pytest.raises(common.ConfigError, match=r"config.tfft.alpha_grid=\(0.5, -1.0\) is"):
         tfft.check_config(config)
