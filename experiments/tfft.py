@@ -214,7 +214,7 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
             out.append(common.Step(f"{name} fine-tuning", gen.train_flow, args, kw))
         else:
             reward = _ABSTRACT_REWARDS[name]
-            kw = dict(apply_fn=net.apply, log_tilt=_log_tilt(reward, "right", config.tfft.beta),
+            kw = dict(apply_fn=net.apply, log_tilt=gen.reward_log_tilt(reward, beta=config.tfft.beta, tail="right"),
                       tx=tx, dim=dim, num_steps=n_ft, batch_size=b,
                       time_steps=config.tfft.time_steps)  # fmt: skip
             tilt_args = {"eta": spec((), jnp.float32), "alpha": spec((), jnp.float32)}
@@ -259,25 +259,12 @@ def _finetune(config: Any, net, params, tilt: dict[str, Any], key):
         return gen.train_flow(params, tilt["samples"], log_weights, key, apply_fn=net.apply,
                               tx=tx, num_steps=s.finetune_steps, batch_size=s.batch_size)[0]  # fmt: skip
     args = {"eta": jnp.float32(tilt["eta"]), "alpha": jnp.float32(tilt["alpha"])}
-    log_tilt = _log_tilt(tilt["reward"], tilt["mode"], config.tfft.beta)
+    tail = None if tilt["mode"] == "expected" else tilt["mode"]
+    log_tilt = gen.reward_log_tilt(tilt["reward"], beta=config.tfft.beta, tail=tail)
     return gen.train_adjoint_matching(
         params, params, args, key, apply_fn=net.apply, log_tilt=log_tilt, tx=tx,
         dim=tilt["samples"].shape[1], num_steps=s.finetune_steps, batch_size=s.batch_size,
         time_steps=config.tfft.time_steps)[0]  # fmt: skip
-
-
-@functools.cache
-def _log_tilt(reward, mode: str, beta: float):
-    """``(x, {eta, alpha}) -> r̃(x)/α`` of a method (one object per reward and mode, so the
-    adjoint-matching trainer compiles once); its ``jax.grad`` is ``α⁻¹β⁻¹·1[r ≷ η]·∇r`` for TFFT."""
-
-    def log_tilt(x, args):
-        r = reward(x)
-        if mode != "expected":
-            r = gen.pseudo_reward(r, args["eta"], beta=beta, tail=mode)
-        return r / args["alpha"]
-
-    return log_tilt
 
 
 @functools.cache

@@ -43,6 +43,7 @@ __all__ = [
     "cvar_threshold",
     "pseudo_reward",
     "quantile_pseudo_reward",
+    "reward_log_tilt",
     "tilt_for_kl",
     "tilt_kl",
     "tilt_weights",
@@ -168,6 +169,35 @@ def pseudo_reward(r: jax.Array, eta: jax.Array, *, beta: float, tail: str) -> ja
     if tail == "right":
         return jnp.maximum(r - eta, 0.0) / beta
     return -jnp.maximum(eta - r, 0.0) / beta
+
+
+@functools.cache
+def reward_log_tilt(
+    reward: Callable[[jax.Array], jax.Array], *, beta: float, tail: str | None
+) -> Callable[[jax.Array, dict[str, jax.Array]], jax.Array]:
+    r"""The log-tilt ``f(x) = r̃(x)/α`` of a method, as
+    :func:`lowrank_jax.generative.train_adjoint_matching` takes it: ``(x (b, D), {"eta", "alpha"})
+    -> (b,)`` with ``r̃`` = :func:`pseudo_reward` of ``reward(x)`` at ``η`` (``tail="left"`` or
+    ``"right"``, TFFT) or ``r̃ = reward(x)`` (``tail=None``, expected-reward fine-tuning; ``eta``
+    is then unused). Its gradient is ``α⁻¹β⁻¹·1[r ≷ η]·∇r`` for TFFT, ``α⁻¹·∇r`` otherwise.
+
+    One function object per ``(reward, beta, tail)`` (cached), so a jitted trainer that takes it
+    as a static argument compiles once per method; ``η`` and ``α`` are traced arguments.
+    """
+    if tail is not None and tail not in TAILS:
+        raise ValueError(
+            f"tail={tail!r} is invalid: use 'left' or 'right' (TFFT) or None (expected reward)"
+        )
+    if tail is not None:
+        _check(beta, tail)
+
+    def log_tilt(x: jax.Array, args: dict[str, jax.Array]) -> jax.Array:
+        r = reward(x)
+        if tail is not None:
+            r = pseudo_reward(r, args["eta"], beta=beta, tail=tail)
+        return r / args["alpha"]
+
+    return log_tilt
 
 
 def quantile_pseudo_reward(r: jax.Array, *, beta: float, tail: str) -> jax.Array:

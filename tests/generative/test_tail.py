@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -149,3 +151,22 @@ def test_tilt_for_kl_is_alpha_for_kl_with_the_pseudo_reward_evaluated_at_alpha()
 def test_bad_tail_arguments_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         tail.cvar(np.zeros(4), **kwargs)
+
+
+def test_reward_log_tilt_gradient_is_the_masked_reward_gradient():
+    # ∇(r̃/α) = α⁻¹β⁻¹·1[r ≷ η]·∇r for TFFT, α⁻¹∇r for expected-reward fine-tuning.
+    def reward(x):
+        return jnp.sin(x[:, 0]) + 0.5 * x[:, 1] ** 2
+
+    x = jax.random.normal(jax.random.key(0), (64, 2))
+    r, beta, args = reward(x), 0.1, {"eta": jnp.float32(0.2), "alpha": jnp.float32(2.0)}
+    grad_r = jax.grad(lambda y: jnp.sum(reward(y)))(x)
+    for side, mask in (("right", r > 0.2), ("left", r < 0.2), (None, None)):
+        f = tail.reward_log_tilt(reward, beta=beta, tail=side)
+        assert f is tail.reward_log_tilt(reward, beta=beta, tail=side)  # one object: one compile
+        got = jax.grad(lambda y, f=f: jnp.sum(f(y, args)))(x)
+        scale = 1.0 / 2.0 if mask is None else mask[:, None] / (2.0 * beta)
+        np.testing.assert_allclose(got, scale * grad_r, rtol=1e-5, atol=1e-6)
+        assert mask is None or 0 < int(mask.sum()) < 64  # both sides of the threshold occur
+    with pytest.raises(ValueError, match="tail"):
+        tail.reward_log_tilt(reward, beta=beta, tail="up")
