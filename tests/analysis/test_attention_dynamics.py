@@ -83,7 +83,8 @@ def test_zero_perturbation_gives_zero_drift():
     for which in ("v",):
         drift = an.perturbed_drift(x0, q, k, v, zeros, which=which, num_steps=20, record_every=2)
         assert drift.shape == (2, 11)
-        np.testing.assert_array_equal(np.asarray(drift), 0.0)
+        # float32: the perturbed and plain runs need not sum in the same order, so not bit-exact
+        np.testing.assert_allclose(np.asarray(drift), 0.0, atol=1e-6)
 
 
 def test_drift_and_time_to_deviation_follow_their_definitions():

@@ -90,7 +90,7 @@ def test_instance_losses_are_validation_losses_and_padding_changes_nothing():
     padded = tuning.instance_losses(prep, inst.val, pen, num_iters=100, pad=True)
     np.testing.assert_allclose(padded(alphas), u, rtol=1e-6)  # 3 -> 4 candidates
     for n in (1, 3, 5):  # the first n instances (3 -> 4 solved, 5 -> 8: all 5)
-        np.testing.assert_allclose(padded(alphas, n), u[:n], rtol=1e-6)
+        np.testing.assert_allclose(padded(alphas, n), u[:n], rtol=1e-5)  # float32 sums
         np.testing.assert_allclose(g(alphas[:1], n), u[:n, :1], rtol=1e-6)
     with pytest.raises(ValueError, match="do not divide"):
         g(np.ones((2, 3)))
