@@ -214,9 +214,9 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
             out.append(common.Step(f"{name} fine-tuning", gen.train_flow, args, kw))
         else:
             reward = _ABSTRACT_REWARDS[name]
-            kw = dict(apply_fn=net.apply, log_tilt=gen.reward_log_tilt(reward, beta=config.tfft.beta, tail="right"),
-                      tx=tx, dim=dim, num_steps=n_ft, batch_size=b,
-                      time_steps=config.tfft.time_steps)  # fmt: skip
+            log_tilt = gen.reward_log_tilt(reward, beta=config.tfft.beta, tail="right")
+            kw = dict(apply_fn=net.apply, log_tilt=log_tilt, tx=tx, dim=dim, num_steps=n_ft,
+                      batch_size=b, time_steps=config.tfft.time_steps)  # fmt: skip
             tilt_args = {"eta": spec((), jnp.float32), "alpha": spec((), jnp.float32)}
             args = (state["params"], state["params"], tilt_args, key)
             out.append(common.Step(f"{name} fine-tuning", gen.train_adjoint_matching, args, kw))

@@ -182,13 +182,14 @@ def reward_log_tilt(
     is then unused). Its gradient is ``α⁻¹β⁻¹·1[r ≷ η]·∇r`` for TFFT, ``α⁻¹·∇r`` otherwise.
 
     One function object per ``(reward, beta, tail)`` (cached), so a jitted trainer that takes it
-    as a static argument compiles once per method; ``η`` and ``α`` are traced arguments.
+    as a static argument compiles once per method; ``η`` and ``α`` are traced arguments. ``reward``
+    must be hashable (a function, not a lambda made anew in a loop: each new one is a new entry).
     """
-    if tail is not None and tail not in TAILS:
-        raise ValueError(
-            f"tail={tail!r} is invalid: use 'left' or 'right' (TFFT) or None (expected reward)"
-        )
     if tail is not None:
+        if tail not in TAILS:
+            raise ValueError(
+                f"tail={tail!r} is invalid: use 'left' or 'right' (TFFT) or None (expected reward)"
+            )
         _check(beta, tail)
 
     def log_tilt(x: jax.Array, args: dict[str, jax.Array]) -> jax.Array:
