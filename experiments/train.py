@@ -302,7 +302,8 @@ def main(argv: list[str]) -> None:
     if workdir is None:
         workdir = default_workdir(flags.FLAGS["config"].config_filename)
     parallel = config.get("parallel", None)
-    if parallel is not None and parallel.get("distributed", False):
+    multiprocess = parallel is not None and parallel.get("distributed", False)
+    if multiprocess:
         # JAX aborts from C++ when a peer dies: a parent process turns that into one line.
         supervisor.watch_peers(workdir)
     try:
@@ -315,7 +316,7 @@ def main(argv: list[str]) -> None:
             "(checkpoints, finished cells). Rerun the same command to resume.",
             file=sys.stderr,
         )
-        sys.exit(signals.exit_code(signum))
+        signals.exit_at_once(signals.exit_code(signum), multiprocess=multiprocess)
     except config_checks.ConfigError as e:
         sys.exit(f"FATAL Invalid config: {e}")
     except _USER_ERRORS as e:

@@ -15,16 +15,20 @@ Each of these signals is treated as Ctrl-C is:
   for the whole run): the signal raises :class:`Stopped`, a ``KeyboardInterrupt``, so ``with``
   blocks close (the workdir lock is released) and finished work stays (checkpoints, the cells of
   a sweep); the runner prints one line and exits with ``128 + signal number`` (130 for SIGINT,
-  143 for SIGTERM), as a shell reports a process stopped by that signal.
+  143 for SIGTERM), as a shell reports a process stopped by that signal. It exits at once
+  (:func:`exit_at_once`), without waiting for a jitted computation still in flight.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging as stdlib_logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
+from typing import NoReturn
 
 from absl import logging
 
@@ -33,6 +37,7 @@ __all__ = [
     "StopFlag",
     "Stopped",
     "describe",
+    "exit_at_once",
     "exit_code",
     "last_stop_signal",
     "raise_on_stop_signals",
@@ -55,6 +60,29 @@ class Stopped(KeyboardInterrupt):
 def exit_code(signum: int) -> int:
     """``128 + signum``: the status a shell reports for a process stopped by ``signum``."""
     return 128 + int(signum)
+
+
+def exit_at_once(code: int, *, multiprocess: bool = False) -> NoReturn:
+    """Ends the process with status ``code`` after a stop signal, not waiting for XLA work.
+
+    A stop outside ``fit`` can leave a jitted computation running (a fine-tune's long
+    ``lax.scan``, dispatched asynchronously): its result is not wanted, but a normal exit waits for
+    it (JAX's exit hook clears the backends, which blocks on pending work), possibly past a
+    scheduler's grace period. What must be kept is already on disk by then: the ``with`` blocks
+    (workdir lock, checkpoint managers, metric writers) closed as the stop propagated. So this
+    flushes the log handlers and output streams and leaves without the exit hooks.
+
+    Args:
+      code: the exit status (:func:`exit_code`).
+      multiprocess: the job has several processes: exits normally (``sys.exit``), so that
+        ``jax.distributed`` shuts down and the other processes are told.
+    """
+    if multiprocess:
+        sys.exit(code)
+    stdlib_logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def describe(signum: int | None) -> str:

@@ -131,6 +131,31 @@ def test_outside_fit_a_stop_signal_raises_stopped(signum):
     assert signal.getsignal(signum) == before
 
 
+# A jitted loop that never ends is dispatched (asynchronously), then the process exits as the
+# runner does after a stop signal outside fit. A normal exit would wait for the loop forever.
+_EXIT_WITH_A_COMPUTATION_IN_FLIGHT = """
+import jax, jax.numpy as jnp
+from experiments.common import signals
+body = lambda c: (jnp.tanh(c[0] @ c[0]), c[1])  # a matmul: XLA dispatches it asynchronously
+forever = jax.jit(lambda x, stop: jax.lax.while_loop(lambda c: c[1] == 0, body, (x, stop))[0])
+forever(jnp.eye(64), jnp.int32(1)).block_until_ready()  # compiles; ends at once
+running = forever(jnp.eye(64), jnp.int32(0))
+print("dispatched", flush=True)
+signals.exit_at_once(143)
+"""
+
+
+def test_exit_at_once_does_not_wait_for_a_computation_in_flight():
+    proc = subprocess.run(
+        [sys.executable, "-c", _EXIT_WITH_A_COMPUTATION_IN_FLIGHT],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,  # killed (and failed) if the exit waited for the loop
+    )
+    assert proc.returncode == 143 and proc.stdout == "dispatched\n", proc.stderr[-2000:]
+
+
 def test_nonfinite_loss_stops_naming_step_metric_and_last_good_checkpoint(tmp_path):
     with pytest.raises(common.NonFiniteError) as err:
         _fit(tmp_path, Batches(bad_step=7))
