@@ -187,3 +187,14 @@ def test_one_curve_cell_table_and_plot(tmp_path):
     assert table.splitlines()[0].startswith("| depth | method | step s")
     adapter_step.plot_curve(rows, str(tmp_path / "curve.png"), "test")
     assert (tmp_path / "curve.png").stat().st_size > 0
+
+
+def test_gemm_roles_floors():
+    """``experiments.tools.adapter_gemm_roles``: the LoRA step runs the six forwards and the input
+    gradients of out, fc1 and fc2, 21 of the full step's 36 units of ``tokens·d²`` matmul FLOPs."""
+    from experiments.tools import adapter_gemm_roles
+
+    result = adapter_gemm_roles.measure(tokens=32, d=8, rounds=1)
+    assert result["flop_floor"] == pytest.approx(21 / 36)
+    assert len(result["seconds"]) == 18
+    assert 0 < result["time_floor"] < 1
