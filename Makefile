@@ -34,7 +34,7 @@ demo: install-core
 	$(PYTHON) -m experiments.train --config=configs/saber.py
 
 test: install
-	$(PYTHON) -m ruff check lowrank_jax experiments configs tests
+	$(PYTHON) -m ruff check lowrank_jax experiments configs tests colabs
 	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) --dist worksteal -q --durations=30 tests
 
 lint:
