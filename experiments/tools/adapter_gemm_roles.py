@@ -61,22 +61,19 @@ def measure(tokens: int, d: int, rounds: int) -> dict:
     timing = common.run_rounds(methods, rounds=rounds)
     seconds = {k: t.median for k, t in timing.items()}
 
-    def total(table: dict, lora: bool) -> float:
-        return sum(
-            v
-            for k, v in table.items()
-            if not lora
-            or k.endswith("/forward")
-            or (k.endswith("/input_grad") and k.split("/")[0] in LORA_INPUT_GRADS)
-        )
+    lora = [f"{name}/forward" for name in PROJECTIONS]
+    lora += [f"{name}/input_grad" for name in LORA_INPUT_GRADS]
+
+    def floor(table: dict) -> float:  # the LoRA step's share of the full step's matmuls
+        return round(sum(table[k] for k in lora) / sum(table.values()), 4)
 
     return {
         "tokens": tokens,
         "d": d,
         "seconds": {k: round(v, 4) for k, v in seconds.items()},
         "gflop_per_s": {k: round(flops[k] / seconds[k] / 1e9, 1) for k in seconds},
-        "time_floor": total(seconds, lora=True) / total(seconds, lora=False),
-        "flop_floor": total(flops, lora=True) / total(flops, lora=False),
+        "time_floor": floor(seconds),
+        "flop_floor": floor(flops),
     }
 
 

@@ -191,10 +191,11 @@ def test_one_curve_cell_table_and_plot(tmp_path):
 
 def test_gemm_roles_floors():
     """``experiments.tools.adapter_gemm_roles``: the LoRA step runs the six forwards and the input
-    gradients of out, fc1 and fc2, 21 of the full step's 36 units of ``tokens·d²`` matmul FLOPs."""
+    gradients of out, fc1 and fc2, 21 of the full step's 36 units of ``2·tokens·d²`` matmul FLOPs."""
     from experiments.tools import adapter_gemm_roles
 
     result = adapter_gemm_roles.measure(tokens=32, d=8, rounds=1)
-    assert result["flop_floor"] == pytest.approx(21 / 36)
-    assert len(result["seconds"]) == 18
-    assert 0 < result["time_floor"] < 1
+    assert result["flop_floor"] == pytest.approx(21 / 36, abs=1e-4)
+    roles = {"forward", "input_grad", "weight_grad"}
+    names = {"query", "key", "value", "out", "fc1", "fc2"}
+    assert set(result["seconds"]) == {f"{n}/{r}" for n in names for r in roles}
