@@ -2,9 +2,10 @@
 
 One thing is generated here, before Sphinx reads a page, and not committed:
 
-* ``api/generated/<subpackage>.rst``: one page per subpackage of ``lowrank_jax`` whose
-  ``autosummary`` lists every name of the subpackage's ``__all__``; autosummary then writes a stub
-  page per name into ``api/generated/_autosummary/`` (``autosummary_generate``).
+* ``api/generated/<subpackage>.rst``: one page per subpackage of ``lowrank_jax``: an
+  ``autosummary`` table of every name of the subpackage's ``__all__``, by kind, then each name
+  documented in full on the same page (no page per name: 650 stub pages made every page's
+  navigation tree, and so the build, several times slower).
 
 The notebooks are the executed copies committed in ``notebooks/*.ipynb`` (``colabs/*.ipynb`` run in
 smoke mode by ``python -m experiments.tools.render_notebooks``), rendered with their stored outputs
@@ -65,8 +66,9 @@ SUBPACKAGES = (
 )
 
 source_suffix = {".rst": "restructuredtext", ".md": "myst-nb", ".ipynb": "myst-nb"}
+# api/generated/_autosummary: the per-name stub pages of an older build, no longer written.
 exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "**.ipynb_checkpoints", "jupyter_execute"]
-templates_path = ["_templates"]
+exclude_patterns += ["api/generated/_autosummary"]
 html_static_path = ["_static"]
 html_css_files = ["custom.css"]
 
@@ -77,8 +79,7 @@ nb_execution_mode = "off"  # stored outputs (experiments/tools/render_notebooks.
 nb_merge_streams = True
 
 # --- autodoc / autosummary / napoleon ------------------------------------------------------------
-autosummary_generate = True
-autosummary_imported_members = True
+autosummary_generate = False  # the tables link to the entries on the same page
 autodoc_typehints = "signature"
 autodoc_member_order = "bysource"
 autodoc_preserve_defaults = True
@@ -122,8 +123,7 @@ html_theme_options = {
     "use_repository_button": True,
     "use_source_button": True,
     "show_toc_level": 2,
-    # The sidebar lists pages to depth 2 (guides, papers, subpackages), not the ~550 pages of the
-    # individual API names: rendering those into every page tripled the build time.
+    # The sidebar lists pages to depth 2 (guides, papers, the subpackages' API pages).
     "max_navbar_depth": 2,
     "navigation_with_keys": False,
 }
@@ -151,8 +151,18 @@ def _write_if_changed(path: pathlib.Path, text: str) -> None:
         path.write_text(text)
 
 
+# How each kind of public name is documented on its subpackage's page.
+_AUTODOC = {
+    "class": ["autoclass", "   :members:", "   :show-inheritance:"],
+    "function": ["autofunction"],
+    "data": ["autodata"],
+    "module": ["automodule", "   :members:"],
+}
+
+
 def write_api_pages() -> None:
-    """One page per subpackage: its docstring, then an autosummary of its ``__all__`` by kind."""
+    """One page per subpackage: its docstring, then for each kind of name in its ``__all__`` an
+    autosummary table and each name documented in full (submodules last, in their source order)."""
     out = DOCS / "api" / "generated"
     out.mkdir(parents=True, exist_ok=True)
     for name in SUBPACKAGES:
@@ -173,9 +183,16 @@ def write_api_pages() -> None:
                 continue
             heading = headings[kind]
             lines += [heading, "-" * len(heading), "", f".. currentmodule:: lowrank_jax.{name}", ""]
-            lines += [".. autosummary::", "   :toctree: _autosummary", "   :nosignatures:", ""]
-            lines += [f"   {public}" for public in sorted(groups[kind], key=str.lower)]
-            lines.append("")
+            names = sorted(groups[kind], key=str.lower)
+            lines += [".. autosummary::", "   :nosignatures:", ""]
+            lines += [f"   {public}" for public in names] + [""]
+            directive, *options = _AUTODOC[kind]
+            for public in names:
+                target = public
+                if kind == "module":  # a subsection each: the submodule in full, in source order
+                    target = getattr(module, public).__name__
+                    lines += [target, "~" * len(target), ""]
+                lines += [f".. {directive}:: {target}", *options, ""]
         _write_if_changed(out / f"{name}.rst", "\n".join(lines))
 
 
