@@ -84,6 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--d", type=int, default=1024)
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args(argv)
+    if min(args.batch, args.seq, args.d, args.rounds) < 1:
+        p.error("--batch, --seq, --d and --rounds must be positive integers")
     result = measure(args.batch * args.seq, args.d, args.rounds)
     for role in ROLES:
         row = ", ".join(f"{name} {result['gflop_per_s'][f'{name}/{role}']}" for name in PROJECTIONS)

@@ -196,6 +196,9 @@ def test_gemm_roles_floors():
 
     result = adapter_gemm_roles.measure(tokens=32, d=8, rounds=1)
     assert result["flop_floor"] == pytest.approx(21 / 36, abs=1e-4)
+    assert tuple(adapter_gemm_roles.PROJECTIONS) == adapter_step.TARGETS  # the benchmark's
     roles = {"forward", "input_grad", "weight_grad"}
-    names = {"query", "key", "value", "out", "fc1", "fc2"}
+    names = set(adapter_step.TARGETS)
     assert set(result["seconds"]) == {f"{n}/{r}" for n in names for r in roles}
+    with pytest.raises(SystemExit):
+        adapter_gemm_roles.main(["--rounds", "0"])
