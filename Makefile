@@ -2,7 +2,7 @@
 PYTHON ?= python
 PYTEST_WORKERS ?= 2
 
-.PHONY: install install-core fashion-mnist demo test lint format bench docs
+.PHONY: install install-core fashion-mnist demo test test-fast durations lint format bench docs
 
 # The test extra and the peers (PyTorch PEFT, PyKEEN, ... ; torch==2.13.0 is a CPU wheel): the tests
 # that compare against the peers run in CI, so the test install includes them; and the docs extra
@@ -33,17 +33,26 @@ install-core:
 demo: install-core
 	$(PYTHON) -m experiments.train --config=configs/saber.py
 
+# Every tier (tests/tiers.py): what CI runs.
 test: install
-	$(PYTHON) -m ruff check lowrank_jax experiments configs tests colabs
+	$(PYTHON) -m ruff check lowrank_jax experiments configs tests tools colabs
 	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) --dist worksteal -q --durations=30 tests
 
+# The unit tier, with no install step (run `make install` once): what to run while working.
+test-fast:
+	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) --dist worksteal -q -m unit tests
+
+# Times each tier and rewrites the table of docs/guides/contributing.md (about as long as make test).
+durations:
+	$(PYTHON) tools/test_durations.py --workers $(PYTEST_WORKERS)
+
 lint:
-	$(PYTHON) -m ruff check lowrank_jax experiments configs tests colabs
-	$(PYTHON) -m ruff format --check lowrank_jax experiments configs tests
+	$(PYTHON) -m ruff check lowrank_jax experiments configs tests tools colabs
+	$(PYTHON) -m ruff format --check lowrank_jax experiments configs tests tools
 
 format:
-	$(PYTHON) -m ruff format lowrank_jax experiments configs tests
-	$(PYTHON) -m ruff check --fix lowrank_jax experiments configs tests
+	$(PYTHON) -m ruff format lowrank_jax experiments configs tests tools
+	$(PYTHON) -m ruff check --fix lowrank_jax experiments configs tests tools
 
 # The documentation site (docs/): warnings are errors (broken cross-references, docstring markup,
 # pages outside the toctree). The API pages are generated at build time from each subpackage's

@@ -22,9 +22,22 @@ if _OWN_CACHE:
 
 import jax  # noqa: E402
 
+from tests.tiers import TIERS, tier_of  # noqa: E402
+
 jax.config.update("jax_enable_x64", False)
+
+
+def pytest_configure(config):
+    for tier, holds in TIERS.items():
+        config.addinivalue_line("markers", f"{tier}: {holds}")
 
 
 def pytest_unconfigure(config):
     if _OWN_CACHE:
         shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+
+
+def pytest_collection_modifyitems(config, items):
+    # One tier marker per test, from its path (tests/tiers.py): `pytest -m unit` is make test-fast.
+    for item in items:
+        item.add_marker(tier_of(item.nodeid))
