@@ -148,6 +148,21 @@ def test_sampler_temperature_and_eos(llama_vars):
         models.generate(model, variables, prompt, max_new_tokens=2, temperature=1.0)
 
 
+def test_sampler_refuses_a_prompt_that_is_not_left_padded(llama_vars):
+    model, variables = models.DecoderLM(LLAMA), llama_vars
+    prompt, mask = _batch()
+    right = jnp.ones_like(mask).at[1, -3:].set(False)  # row 1 right-padded
+    gap = jnp.ones_like(mask).at[0, 4].set(False)  # a hole inside row 0
+    empty = mask.at[1].set(False)  # row 1 has no token
+    for bad, row in ((right, 1), (gap, 0), (empty, 1)):
+        with pytest.raises(
+            ValueError, match=rf"not left-padded in rows \[{row}\].*pad prompts on the left"
+        ):
+            models.generate(model, variables, prompt, bad, max_new_tokens=2)
+    with pytest.raises(ValueError, match="prompt_mask has shape"):
+        models.generate(model, variables, prompt, mask[:, 1:], max_new_tokens=2)
+
+
 def test_config_validation():
     with pytest.raises(ValueError, match="must divide"):
         LLAMA.replace(num_key_value_heads=3)
