@@ -32,9 +32,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from lowrank_jax.checkpoint_files import open_safetensors
 from lowrank_jax.models.decoder import DecoderLM
 from lowrank_jax.models.decoder_config import DecoderConfig
 from lowrank_jax.models.hf_decoder_config import config_from_hf, config_to_hf
@@ -117,8 +117,14 @@ def _checkpoint_files(directory: str) -> dict[str, str]:
     """HF key -> safetensors file, from the index or the single file."""
     index = os.path.join(directory, "model.safetensors.index.json")
     if os.path.isfile(index):
-        with open(index) as f:
-            weight_map = json.load(f)
+        try:
+            with open(index) as f:
+                weight_map = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(
+                f"{index} is not valid JSON ({e.msg} at line {e.lineno}): it is truncated or "
+                "corrupt; download or save the checkpoint again."
+            ) from e
         weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
         if not isinstance(weight_map, dict):
             raise ValueError(f"{index} has no weight_map object.")
@@ -130,7 +136,7 @@ def _checkpoint_files(directory: str) -> dict[str, str]:
             "(pytorch_model.bin is not read: convert it with save_pretrained(safe_serialization"
             "=True))."
         )
-    with safe_open(single, framework="numpy") as f:
+    with open_safetensors(single) as f:
         return dict.fromkeys(f.keys(), single)
 
 
@@ -181,8 +187,8 @@ def load_hf_decoder(
 
     Raises:
       FileNotFoundError: missing files.
-      ValueError: missing tensors, tensors no parameter takes (named), wrong shapes, or a
-        config with `scan_layers=False`.
+      ValueError: a truncated or corrupt file (named, with what to do), missing tensors, tensors
+        no parameter takes (named), wrong shapes, or a config with `scan_layers=False`.
 
     Example:
       >>> config, variables = load_hf_decoder("llama-dir")  # doctest: +SKIP
@@ -207,9 +213,7 @@ def load_hf_decoder(
     used: set[str] = set()
     leaves = []
     with contextlib.ExitStack() as stack:
-        handles = {
-            f: stack.enter_context(safe_open(f, framework="numpy")) for f in set(files.values())
-        }
+        handles = {f: stack.enter_context(open_safetensors(f)) for f in sorted(set(files.values()))}
 
         def read(key: str, index: tuple, transpose: bool, shape: tuple) -> np.ndarray:
             if key not in files:

@@ -6,6 +6,7 @@ The tests marked ``peers`` write adapters with real PyTorch PEFT (the ``peers`` 
 
 import importlib.util
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -242,3 +243,49 @@ def test_conv_paths_writes_a_dense_general_out_projection_as_a_linear_lora(tmp_p
                     conv_paths=[r".*conv/kernel"])  # fmt: skip
     with pytest.raises(ValueError, match="conv_paths=...\\) needs params="):
         A.save_peft(tmp_path / "no_params", lora, module_name=module_name, conv_paths=())
+
+
+def test_a_truncated_adapter_file_is_named(saved):
+    file = saved / "adapter_model.safetensors"
+    file.write_bytes(file.read_bytes()[:-10])  # an interrupted copy
+    with pytest.raises(ValueError, match=r"adapter_model.safetensors is not a readable .*again"):
+        A.load_peft(saved, PARAMS, module_path=module_path)
+
+
+def test_save_into_an_unwritable_directory_says_so_in_one_line(tmp_path):
+    lora = perturb(A.init(jax.random.key(2), PARAMS, [(r".*kernel", A.lora(2))]), 0.05)
+    (tmp_path / "a_file").write_text("")
+    for directory in (tmp_path / "a_file", tmp_path / "a_file" / "adapter"):
+        with pytest.raises(OSError, match=rf"save_peft cannot write to '{directory}'") as error:
+            A.save_peft(directory, lora, module_name=module_name)
+        assert "\n" not in str(error.value)
+    if os.geteuid() != 0:  # root writes anywhere
+        (tmp_path / "read_only").mkdir(mode=0o500)
+        with pytest.raises(PermissionError, match="save_peft cannot write to"):
+            A.save_peft(tmp_path / "read_only", lora, module_name=module_name)
+
+
+def test_target_modules_that_match_nothing_are_refused_as_peft_does(saved):
+    _edit_config(saved, lambda c: c.update(target_modules=["q_proj", "v_proj"]))
+    with pytest.raises(
+        ValueError, match=r"match none of the adapter's modules \('enc.fc1', 'enc.fc2'\)"
+    ):
+        A.load_peft(saved, PARAMS, module_path=module_path)
+    _edit_config(saved, lambda c: c.update(target_modules=r".*\.q_proj"))  # a str is a regex
+    with pytest.raises(ValueError, match="PEFT refuses such an adapter"):
+        A.load_peft(saved, PARAMS, module_path=module_path)
+    for targets in (["fc1", "q_proj"], r"enc\.fc\d", None):  # a suffix, a regex, PEFT's default
+        _edit_config(saved, lambda c, t=targets: c.update(target_modules=t))
+        assert sorted(A.load_peft(saved, PARAMS, module_path=module_path)) == [
+            "enc/fc1/kernel",
+            "enc/fc2/kernel",
+        ]
+
+
+def test_a_rank_clash_names_the_configs_r(saved):
+    _edit_config(saved, lambda c: c.update(r=4))
+    with pytest.raises(ValueError, match=r"'enc.fc\d' have rank 2 .* config's r=4 says rank 4"):
+        A.load_peft(saved, PARAMS, module_path=module_path)
+    _edit_config(saved, lambda c: c.update(r=2, rank_pattern={"fc2": 3}))
+    with pytest.raises(ValueError, match=r"'enc.fc2' have rank 2 .* rank_pattern \(3 for it\)"):
+        A.load_peft(saved, PARAMS, module_path=module_path)

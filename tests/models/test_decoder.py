@@ -3,6 +3,7 @@ bf16 ~ f32, sampler invariants, config errors, names, sharded loading, lowering 
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -229,6 +230,21 @@ def test_reader_refuses_foreign_tensors(tmp_path, llama_vars):
     save_file(tensors, tmp_path / "model.safetensors")
     with pytest.raises(ValueError, match="model.norm.weight"):
         models.load_hf_decoder(tmp_path, config=LLAMA)
+
+
+def test_reader_names_a_truncated_file_and_what_to_do(tmp_path, llama_vars):
+    for sub, shard in (("single", "5GB"), ("sharded", 20_000)):
+        directory = tmp_path / sub
+        files = models.save_hf_decoder(directory, LLAMA, llama_vars, max_shard_size=shard)
+        file = sorted(f for f in files if f.endswith(".safetensors"))[-1]
+        with open(file, "r+b") as f:  # an interrupted download: the tail is missing
+            f.truncate(os.path.getsize(file) // 2)
+        with pytest.raises(ValueError, match=rf"{re.escape(file)} is not a readable .*again"):
+            models.load_hf_decoder(directory, config=LLAMA)
+    index = tmp_path / "sharded" / "model.safetensors.index.json"
+    index.write_text(index.read_text()[:40])
+    with pytest.raises(ValueError, match=rf"{re.escape(str(index))} is not valid JSON"):
+        models.load_hf_decoder(tmp_path / "sharded", config=LLAMA)
 
 
 _SHARDED_LOAD = textwrap.dedent(
