@@ -289,3 +289,76 @@ def test_a_rank_clash_names_the_configs_r(saved):
     _edit_config(saved, lambda c: c.update(r=2, rank_pattern={"fc2": 3}))
     with pytest.raises(ValueError, match=r"'enc.fc2' have rank 2 .* rank_pattern \(3 for it\)"):
         A.load_peft(saved, PARAMS, module_path=module_path)
+
+
+POOLED = {
+    "fc": {"kernel": 0.5 * jax.random.normal(jax.random.key(4), (8, 8)), "bias": jnp.zeros(8)},
+    "pooler": {
+        "dense": {"kernel": 0.5 * jax.random.normal(jax.random.key(5), (8, 4)), "bias": jnp.ones(4)}
+    },
+}
+
+
+def _pooled_forward(p, x):  # a BERT-like pooler: tanh(dense(h)) over the first position
+    h = x @ p["fc"]["kernel"] + p["fc"]["bias"]
+    return jnp.tanh(h @ p["pooler"]["dense"]["kernel"] + p["pooler"]["dense"]["bias"])
+
+
+def _pooled_torch_net():
+    import torch
+
+    class Pooler(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dense = torch.nn.Linear(8, 4)
+
+        def forward(self, h):
+            return torch.tanh(self.dense(h))
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 8)
+            self.pooler = Pooler()
+
+        def forward(self, x):
+            return self.pooler(self.fc(x))
+
+    net = Net()
+    with torch.no_grad():
+        for layer, leaves in (
+            (net.fc, POOLED["fc"]),
+            (net.pooler.dense, POOLED["pooler"]["dense"]),
+        ):
+            layer.weight.copy_(torch.from_numpy(np.asarray(leaves["kernel"]).T.copy()))
+            layer.bias.copy_(torch.from_numpy(np.asarray(leaves["bias"]).copy()))
+    return net
+
+
+@peers
+@pytest.mark.parametrize("bias", ["none", "all"])
+def test_modules_to_save_naming_a_parent_module_loads_and_saves_as_peft_does(tmp_path, bias):
+    import torch
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    def outputs(model):
+        with torch.no_grad():
+            return model(torch.from_numpy(X)).numpy()
+
+    config = LoraConfig(
+        r=2, target_modules=["fc"], modules_to_save=["pooler"], bias=bias, init_lora_weights=False
+    )
+    model = get_peft_model(_pooled_torch_net(), config).eval()
+    with torch.no_grad():  # the trained copy of the pooler differs from the base
+        model.base_model.model.pooler.modules_to_save["default"].dense.bias.add_(0.5)
+    model.save_pretrained(str(tmp_path / "theirs"))
+    lora, trained = A.load_peft(
+        tmp_path / "theirs", POOLED, module_path=module_path, with_trained=True
+    )
+    assert A.named_leaves(trained)["pooler/dense/bias"] is not None
+    ours = A.adapt(_pooled_forward)(A.combine(trained, POOLED), lora, X)
+    np.testing.assert_allclose(ours, outputs(model), atol=1e-5)
+    # And back: saved as the module that holds the trained leaves, which PEFT loads alike.
+    A.save_peft(tmp_path / "ours", lora, module_name=module_name, params=POOLED, trained=trained)
+    again = PeftModel.from_pretrained(_pooled_torch_net(), str(tmp_path / "ours")).eval()
+    np.testing.assert_allclose(outputs(again), outputs(model), atol=1e-5)
