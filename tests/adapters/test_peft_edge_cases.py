@@ -7,6 +7,7 @@ The tests marked ``peers`` write adapters with real PyTorch PEFT (the ``peers`` 
 import importlib.util
 import json
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -78,6 +79,26 @@ def _peft_save(tmp_path, embedding: bool = False, **lora_kwargs):
     with torch.no_grad():
         out = model(torch.from_numpy(X)).numpy()
     return tmp_path, out
+
+
+@peers
+def test_the_guide_quotes_the_peft_requirement_that_is_installed():
+    import configparser
+    import importlib.metadata
+    import pathlib
+
+    from packaging.requirements import Requirement
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    guide = (root / "docs" / "guides" / "peft.md").read_text()
+    assert not re.search(r"PEFT \d+\.\d+", guide), "quote the requirement, not a version"
+    setup = configparser.ConfigParser()
+    setup.read(root / "setup.cfg")
+    peers = setup["options.extras_require"]["peers"].split()
+    (pinned,) = [Requirement(r) for r in peers if Requirement(r).name == "peft"]
+    (quoted,) = [Requirement(q) for q in re.findall(r"`(peft[<>=!~][^`]*)`", guide)]
+    assert quoted.specifier == pinned.specifier, (str(quoted), str(pinned))
+    assert pinned.specifier.contains(importlib.metadata.version("peft"))
 
 
 @peers
