@@ -166,7 +166,12 @@ def load_hf_decoder(
     config: DecoderConfig | None = None,
     shardings: Any = None,
 ) -> tuple[DecoderConfig, dict[str, Any]]:
-    """Reads a Hugging Face checkpoint into `DecoderLM` variables, tensor by tensor.
+    """Reads a Hugging Face checkpoint into `DecoderLM` variables; by default computes in bfloat16.
+
+    The default config, `config_from_hf(directory)`, keeps float32 parameters and computes in
+    bfloat16 (on the tests' random tiny models, logits 4e-3 to 8e-3 from float32 `transformers`;
+    4e-7 in float32); for float32 compute, as the parity tests use, pass
+    `config=config_from_hf(directory, dtype="float32")`.
 
     Each parameter becomes one `jax.Array` of `config.param_dtype` built by
     `jax.make_array_from_callback` in its sharding; the callback reads, for each device, only
@@ -177,7 +182,8 @@ def load_hf_decoder(
     Args:
       directory: a `save_pretrained` directory: `config.json` and `model.safetensors` or
         `model.safetensors.index.json` with its shards.
-      config: the architecture (default: `config_from_hf(directory)`, bfloat16 compute).
+      config: the architecture and numerics (default: `config_from_hf(directory)`: bfloat16
+        compute, float32 parameters).
       shardings: where to put each parameter: None (the first device), one
         `jax.sharding.Sharding` for all, a pytree like the variables with a `Sharding` per leaf,
         or a callable `path -> Sharding` over '/'-joined paths (`params/model/layers/...`).

@@ -3,6 +3,7 @@ bf16 ~ f32, sampler invariants, config errors, names, sharded loading, lowering 
 
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -245,6 +246,18 @@ def test_reader_names_a_truncated_file_and_what_to_do(tmp_path, llama_vars):
     index.write_text(index.read_text()[:40])
     with pytest.raises(ValueError, match=rf"{re.escape(str(index))} is not valid JSON"):
         models.load_hf_decoder(tmp_path / "sharded", config=LLAMA)
+
+
+def test_the_default_bfloat16_compute_is_said_where_a_user_reads(tmp_path, llama_vars):
+    models.save_hf_decoder(tmp_path, LLAMA, llama_vars)
+    config, _ = models.load_hf_decoder(tmp_path)
+    assert (config.dtype, config.param_dtype) == ("bfloat16", "float32")
+    assert models.config_from_hf(tmp_path, dtype="float32").dtype == "float32"
+    assert "bfloat16" in models.load_hf_decoder.__doc__.splitlines()[0]
+    guide = pathlib.Path(__file__).resolve().parents[2] / "docs" / "guides" / "decoder.md"
+    text = " ".join(guide.read_text().split())
+    assert "computes in **bfloat16**" in text
+    assert 'config=models.config_from_hf(checkpoint, dtype="float32")' in text
 
 
 _SHARDED_LOAD = textwrap.dedent(
