@@ -471,10 +471,9 @@ def load_peft(
         adapter's modules (PEFT refuses these), gives a rank other than the tensors' (the message
         names ``r`` or ``rank_pattern``), or sets something this loader cannot honour
         (``lora_bias``, trainable tokens, ...: the message names the key); a tensor that the
-        config does not explain, or
-        trained tensors without ``with_trained``; DoRA on an embedding or convolution; a module
-        that maps to no kernel; shapes that disagree; or layers of one stacked kernel with
-        different ranks or alphas.
+        config does not explain, or trained tensors without ``with_trained``; DoRA on an
+        embedding or convolution; a module that maps to no kernel; shapes that disagree; or
+        layers of one stacked kernel with different ranks or alphas.
 
     Example:
       >>> lora = load_peft("out/", variables, module_path=models.flax_path_from_peft)  # doctest: +SKIP

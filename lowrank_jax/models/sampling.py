@@ -118,8 +118,8 @@ def generate(
       (b, N) int32 generated tokens.
 
     Raises:
-      ValueError: a non-2-D prompt, N < 1, a negative temperature, sampling without a key, or a
-        prompt mask that is not left-padded (a 0 after a 1, or a 0 in the last column).
+      ValueError: a non-2-D or empty prompt, N < 1, a negative temperature, sampling without a
+        key, or a prompt mask that is not left-padded (a 0 after a 1, or a 0 in the last column).
 
     Example:
       >>> out = generate(model, variables, prompt, mask, max_new_tokens=32)  # doctest: +SKIP
@@ -134,9 +134,12 @@ def generate(
     greedy = temperature == 0
     if not greedy and key is None:
         raise ValueError("sampling with temperature > 0 needs a PRNG key (key=...).")
+    if prompt.shape[1] < 1:
+        raise ValueError("the prompt has no columns; each row needs at least one token.")
     if prompt_mask is None:
         prompt_mask = jnp.ones(prompt.shape, jnp.bool_)
-    _check_left_padded(prompt_mask, prompt.shape)
+    else:
+        _check_left_padded(prompt_mask, prompt.shape)
     eos = (eos_token_id,) if isinstance(eos_token_id, int) else eos_token_id
     return _generate(
         variables,

@@ -163,6 +163,8 @@ def test_sampler_refuses_a_prompt_that_is_not_left_padded(llama_vars):
             models.generate(model, variables, prompt, bad, max_new_tokens=2)
     with pytest.raises(ValueError, match="prompt_mask has shape"):
         models.generate(model, variables, prompt, mask[:, 1:], max_new_tokens=2)
+    with pytest.raises(ValueError, match="no columns"):
+        models.generate(model, variables, prompt[:, :0], max_new_tokens=2)
 
 
 def test_config_validation():
