@@ -21,6 +21,20 @@ Example::
     bank = adapters.stack_adapters([lora_0, lora_1, lora_2])   # three tasks' LoRAs
     fwd = jax.jit(adapters.adapt(model.apply))
     logits = fwd(variables, bank, tokens, adapter_ids=jnp.array([2, 0, 0, 1]))
+
+With the sampler, pass the bank and the ids inside ``generate``'s variables, so that one
+compilation serves any bank and any assignment of adapters to rows::
+
+    adapted = adapters.adapt(model.apply)
+
+    def forward(state, *args, **kwargs):
+        return adapted(state["base"], state["bank"], *args, adapter_ids=state["ids"], **kwargs)
+
+    state = {"base": variables, "bank": bank, "ids": jnp.array([2, 0, 0, 1])}
+    out = models.generate(model, state, prompt, mask, max_new_tokens=32, forward=forward)
+
+Concrete ids are checked to lie in ``[0, N)``; ids that are traced where the bank is applied (as
+``state["ids"]`` above) cannot be, and an out-of-range id is clamped into ``[0, N)``.
 """
 
 from __future__ import annotations
@@ -31,6 +45,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lowrank_jax.adapters.core import Adapter, AdapterSet, as_sets, needs_kernel
 from lowrank_jax.adapters.kinds import LoRA
@@ -88,7 +103,10 @@ class AdapterBank:
                 "the batch must be the leading axis of every adapted matmul's input."
             )
         ids = factors["ids"]
-        picked = {k: v[ids] for k, v in factors.items() if k != "ids"}  # gather: (b, ...)
+        # gather: (b, ...); traced ids are not checked, an id out of [0, size) is clamped into it.
+        picked = {
+            k: jnp.take(v, ids, axis=0, mode="clip") for k, v in factors.items() if k != "ids"
+        }
         return picked, x.reshape(self.batch, tokens // self.batch, *x.shape[1:])
 
     def apply_delta(
@@ -216,20 +234,35 @@ def stack_adapters(sets: Sequence[AdapterSet]) -> AdapterSet:
     return out
 
 
+def _concrete(ids: Any) -> np.ndarray | None:
+    """The ids on the host if they are concrete (eager, or closed over by a traced function, where
+    ``ids.min()`` would be traced), else None."""
+    if isinstance(ids, jax.core.Tracer):
+        return None
+    try:
+        return np.asarray(ids)
+    except jax.errors.TracerArrayConversionError:  # a list holding tracers
+        return None
+
+
 def select_adapters(bank: AdapterSet, adapter_ids: jax.Array) -> AdapterSet:
     """The bank with each kernel's adapter chosen per example (what ``adapter_ids=`` does).
 
     Args:
       bank: from :func:`stack_adapters`.
       adapter_ids: ``(b,)`` integer indices into the bank, one per example (traced values are
-        fine: changing them never recompiles).
+        fine: changing them never recompiles). Concrete ids are checked, also when a jitted
+        function closes over them (as ``generate``'s ``forward`` does); traced ids cannot be
+        checked and an id out of ``[0, N)`` is clamped into it (below 0: adapter 0, from ``N``
+        on: adapter ``N - 1``), with no error.
 
     Returns:
       ``{path: Adapter}`` of kind ``AdapterBank(batch=b)`` with ``ids`` among the factors
       (broadcast over stacked-layer axes, so ``scan`` over layers slices them).
 
     Raises:
-      ValueError: ``bank`` holds an adapter that is not a bank, or ``adapter_ids`` is not 1-D.
+      ValueError: ``bank`` holds an adapter that is not a bank, ``adapter_ids`` is not 1-D, or
+        concrete ids lie outside ``[0, N)``.
       TypeError: ``adapter_ids`` is not an integer array.
     """
     ids = jnp.asarray(adapter_ids)
@@ -238,12 +271,14 @@ def select_adapters(bank: AdapterSet, adapter_ids: jax.Array) -> AdapterSet:
     if not jnp.issubdtype(ids.dtype, jnp.integer):
         raise TypeError(f"adapter_ids must be integers; got dtype {ids.dtype}.")
     size = next((a.kind.size for a in bank.values() if isinstance(a.kind, AdapterBank)), None)
-    concrete = size is not None and ids.size and not isinstance(ids, jax.core.Tracer)
-    if concrete and (int(ids.min()) < 0 or int(ids.max()) >= size):
-        raise ValueError(
-            f"adapter_ids must lie in [0, {size}) for a bank of {size} adapters; got "
-            f"{int(ids.min())}..{int(ids.max())} (under jit, out-of-range ids are clamped)."
-        )
+    host = _concrete(adapter_ids) if size is not None and ids.size else None
+    if host is not None:
+        low, high = int(host.min()), int(host.max())
+        if low < 0 or high >= size:
+            raise ValueError(
+                f"adapter_ids must lie in [0, {size}) for a bank of {size} adapters; got "
+                f"{low}..{high}: pass indices into the list given to stack_adapters."
+            )
     out = {}
     for path, adapter in bank.items():
         if not isinstance(adapter.kind, AdapterBank):

@@ -43,12 +43,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import save_file
 
 from lowrank_jax.adapters import paths, peft_layout, peft_trained
 from lowrank_jax.adapters.core import Adapter, AdapterSet, resolve_layout, split_shape
 from lowrank_jax.adapters.dora import DoRA
 from lowrank_jax.adapters.kinds import LoRA
+from lowrank_jax.checkpoint_files import load_safetensors
 
 WEIGHTS_NAME = "adapter_model.safetensors"
 CONFIG_NAME = "adapter_config.json"
@@ -133,6 +134,25 @@ def _pattern_value(patterns: dict[str, Any], name: str, default: Any) -> Any:
     return default
 
 
+def _check_targets(config: dict[str, Any], modules: list[str], file: str) -> None:
+    """Refuses ``target_modules`` that match none of the adapter's modules, as PEFT refuses
+    targets that match no module ("Target modules ... not found in the base model")."""
+    targets = config.get("target_modules")
+    if targets is None or targets == "all-linear":  # PEFT picks the modules by model type
+        return
+    if isinstance(targets, str):
+        matches = lambda name: re.fullmatch(targets, name) is not None  # noqa: E731
+    else:
+        matches = lambda name: any(name == t or name.endswith("." + t) for t in targets)  # noqa: E731
+    if not any(matches(name) for name in modules):
+        shown = ", ".join(repr(m) for m in modules[:6]) + (" ..." if len(modules) > 6 else "")
+        raise ValueError(
+            f"{file}: target_modules={targets!r} match none of the adapter's modules ({shown}); "
+            "PEFT refuses such an adapter: set target_modules to names (or dotted suffixes) of "
+            "these modules."
+        )
+
+
 def _takes_layer(module_name: Callable[..., str]) -> bool:
     """Whether ``module_name(path, layer)`` is a valid call (a name map for stacked layers)."""
     try:
@@ -194,6 +214,7 @@ def save_peft(
       The directories written (one, or one per named set).
 
     Raises:
+      OSError: ``directory`` cannot be created or written (one line naming it).
       TypeError: an adapter is neither LoRA nor DoRA.
       ValueError: ``conv_paths`` without ``params``, or with a pattern that matches no adapted
         kernel; a set that mixes LoRA and DoRA (PEFT has one ``use_dora``), stacked adapters
@@ -312,10 +333,16 @@ def _save_one(
         "modules_to_save": saved or None,
         "inference_mode": True,
     }
-    os.makedirs(directory, exist_ok=True)
-    save_file(tensors, os.path.join(directory, WEIGHTS_NAME), metadata={"format": "pt"})
-    with open(os.path.join(directory, CONFIG_NAME), "w") as f:
-        json.dump(config, f, indent=2, sort_keys=True)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        save_file(tensors, os.path.join(directory, WEIGHTS_NAME), metadata={"format": "pt"})
+        with open(os.path.join(directory, CONFIG_NAME), "w") as f:
+            json.dump(config, f, indent=2, sort_keys=True)
+    except OSError as e:
+        raise type(e)(
+            f"save_peft cannot write to {os.fspath(directory)!r} ({e.strerror or e}): pass a "
+            "directory you can write to."
+        ) from e
     return str(directory)
 
 
@@ -366,6 +393,12 @@ def _adapter_from_peft(
             "(path, layer) exactly for the layers of a kernel with one stacked axis."
         )
     for v in layers.values():
+        if v["a"].shape[1] != rank or v["b"].shape[0] != rank:
+            raise ValueError(
+                f"PEFT tensors for {v['name']!r} have rank {v['a'].shape[1]} (lora_A "
+                f"{v['a'].shape[::-1]}) but the config's {v['rank_from']} says rank {rank}: fix "
+                f"{CONFIG_NAME} (r, rank_pattern) to match the tensors."
+            )
         if v["a"].shape != (n, rank) or v["b"].shape != (rank, m):
             raise ValueError(
                 f"PEFT tensors for {v['name']!r} have shapes A{v['a'].shape[::-1]}, "
@@ -433,12 +466,14 @@ def load_peft(
 
     Raises:
       FileNotFoundError: a file is missing.
-      ValueError: not a LoRA adapter; a config that is not valid JSON, lacks ``r`` or
-        ``lora_alpha``, or sets something this loader cannot honour (``lora_bias``, trainable
-        tokens, ...: the message names the key); a tensor that the config does not explain, or
-        trained tensors without ``with_trained``; DoRA on an embedding or convolution; a module
-        that maps to no kernel; shapes that disagree; or layers of one stacked kernel with
-        different ranks or alphas.
+      ValueError: not a LoRA adapter; a truncated or corrupt tensor file; a config that is not
+        valid JSON, lacks ``r`` or ``lora_alpha``, has ``target_modules`` that match none of the
+        adapter's modules (PEFT refuses these), gives a rank other than the tensors' (the message
+        names ``r`` or ``rank_pattern``), or sets something this loader cannot honour
+        (``lora_bias``, trainable tokens, ...: the message names the key); a tensor that the
+        config does not explain, or trained tensors without ``with_trained``; DoRA on an
+        embedding or convolution; a module that maps to no kernel; shapes that disagree; or
+        layers of one stacked kernel with different ranks or alphas.
 
     Example:
       >>> lora = load_peft("out/", variables, module_path=models.flax_path_from_peft)  # doctest: +SKIP
@@ -447,7 +482,8 @@ def load_peft(
     file = os.path.join(directory, WEIGHTS_NAME)
     if not os.path.isfile(file):
         raise FileNotFoundError(f"{file} does not exist: not a PEFT adapter directory.")
-    modules, others = peft_layout.parse_tensors(load_file(file), file)
+    modules, others = peft_layout.parse_tensors(load_safetensors(file), file)
+    _check_targets(config, sorted(modules), os.path.join(directory, CONFIG_NAME))
     if others and not with_trained:
         raise ValueError(
             f"{file} holds trained parameters besides LoRA factors ({sorted(others)[0]!r}, ...: "
@@ -467,11 +503,14 @@ def load_peft(
         if layer in found.get(path, {}):
             raise ValueError(f"PEFT modules {found[path][layer]['name']!r} and {name!r} both map "
                              f"to {path!r}{'' if layer is None else f' layer {layer}'}.")  # fmt: skip
-        rank = _pattern_value(config.get("rank_pattern") or {}, name, config["r"])
+        pattern = _pattern_value(config.get("rank_pattern") or {}, name, None)
+        rank = config["r"] if pattern is None else pattern
+        rank_from = f"r={config['r']}" if pattern is None else f"rank_pattern ({pattern} for it)"
         alpha = _pattern_value(config.get("alpha_pattern") or {}, name, config["lora_alpha"])
         found.setdefault(path, {})[layer] = {
             "name": name,
             "rank": int(rank),
+            "rank_from": rank_from,
             "alpha": float(alpha),
             **peft_layout.factors_from_peft(entry, name, use_dora, file),
         }

@@ -7,6 +7,9 @@ Besides the LoRA factors, a PEFT adapter file may hold full parameters trained n
 * ``modules_to_save``: trainable copies of whole modules, ``<module>.weight`` / ``<module>.bias``
   (with ``bias="all"`` PEFT also writes ``<module>.modules_to_save.bias``, the same copy, and
   ``<module>.original_module.bias``, the frozen original, which the adapted model does not use).
+  A module to save may be a parent of the tensors' modules (``["pooler"]`` saves
+  ``pooler.dense.weight``), as in PEFT; we save the modules that hold the trained leaves
+  (``["pooler.dense"]``), which PEFT loads to the same model.
 
 Here they are one *trained* pytree with the structure of ``params`` and ``None`` wherever the base
 parameter is kept, the format of :func:`lowrank_jax.adapters.split_trainable`:
@@ -32,11 +35,21 @@ _ROLES = ("base_layer", "modules_to_save", "original_module")
 
 
 def split_key(body: str) -> tuple[str, str, str]:
-    """``"<module>[.<role>].<leaf>"`` -> ``(module, role, leaf)``, role ``""`` when absent."""
+    """``"<module>[.<role>].<leaf>"`` -> ``(module, role, leaf)``, role ``""`` when absent.
+
+    A module to save that is a parent of the tensor's module (``modules_to_save=["pooler"]``
+    for ``pooler.dense.bias``) puts the role in the middle: ``pooler.original_module.dense.bias``
+    and ``pooler.modules_to_save.<adapter>.dense.bias`` (PEFT removes the adapter name only when
+    it comes just before the leaf) are ``("pooler.dense", role, "bias")``.
+    """
     module, leaf = body.rsplit(".", 1) if "." in body else ("", body)
-    for role in _ROLES:
-        if module.endswith("." + role):
-            return module[: -len(role) - 1], role, leaf
+    parts = module.split(".")
+    for i, part in enumerate(parts[1:], start=1):
+        if part in _ROLES:
+            rest = parts[i + 1 :]
+            if part == "modules_to_save" and rest:
+                rest = rest[1:]  # the adapter name
+            return ".".join(parts[:i] + rest), part, leaf
     return module, "", leaf
 
 
@@ -54,8 +67,12 @@ def _to_torch(value: np.ndarray, name: str) -> np.ndarray:
 
 
 def _in_list(module: str, targets: Any) -> bool:
-    """PEFT's module match for ``modules_to_save``: the name or a dotted suffix of it."""
-    return any(module == t or module.endswith("." + t) for t in targets or ())
+    """PEFT's module match for ``modules_to_save``: the name or a dotted suffix of it, of the
+    module or of one of its parents (PEFT saves a whole parent module, e.g. ``pooler`` for the
+    tensors of ``pooler.dense``)."""
+    parts = module.split(".")
+    names = [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
+    return any(n == t or n.endswith("." + t) for n in names for t in targets or ())
 
 
 def _leaf_path(module: str, leaf: str, module_path: Callable, leaves: dict, file: str) -> str:

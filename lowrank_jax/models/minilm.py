@@ -25,6 +25,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
+from lowrank_jax.checkpoint_files import load_safetensors
 from lowrank_jax.data import install_hint
 from lowrank_jax.models.bert import BertConfig
 from lowrank_jax.models.hf_bert import convert_bert_weights
@@ -70,14 +71,14 @@ def load_minilm(*, dtype: Any = jnp.float32) -> tuple[BertConfig, dict[str, Any]
 
     Raises:
       FileNotFoundError: if the model package is not installed.
-      ValueError: if the weights do not match the config (see `convert_bert_weights`).
+      ValueError: if `model.safetensors` is truncated or corrupt (the message names it; reinstall
+        the model package), or the weights do not match the config (see `convert_bert_weights`).
     """
-    import safetensors.numpy
     import tokenizers
 
     path = minilm_dir()
     config = BertConfig.from_json(path / "config.json")
-    tensors = safetensors.numpy.load_file(str(path / "model.safetensors"))
+    tensors = load_safetensors(path / "model.safetensors")
     variables = convert_bert_weights(tensors, config, dtype=dtype)
     tokenizer = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
     return config, variables, tokenizer

@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lowrank_jax.models.decoder import DecoderLM, init_cache
 
@@ -58,6 +59,25 @@ def _generate(
     return jnp.concatenate([first[:, None], rest.T], axis=1)
 
 
+def _check_left_padded(prompt_mask: Any, shape: tuple[int, ...]) -> None:
+    """Refuses a concrete mask that is not 0s then 1s in every row (a traced one is not checked)."""
+    if isinstance(prompt_mask, jax.core.Tracer):
+        return
+    try:
+        mask = np.asarray(prompt_mask).astype(bool)
+    except jax.errors.TracerArrayConversionError:
+        return
+    if mask.shape != tuple(shape):
+        raise ValueError(f"prompt_mask has shape {mask.shape}; the prompt has shape {shape}.")
+    bad = np.flatnonzero(~mask[:, -1] | np.any(mask[:, :-1] & ~mask[:, 1:], axis=1))
+    if bad.size:
+        raise ValueError(
+            f"prompt_mask is not left-padded in rows {bad[:8].tolist()} (padding after a token, "
+            "or no token in the last column): pad prompts on the left (e.g. a tokenizer's "
+            "padding_side='left'), as generate reads each row's last token from the last column."
+        )
+
+
 def generate(
     model: DecoderLM,
     variables: Any,
@@ -80,21 +100,26 @@ def generate(
       model: the `DecoderLM` (its config fixes the cache shape; static under `jit`).
       variables: its variables (`{"params": ...}`), or whatever `forward` takes first.
       prompt: (b, T) token ids, **left**-padded (the last column must be a token).
-      prompt_mask: (b, T), 1 for tokens, 0 for padding (default all ones).
+      prompt_mask: (b, T), 1 for tokens, 0 for padding (default all ones): in every row 0s, then
+        1s up to the last column. A concrete mask that is not is refused; a traced one (when
+        `generate` runs inside a caller's `jit`) cannot be checked, and a row that is not
+        left-padded then gets a wrong continuation.
       max_new_tokens: N >= 1.
       temperature: 0 for greedy decoding, else the sampling temperature (needs `key`).
       key: PRNG key for sampling.
       eos_token_id: id(s) after which a row emits `pad_token_id` (None: never stop).
       pad_token_id: the id emitted after end of sequence.
       forward: replaces `model.apply` with a function of the same signature, e.g. the
-        adapted apply of `lowrank_jax.adapters.adapt` closed over adapters; pass the same object
+        adapted apply of `lowrank_jax.adapters.adapt` closed over adapters, or over a bank of
+        adapters and per-row `adapter_ids` (`lowrank_jax.adapters.mixed`); pass the same object
         on every call to reuse the compilation.
 
     Returns:
       (b, N) int32 generated tokens.
 
     Raises:
-      ValueError: a non-2-D prompt, N < 1, a negative temperature, or sampling without a key.
+      ValueError: a non-2-D or empty prompt, N < 1, a negative temperature, sampling without a
+        key, or a prompt mask that is not left-padded (a 0 after a 1, or a 0 in the last column).
 
     Example:
       >>> out = generate(model, variables, prompt, mask, max_new_tokens=32)  # doctest: +SKIP
@@ -109,8 +134,12 @@ def generate(
     greedy = temperature == 0
     if not greedy and key is None:
         raise ValueError("sampling with temperature > 0 needs a PRNG key (key=...).")
+    if prompt.shape[1] < 1:
+        raise ValueError("the prompt has no columns; each row needs at least one token.")
     if prompt_mask is None:
         prompt_mask = jnp.ones(prompt.shape, jnp.bool_)
+    else:
+        _check_left_padded(prompt_mask, prompt.shape)
     eos = (eos_token_id,) if isinstance(eos_token_id, int) else eos_token_id
     return _generate(
         variables,

@@ -6,6 +6,8 @@ The tests marked ``peers`` write adapters with real PyTorch PEFT (the ``peers`` 
 
 import importlib.util
 import json
+import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -77,6 +79,26 @@ def _peft_save(tmp_path, embedding: bool = False, **lora_kwargs):
     with torch.no_grad():
         out = model(torch.from_numpy(X)).numpy()
     return tmp_path, out
+
+
+@peers
+def test_the_guide_quotes_the_peft_requirement_that_is_installed():
+    import configparser
+    import importlib.metadata
+    import pathlib
+
+    from packaging.requirements import Requirement
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    guide = (root / "docs" / "guides" / "peft.md").read_text()
+    assert not re.search(r"PEFT \d+\.\d+", guide), "quote the requirement, not a version"
+    setup = configparser.ConfigParser()
+    setup.read(root / "setup.cfg")
+    peers = setup["options.extras_require"]["peers"].split()
+    (pinned,) = [Requirement(r) for r in peers if Requirement(r).name == "peft"]
+    (quoted,) = [Requirement(q) for q in re.findall(r"`(peft[<>=!~][^`]*)`", guide)]
+    assert quoted.specifier == pinned.specifier, (str(quoted), str(pinned))
+    assert pinned.specifier.contains(importlib.metadata.version("peft"))
 
 
 @peers
@@ -242,3 +264,122 @@ def test_conv_paths_writes_a_dense_general_out_projection_as_a_linear_lora(tmp_p
                     conv_paths=[r".*conv/kernel"])  # fmt: skip
     with pytest.raises(ValueError, match="conv_paths=...\\) needs params="):
         A.save_peft(tmp_path / "no_params", lora, module_name=module_name, conv_paths=())
+
+
+def test_a_truncated_adapter_file_is_named(saved):
+    file = saved / "adapter_model.safetensors"
+    file.write_bytes(file.read_bytes()[:-10])  # an interrupted copy
+    with pytest.raises(ValueError, match=r"adapter_model.safetensors is not a readable .*again"):
+        A.load_peft(saved, PARAMS, module_path=module_path)
+
+
+def test_save_into_an_unwritable_directory_says_so_in_one_line(tmp_path):
+    lora = perturb(A.init(jax.random.key(2), PARAMS, [(r".*kernel", A.lora(2))]), 0.05)
+    (tmp_path / "a_file").write_text("")
+    for directory in (tmp_path / "a_file", tmp_path / "a_file" / "adapter"):
+        with pytest.raises(OSError, match=rf"save_peft cannot write to '{directory}'") as error:
+            A.save_peft(directory, lora, module_name=module_name)
+        assert "\n" not in str(error.value)
+    if os.geteuid() != 0:  # root writes anywhere
+        (tmp_path / "read_only").mkdir(mode=0o500)
+        with pytest.raises(PermissionError, match="save_peft cannot write to"):
+            A.save_peft(tmp_path / "read_only", lora, module_name=module_name)
+
+
+def test_target_modules_that_match_nothing_are_refused_as_peft_does(saved):
+    _edit_config(saved, lambda c: c.update(target_modules=["q_proj", "v_proj"]))
+    with pytest.raises(
+        ValueError, match=r"match none of the adapter's modules \('enc.fc1', 'enc.fc2'\)"
+    ):
+        A.load_peft(saved, PARAMS, module_path=module_path)
+    _edit_config(saved, lambda c: c.update(target_modules=r".*\.q_proj"))  # a str is a regex
+    with pytest.raises(ValueError, match="PEFT refuses such an adapter"):
+        A.load_peft(saved, PARAMS, module_path=module_path)
+    for targets in (["fc1", "q_proj"], r"enc\.fc\d", None):  # a suffix, a regex, PEFT's default
+        _edit_config(saved, lambda c, t=targets: c.update(target_modules=t))
+        assert sorted(A.load_peft(saved, PARAMS, module_path=module_path)) == [
+            "enc/fc1/kernel",
+            "enc/fc2/kernel",
+        ]
+
+
+def test_a_rank_clash_names_the_configs_r(saved):
+    _edit_config(saved, lambda c: c.update(r=4))
+    with pytest.raises(ValueError, match=r"'enc.fc\d' have rank 2 .* config's r=4 says rank 4"):
+        A.load_peft(saved, PARAMS, module_path=module_path)
+    _edit_config(saved, lambda c: c.update(r=2, rank_pattern={"fc2": 3}))
+    with pytest.raises(ValueError, match=r"'enc.fc2' have rank 2 .* rank_pattern \(3 for it\)"):
+        A.load_peft(saved, PARAMS, module_path=module_path)
+
+
+POOLED = {
+    "fc": {"kernel": 0.5 * jax.random.normal(jax.random.key(4), (8, 8)), "bias": jnp.zeros(8)},
+    "pooler": {
+        "dense": {"kernel": 0.5 * jax.random.normal(jax.random.key(5), (8, 4)), "bias": jnp.ones(4)}
+    },
+}
+
+
+def _pooled_forward(p, x):  # a BERT-like pooler: tanh(dense(h)) over the first position
+    h = x @ p["fc"]["kernel"] + p["fc"]["bias"]
+    return jnp.tanh(h @ p["pooler"]["dense"]["kernel"] + p["pooler"]["dense"]["bias"])
+
+
+def _pooled_torch_net():
+    import torch
+
+    class Pooler(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dense = torch.nn.Linear(8, 4)
+
+        def forward(self, h):
+            return torch.tanh(self.dense(h))
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 8)
+            self.pooler = Pooler()
+
+        def forward(self, x):
+            return self.pooler(self.fc(x))
+
+    net = Net()
+    with torch.no_grad():
+        for layer, leaves in (
+            (net.fc, POOLED["fc"]),
+            (net.pooler.dense, POOLED["pooler"]["dense"]),
+        ):
+            layer.weight.copy_(torch.from_numpy(np.asarray(leaves["kernel"]).T.copy()))
+            layer.bias.copy_(torch.from_numpy(np.asarray(leaves["bias"]).copy()))
+    return net
+
+
+@peers
+@pytest.mark.parametrize("bias", ["none", "all"])
+def test_modules_to_save_naming_a_parent_module_loads_and_saves_as_peft_does(tmp_path, bias):
+    import torch
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    def outputs(model):
+        with torch.no_grad():
+            return model(torch.from_numpy(X)).numpy()
+
+    config = LoraConfig(
+        r=2, target_modules=["fc"], modules_to_save=["pooler"], bias=bias, init_lora_weights=False
+    )
+    model = get_peft_model(_pooled_torch_net(), config).eval()
+    with torch.no_grad():  # the trained copy of the pooler differs from the base
+        model.base_model.model.pooler.modules_to_save["default"].dense.bias.add_(0.5)
+    model.save_pretrained(str(tmp_path / "theirs"))
+    lora, trained = A.load_peft(
+        tmp_path / "theirs", POOLED, module_path=module_path, with_trained=True
+    )
+    assert A.named_leaves(trained)["pooler/dense/bias"] is not None
+    ours = A.adapt(_pooled_forward)(A.combine(trained, POOLED), lora, X)
+    np.testing.assert_allclose(ours, outputs(model), atol=1e-5)
+    # And back: saved as the module that holds the trained leaves, which PEFT loads alike.
+    A.save_peft(tmp_path / "ours", lora, module_name=module_name, params=POOLED, trained=trained)
+    again = PeftModel.from_pretrained(_pooled_torch_net(), str(tmp_path / "ours")).eval()
+    np.testing.assert_allclose(outputs(again), outputs(model), atol=1e-5)

@@ -3,6 +3,8 @@ bf16 ~ f32, sampler invariants, config errors, names, sharded loading, lowering 
 
 import json
 import os
+import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -148,6 +150,23 @@ def test_sampler_temperature_and_eos(llama_vars):
         models.generate(model, variables, prompt, max_new_tokens=2, temperature=1.0)
 
 
+def test_sampler_refuses_a_prompt_that_is_not_left_padded(llama_vars):
+    model, variables = models.DecoderLM(LLAMA), llama_vars
+    prompt, mask = _batch()
+    right = jnp.ones_like(mask).at[1, -3:].set(False)  # row 1 right-padded
+    gap = jnp.ones_like(mask).at[0, 4].set(False)  # a hole inside row 0
+    empty = mask.at[1].set(False)  # row 1 has no token
+    for bad, row in ((right, 1), (gap, 0), (empty, 1)):
+        with pytest.raises(
+            ValueError, match=rf"not left-padded in rows \[{row}\].*pad prompts on the left"
+        ):
+            models.generate(model, variables, prompt, bad, max_new_tokens=2)
+    with pytest.raises(ValueError, match="prompt_mask has shape"):
+        models.generate(model, variables, prompt, mask[:, 1:], max_new_tokens=2)
+    with pytest.raises(ValueError, match="no columns"):
+        models.generate(model, variables, prompt[:, :0], max_new_tokens=2)
+
+
 def test_config_validation():
     with pytest.raises(ValueError, match="must divide"):
         LLAMA.replace(num_key_value_heads=3)
@@ -214,6 +233,33 @@ def test_reader_refuses_foreign_tensors(tmp_path, llama_vars):
     save_file(tensors, tmp_path / "model.safetensors")
     with pytest.raises(ValueError, match="model.norm.weight"):
         models.load_hf_decoder(tmp_path, config=LLAMA)
+
+
+def test_reader_names_a_truncated_file_and_what_to_do(tmp_path, llama_vars):
+    for sub, shard in (("single", "5GB"), ("sharded", 20_000)):
+        directory = tmp_path / sub
+        files = models.save_hf_decoder(directory, LLAMA, llama_vars, max_shard_size=shard)
+        file = sorted(f for f in files if f.endswith(".safetensors"))[-1]
+        with open(file, "r+b") as f:  # an interrupted download: the tail is missing
+            f.truncate(os.path.getsize(file) // 2)
+        with pytest.raises(ValueError, match=rf"{re.escape(file)} is not a readable .*again"):
+            models.load_hf_decoder(directory, config=LLAMA)
+    index = tmp_path / "sharded" / "model.safetensors.index.json"
+    index.write_text(index.read_text()[:40])
+    with pytest.raises(ValueError, match=rf"{re.escape(str(index))} is not valid JSON"):
+        models.load_hf_decoder(tmp_path / "sharded", config=LLAMA)
+
+
+def test_the_default_bfloat16_compute_is_said_where_a_user_reads(tmp_path, llama_vars):
+    models.save_hf_decoder(tmp_path, LLAMA, llama_vars)
+    config, _ = models.load_hf_decoder(tmp_path)
+    assert (config.dtype, config.param_dtype) == ("bfloat16", "float32")
+    assert models.config_from_hf(tmp_path, dtype="float32").dtype == "float32"
+    assert "bfloat16" in models.load_hf_decoder.__doc__.splitlines()[0]
+    guide = pathlib.Path(__file__).resolve().parents[2] / "docs" / "guides" / "decoder.md"
+    text = " ".join(guide.read_text().split())
+    assert "computes in **bfloat16**" in text
+    assert 'config=models.config_from_hf(checkpoint, dtype="float32")' in text
 
 
 _SHARDED_LOAD = textwrap.dedent(

@@ -135,3 +135,51 @@ def test_sampler_with_adapters_equals_sampler_on_merged_params(setup):
     ours = models.generate(model, state, tokens, mask, max_new_tokens=5, forward=forward)
     merged = models.generate(model, adapters.merge(variables, lora), tokens, mask, max_new_tokens=5)
     np.testing.assert_array_equal(ours, merged)
+
+
+def test_sampler_with_a_bank_and_per_row_ids_equals_each_adapter_alone(setup):
+    model, variables, tokens, mask = setup
+    rng = np.random.default_rng(0)
+    lora = adapters.init(jax.random.key(2), variables, RULES)
+    sets = [jax.tree.map(lambda f: jnp.asarray(rng.normal(size=f.shape), f.dtype), lora)] * 2
+    sets[1] = {
+        p: a.replace(factors={**a.factors, "b": -a.factors["b"]}) for p, a in sets[0].items()
+    }
+    bank = adapters.stack_adapters(sets)
+    adapted = adapters.adapt(model.apply)
+    ids = jnp.array([1, 0])
+
+    # The ids closed over by `forward` are concrete inside generate's jit (checked on the host).
+    def closed(v, *args, **kwargs):
+        return adapted(v, bank, *args, adapter_ids=ids, **kwargs)
+
+    mixed = models.generate(model, variables, tokens, mask, max_new_tokens=5, forward=closed)
+    # Each adapter alone, merged, on the whole batch (the program of the test above): row i of
+    # the mixed batch is row i of the batch decoded with adapter ids[i].
+    alone = [
+        models.generate(model, adapters.merge(variables, s), tokens, mask, max_new_tokens=5)
+        for s in sets
+    ]
+    assert not np.array_equal(alone[0], alone[1])  # the adapters decode differently
+    for i, j in enumerate(np.asarray(ids)):
+        np.testing.assert_array_equal(mixed[i], alone[j][i])
+
+    # Passed inside the variables, the ids are traced: any assignment reuses one compilation, and
+    # ids out of [0, 2) are clamped into it (5 -> 1, -3 -> 0), unchecked.
+    def traced(state, *args, **kwargs):
+        return adapted(state["base"], state["bank"], *args, adapter_ids=state["ids"], **kwargs)
+
+    for row_ids, want in (([0, 1], [alone[0][0], alone[1][1]]), ([5, -3], mixed)):
+        state = {"base": variables, "bank": bank, "ids": jnp.array(row_ids)}
+        out = models.generate(model, state, tokens, mask, max_new_tokens=5, forward=traced)
+        np.testing.assert_array_equal(out, np.stack(want))
+    bad = jnp.array([0, 2])
+    with pytest.raises(ValueError, match=r"adapter_ids must lie in \[0, 2\)"):
+        models.generate(
+            model,
+            variables,
+            tokens,
+            mask,
+            max_new_tokens=5,
+            forward=lambda v, *a, **k: adapted(v, bank, *a, adapter_ids=bad, **k),
+        )

@@ -293,3 +293,14 @@ def test_config_validation():
         models.BertConfig(hidden_size=10, num_attention_heads=3)
     with pytest.raises(ValueError, match="hidden_act"):
         models.BertConfig(hidden_act="swish")
+
+
+def test_a_truncated_weights_file_is_named(tmp_path, monkeypatch):
+    from lowrank_jax.models import minilm
+
+    (tmp_path / "config.json").write_bytes((models.minilm_dir() / "config.json").read_bytes())
+    with open(models.minilm_dir() / "model.safetensors", "rb") as f:
+        (tmp_path / "model.safetensors").write_bytes(f.read(100_000))  # an interrupted copy
+    monkeypatch.setattr(minilm, "minilm_dir", lambda: tmp_path)
+    with pytest.raises(ValueError, match=r"model.safetensors is not a readable .*again"):
+        models.load_minilm()
