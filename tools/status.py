@@ -162,7 +162,14 @@ def readme_line(checks: list[dict[str, str]]) -> str:
     """The README's line: counts, then the claims grouped by outcome (no numbers)."""
     groups = []
     for outcome in OUTCOMES:
-        claims = [_claim(check) for check in checks if check["outcome"] == outcome]
+        settings: dict[str, list[str]] = {}  # claim -> its settings with this outcome, in order
+        for check in checks:
+            if check["outcome"] == outcome:
+                setting = check.get("setting", "").strip()
+                settings.setdefault(_sentence(check["claim"]), []).extend(
+                    [setting] if setting else []
+                )
+        claims = [c + (f" ({'; '.join(s)})" if s else "") for c, s in settings.items()]
         if claims:
             groups.append(_capital(f"{COUNT_WORDS[outcome]}: " + "; ".join(claims)))
     return _escape(f"{_counts(checks)}. " + ". ".join(groups))
