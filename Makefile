@@ -2,7 +2,7 @@
 PYTHON ?= python
 PYTEST_WORKERS ?= 2
 
-.PHONY: install install-core fashion-mnist demo test test-fast durations lint format bench docs
+.PHONY: install install-core fashion-mnist demo test test-fast durations lint format status bench docs
 
 # The test extra and the peers (PyTorch PEFT, PyKEEN, ... ; torch==2.13.0 is a CPU wheel): the tests
 # that compare against the peers run in CI, so the test install includes them; and the docs extra
@@ -53,6 +53,11 @@ lint:
 format:
 	$(PYTHON) -m ruff format lowrank_jax experiments configs tests tools
 	$(PYTHON) -m ruff check --fix lowrank_jax experiments configs tests tools
+
+# The Status table (docs/papers/index.md), the pages' verdicts and the README's paper lines,
+# rendered from the status registry docs/papers/status.toml (tests/test_status.py checks them).
+status:
+	$(PYTHON) tools/status.py
 
 # The documentation site (docs/): warnings are errors (broken cross-references, docstring markup,
 # pages outside the toctree). The API pages are generated at build time from each subpackage's

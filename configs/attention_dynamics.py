@@ -23,11 +23,9 @@ Runtime: 26 min on the 2-core CPU shared with other jobs (load average 15-23): s
 3 min, 24 MiniLM heads 23 min; ``:smoke`` (sphere flow only, one MiniLM head) about 20 s of CPU.
 Expected result (specs §3): (a) ``T_dev`` affine in ``log 1/ε`` with ``R² > 0.9``; (b) a jump of
 ``D(T, ε)`` at ``ε ≈ g`` for gap-crossing, not aligned, perturbations; (c) for ``ε < g``, ``D``
-grows then plateaus with depth. Measured (``results.md``; ``docs/papers/p03_mean_field_attention.md``): (a) holds for
-the unnormalised flow (20/20 cells, median R² 0.983) but not on the sphere (median 0.842; a
-power law fits better, 0.975); (b) the gap-crossing jump is there (D(2g)/D(g/2) = 11-880) but an
-aligned ΔV also jumps once in d = 3, g = 0.2 (tokens switch poles); (c) below the gap the drift
-rises and then heals instead of plateauing; MiniLM heads show no transition at the gap.
+grows then plateaus with depth. Measured results, with the commands that produced them:
+``docs/papers/p03_mean_field_attention.md``; each trend check's outcome: ``docs/papers/status.toml``
+(P3), rendered into that page's verdict.
 
 ``arg``: ``"smoke"``; ``minilm=false`` skips the MiniLM part.
 """

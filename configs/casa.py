@@ -22,12 +22,9 @@ Commands::
 
 Runtime: 29 min wall on a 2-core CPU shared with other jobs (load average 5–9); ``:smoke``
 (the test: 3 steps, 5 passages per play, query/value kernels, one candidate per method) about
-40 s of CPU time. Result (5 seeds, test; TIES trims whole task vectors, ``merge.ties_trim``):
-spectrum drift 0.006 vs weight drift 0.082 (a random perturbation of the same norm moves the
-spectra less: experiments/tools/casa_rigidity_null.py, so not counted); play accuracy on the target
-0.350 direct, 0.341 CASA, 0.344 TIES, 0.350 DARE, 0.362 oracle; genre retention 0.511 direct,
-0.488 CASA, 0.346 source-revert: direct application did not fail here, and CASA did not beat
-TIES/DARE (combined score above them on 1 of 5 seeds each; docs/papers/p18_casa.md).
+40 s of CPU time. TIES trims whole task vectors (``merge.ties_trim``). Measured results, with the
+commands that produced them: ``docs/papers/p18_casa.md``; each trend check's outcome:
+``docs/papers/status.toml`` (P18), rendered into that page's verdict.
 """
 
 import ml_collections

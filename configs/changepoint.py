@@ -16,15 +16,10 @@ Command::
     python -m experiments.train --config=configs/changepoint.py --workdir=runs/changepoint
 
 Runtime: 9.4 minutes wall (11.7 CPU-minutes) on a 2-core CPU at load average 1–2; ``:smoke``
-(p = L = 8, short streams, no flights) about a minute alone. Expected result (``results.md``,
-``false_alarms.md``; docs/papers/p17_changepoint.md): false alarms at α = 0.05 of the SVT scan
-0.045 (ρ = 0) and 0.069 (ρ = 0.5) — the training stretch of 30,000 makes
-``n (1 − ρ)/(1 + ρ) ≥ T/α`` (with 600 the rate was 0.29–0.32); at κ = 12 the SVT scan detects
-the local change in 0.23 of the streams (fixed rank 2: 0.05) and the global one in 0.47 (Frobenius
-0.28) at ρ = 0; the CUSUMs given the pre-change rates detect more; on the flights no low-rank
-alarm, the entrywise CUSUM four (06-02, 08-02, 09-25, 12-03, the last with ExpressJet's December
-cut), none by FOCuS or ruptures' PELT (thresholds inflated by the February blizzard in the
-calibration window).
+(p = L = 8, short streams, no flights) about a minute alone. The run writes ``results.md`` and
+``false_alarms.md``. Measured results, with the commands that produced them:
+``docs/papers/p17_changepoint.md``; each trend check's outcome: ``docs/papers/status.toml`` (P17),
+rendered into that page's verdict.
 
 ``arg``: ``"smoke"``; ``flights=false`` skips the flights part.
 """

@@ -16,10 +16,8 @@ Commands::
 
 Runtime: the default command took 55 min wall on a 2-core CPU shared with other jobs (load
 average 20-35, nice 10; not timed on an idle machine); ``:smoke`` 3 min on that loaded machine.
-Measured (5 seeds, test loss nats/char): AdamW: Extra-Merge(α*) 1.9713 < EMA 1.9737 < LAWA 1.9741
-(5/5 seeds, α* = 3-4, U-shaped α curve), ρ₁ raw 0.75 -> 0.86 (W = 10); Muon: α* = 0 on every seed,
-Extra-Merge 1.8819 > LAWA 1.8725, EMA 1.8723, WSD 1.8504; ρ₁ 0.60 -> 0.74. So the spec's trend
-(ρ₁(merged) > 0.9; Extra-Merge below LAWA and EMA for both optimizers) reproduces only for AdamW.
+Measured results, with the commands that produced them: ``docs/papers/p05_extra_merge.md``; each
+trend check's outcome: ``docs/papers/status.toml`` (P5), rendered into that page's verdict.
 """
 
 import ml_collections

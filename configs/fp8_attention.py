@@ -11,16 +11,9 @@ Command::
 
 Runtime: about 15 minutes on a 2-core CPU shared with other jobs (7 policies x 1200 steps, a
 600-step donor run); ``:smoke`` about 1-3 minutes under load (every step goes through
-``common.fit`` with a per-step metrics record). Expected result (``results.md``, measured):
-delayed scaling saturates thousands of logits right after the W^Q spike (history 16: 12,569,
-history 1024: 7,888 in the 100 steps after it) and again after the LR spike and the checkpoint
-load; the geometry-aware scales follow the spike (rank_aware:auto 3, rank_agnostic 0 overflows
-after it). But once the copy-task attention becomes sharp (step ~100 on), the trained model's
-max|S| reaches 1.4-1.7x the rank-aware bound (whose isotropic-token assumption it violates), so
-the rank-aware policies also overflow in steady state (rank_aware:auto 5,264 logits in total,
-rank_agnostic 165, rank_aware:1 461,933); steady softmax errors are within 1.1x of delayed
-scaling; rank-aware scales are ``sqrt(d/(γ r))`` times the rank-agnostic ones (2/sqrt(γ) here).
-``:smoke`` (short training) shows zero geometry-aware overflows. Why the bound is exceeded (the
+``common.fit`` with a per-step metrics record). Measured results, with the commands that produced
+them: ``docs/papers/p14_fp8.md``; each trend check's outcome: ``docs/papers/status.toml`` (P14),
+rendered into that page's verdict. Why the bound is exceeded (the
 tokens' directions align with ``W^Q W^{K⊤}``, not their norms or a bias): ``docs/notes/p14_fp8.md`` and
 ``python -m experiments.tools.fp8_isotropy_probe``. The online correction (no hand-set
 calibration): ``"--config.policies=('rank_aware:auto+online',)"`` (knobs ``policy.online_*``).

@@ -10,8 +10,8 @@ Command::
     python -m experiments.train --config=configs/fp8_minilm.py --workdir=runs/fp8_minilm
 
 Runtime: about 1 minute on a 2-core CPU; ``:smoke`` (8 passages of 64 tokens) about 20 s.
-Expected result (``results.md``, measured before the split from ``fp8_attention``): the
-rank-aware bound holds in every layer and head, max|S|/bound 0.19–0.76, no overflowing head.
+Measured results, with the commands that produced them: ``docs/papers/p14_fp8.md``; each trend
+check's outcome: ``docs/papers/status.toml`` (P14), rendered into that page's verdict.
 """
 
 import ml_collections

@@ -13,12 +13,10 @@ Command::
     python -m experiments.train --config=configs/frameft.py --workdir=runs/frameft
 
 Runtime: 9 min wall for the first 189 cells (4-value lr grid) plus ~4 min for the fifth grid
-value, on a 2-core CPU at load average ~10 (``:smoke`` < 1 min). Measured (5 seeds, test accuracy):
-FrameFT L=2 0.676 / 0.896 / 0.945 at 64 / 256 / 1024 coefficients per layer, L=8 0.730 / 0.906 /
-0.928 at 4.5x fewer ΔW FLOPs, identity basis 0.537 / 0.840 / 0.920, FourierFT 0.770 / 0.927 / 0.918,
-LoRA r=1 (832 params) 0.801, r=4 0.931, full FT 0.946. Specs' trends: frame ≥ identity, L=8 ≈ L=2,
-FrameFT@1024 ≈ full FT and FrameFT/FourierFT@256 > LoRA r=1 hold; FrameFT ≈ FourierFT at small
-budgets does not (``docs/notes/p06_p08_p10_peft_kinds.md``).
+value, on a 2-core CPU at load average ~10 (``:smoke`` < 1 min). Measured results, with the commands
+that produced them: ``docs/papers/p10_frameft.md``; each trend check's outcome:
+``docs/papers/status.toml`` (P10), rendered into that page's verdict. Longer tables:
+``docs/notes/p06_p08_p10_peft_kinds.md``.
 """
 
 import ml_collections

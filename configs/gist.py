@@ -29,13 +29,8 @@ Runtime, measured on a 2-core CPU shared with ~8 other jobs (load average 20-27,
 text, 3 seeds: ~25 min (base pre-training 8 min, selection ~5 min per seed, 27 fine-tunes
 ~5 min); synthetic, 3 seeds: ~10 min; ``:smoke`` ~1 min of CPU (4 min wall on that machine).
 
-Measured (tables in ``docs/papers/p11_gist.md``). Text, 5 seeds (``:seeds=5``), test loss
-nats/char (base 1.9301): GIST k = 4 / 9 / 32 1.9031 / 1.9065 / 1.9073, LESS 1.9102, random
-1.9047, raw cosine 1.9110, oracle 1.8953, full pool 1.8889: GIST ≥ LESS reproduces, "both
-clearly above random" does not. Synthetic, 3 seeds, test accuracy: LESS 0.149, GIST k = 9
-0.124, k = 32 0.142, random 0.122, cosine 0.164, oracle 0.188 (the task is too hard at this
-budget; GIST ≥ LESS only for k = 32). GIST stores 36 B/example (k = 9) vs 131,072 B for LESS at
-d = 8192 × 4 checkpoints (ratio 0.00027).
+Measured results, with the commands that produced them: ``docs/papers/p11_gist.md``; each trend
+check's outcome: ``docs/papers/status.toml`` (P11), rendered into that page's verdict.
 """
 
 import ml_collections

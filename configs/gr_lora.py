@@ -23,13 +23,10 @@ the aligned head (SLCA re-alignment after each task), which won on validation fo
 continual method.
 
 Runtime: about 20–25 minutes on a 2-core CPU (an estimate from the six continual methods at 3–4 min
-each and joint at about 1 min, each measured at seed 0; the whole default was not timed). Expected
-result (seed 0): final accuracy GR-LoRA 0.841, GPM-LoRA 0.747, O-LoRA 0.687, InfLoRA 0.658, SD-LoRA
-0.596, sequential 0.595, joint 0.969; GPM-LoRA's new-task accuracy stays at 0.99 → 0.95 (tasks 1–5
-→ 16–20) while GR-LoRA's falls 0.94 → 0.38 as entropy selection errs more (84% right after task
-20): the P2 plasticity trend holds only with ``head=masked`` (GR-LoRA 0.70, InfLoRA 0.61, GPM-LoRA
-0.48 over 2 seeds; GPM-LoRA's new-task accuracy 0.80 → 0.44). 3 seeds with SABER:
-``docs/papers/p02_gr_lora.md``; details: ``docs/notes/p01_p02_continual.md``.
+each and joint at about 1 min, each measured at seed 0; the whole default was not timed). Measured
+results, with the commands that produced them: ``docs/papers/p02_gr_lora.md``; each trend check's
+outcome: ``docs/papers/status.toml`` (P2), rendered into that page's verdict. Details:
+``docs/notes/p01_p02_continual.md``.
 """
 
 from configs.continual_base import build

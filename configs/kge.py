@@ -17,13 +17,9 @@ Runtime: about 60 minutes measured on a 2-core CPU heavily shared with other job
 less on free cores (``:smoke``: about 40 s unloaded, 2 minutes loaded).
 Rerunning the command resumes: finished sweep cells are read back from ``<workdir>/cells``.
 
-Expected result (``results.md``, trend checks of specs.md section 4, measured): the necessary
-dimension (Forster bound, 1.06 -> 6.64) and the training difficulty of the linear model on the
-synthetic graphs grow with size and density, and Kinships needs a larger d than Nations: (a)
-reproduces. The mixture does *not* help at small d (2-4) on most graph/scorer pairs and costs
-3.5-10 % extra parameters there, so (b) does not reproduce; its training-fit gain *grows* with d
-(train MRR at d=32, Kinships DistMult 0.67 -> 0.87) at a large parameter overhead, so (c) is
-inverted. Each criterion is printed as reproduced or not.
+``results.md`` prints each trend check of specs.md section 4 as reproduced or not. Measured results,
+with the commands that produced them: ``docs/papers/p04_kge_rank_bottleneck.md``; each trend check's
+outcome: ``docs/papers/status.toml`` (P4), rendered into that page's verdict.
 
 ``arg``: ``"smoke"`` (Nations, DistMult, d in {2, 8}, K in {1, 2}, 60 epochs, one small synthetic
 graph).

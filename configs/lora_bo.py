@@ -23,12 +23,9 @@ Runtime, measured on the 2-core CPU under heavy load (load average ~20): the sco
 MiniLM embeddings 5 min, searches 15 min; cached in the workdir (``cells/``, ``scores.npz``,
 ``minilm.npz``) so reruns are instant (``objective=full`` reuses them when the three are copied
 into its workdir). ``:smoke`` (8 configurations, 2 seeds; MiniLM GP-EI, random, TPE): 70 s wall
-under that load. Measured result (seed 0 grid, 20 search seeds): Spearman(proxy, full) 0.671;
-LoRA-BO's pick tests at 0.952 (median over 20 seeds) vs the default's 0.946 (+0.7 points, 6/20
-seeds clear the 2-point margin; the full-validation grid optimum tests at 0.959);
-median proxy regret at 30 evaluations: ordinal 0.000, knowledge 0.004, knowledge +
-residual 0.016, one-hot 0.018, TPE 0.018, MiniLM 0.027, random 0.031 (the spec's trends do not
-reproduce on this task; tables in ``docs/papers/p15_lora_bo.md``).
+under that load. Measured results, with the commands that produced them:
+``docs/papers/p15_lora_bo.md``; each trend check's outcome: ``docs/papers/status.toml`` (P15),
+rendered into that page's verdict.
 """
 
 import ml_collections

@@ -14,11 +14,9 @@ Command::
     python -m experiments.train --config=configs/lora_da.py --workdir=runs/lora_da
 
 Runtime: ~25 min wall with ``--config.eval.num_seeds=5`` on a 2-core CPU at load average ~10
-(twice that for the default 10 seeds; ``:smoke`` < 1 min). Measured (5 seeds): with the recipe's
-γ = 1024, δ = 1e-6 LoRA-DA does not beat the baselines here (r=8 accuracy 0.713 vs EVA 0.805,
-vanilla 0.777; loss@10 3.42 vs vanilla 2.87); with γ = 16, δ = 0.1 its loss@10 is below vanilla's
-and LoRA-GA's at every rank and its r=8 accuracy ties the best (0.800 vs 0.805). β > 0 helps a little
-more at S = 32 than at 256. Details in ``docs/papers/p06_lora_da.md``.
+(twice that for the default 10 seeds; ``:smoke`` < 1 min). Measured results, with the commands that
+produced them: ``docs/papers/p06_lora_da.md``; each trend check's outcome:
+``docs/papers/status.toml`` (P6), rendered into that page's verdict.
 """
 
 import ml_collections

@@ -27,15 +27,9 @@ steps 5.4 min at 2.35 s/step, per-head drifts 12.6 min, joint sweep 1 min, 18 We
 a rerun reads the LoRA checkpoint and the finished cells back. ``:smoke`` (2 steps, layer 5's
 value kernel only, 8 held-out passages of 8 tokens, one swept head): 30-50 s of CPU under load.
 Expected result (specs §3): drift grows with ``‖ΔV_h‖/gap_h`` more tightly than with
-``‖ΔV_h‖``, and jumps where ``s‖ΔV_h‖`` crosses ``gap_h``. Measured (``docs/papers/p03_mean_field_attention.md``):
-neither. Genre test accuracy 0.526 (valid 0.569); 63 of 72 heads have ``‖ΔV_h‖₂/gap_h > 1``
-(median 2.5, max 13.2) yet their top eigenvectors barely turn (overlap >= 0.86); the drift of
-a head's ``ΔV_h`` alone rank-correlates with ``‖ΔV_h‖₂`` (Spearman 0.53; within layers 0.84)
-and not with the ratio (-0.11; within layers 0.04); ``log D = a log‖ΔV‖ + b log gap + c_layer``
-gives ``a = 0.82``, ``b = 0.04``; all 18 swept heads drift linearly in ``s`` around the Weyl
-scale (log-log slope 1.00) and around ``s_flip`` = 2-12 × the trained update, where the top
-eigenvector actually turns by 45° (jump / linear 0.89-1.15); the whole adapter's drift is
-linear up to ``s = 4`` and saturates (``1 - cos → 1``) from ``s = 8``.
+``‖ΔV_h‖``, and jumps where ``s‖ΔV_h‖`` crosses ``gap_h``. Measured results, with the
+commands that produced them: ``docs/papers/p03_mean_field_attention.md``; each trend check's
+outcome: ``docs/papers/status.toml`` (P3), rendered into that page's verdict.
 
 ``arg``: ``"smoke"``.
 """

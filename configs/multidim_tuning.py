@@ -37,17 +37,9 @@ The fused and chicago runs are further reduced (4 repetitions, 500 fresh instanc
 ``:spec`` is the spec's budget (3,000 evaluations per tuner, the oracle 9,000, 30 repetitions,
 N up to 500, 3,000 fresh instances): **not run** — estimated at tens of CPU-hours per family
 (measured per-cell timings in ``docs/notes/p11_p12_sel.md``).
-Expected result (measured, ``docs/papers/p12_multidim_tuning.md``; earlier tables in
-``docs/notes/p12_tuning.md``): the gap grows with p at small N (group, N = 5: 0.08, 0.39, 0.44,
-1.15 for p = 1, 2, 4, 8; rerun 2026-12-05); weighted beats
-scalar in true risk at N = 200 for group p = 2, 4 (1.673, 1.643 vs 1.802) and diabetes p = 4,
-8, but not group p = 8 (budget-limited); the |gap| slope in N is −0.16 … −0.86, not a clean −½.
-The pseudo-dimension bound (column ``bound``, ``lowrank_jax.tuning.bounds``; Pdim ≤ 66, 132,
-265, 531 for p = 1, 2, 4, 8; plug-in H = 6.08 group, 1.04 diabetes) is vacuous at every N ≤ 200
-(7.75 and 1.32 at N = 200, 100–200× the measured gap).
-Chicago: oracle risks p = 1, 2, 4, 8: 3.843, 3.842, 3.815, 3.672; at budget 100 p = 4 ties the
-scalar λ at N = 200 and p = 8 loses (search-limited); at ``--config.tune.budget=300`` p = 8 beats
-it by 0.127 ± 0.015; |gap| slopes −0.42 … −0.65.
+Measured results, with the commands that produced them: ``docs/papers/p12_multidim_tuning.md``; each
+trend check's outcome: ``docs/papers/status.toml`` (P12), rendered into that page's verdict. Earlier
+tables: ``docs/notes/p12_tuning.md``.
 
 ``arg``: ``"smoke"``, ``"spec"``; ``parts=group+diabetes+fused+chicago`` (``+``-separated)
 selects the families (default ``group+diabetes``).

