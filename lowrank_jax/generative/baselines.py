@@ -9,7 +9,7 @@ r"""Baselines of the kernel-score sampler (P7, specs.md §7 (5)).
 * :class:`ScoreMLP`, :func:`dsm_loss`, :func:`mlp_denoiser`: a learned score — an MLP
   predicting the noise ``ε`` of ``x_t = m_t x₀ + σ_t ε`` trained by denoising score matching
   (Vincent 2011; ``s_θ = -ε_θ/σ_t``), sampled with the same integrator
-  (:func:`~lowrank_jax.generative.reverse_diffusion`). With ``data_std`` the same network is read
+  (:func:`~lowrank_jax.generative.kernel_score.reverse_diffusion`). With ``data_std`` the same network is read
   as a preconditioned denoiser instead (Karras et al. 2022, EDM, in the OU time variable):
   ``x̂₀ = c_skip x + c_out F_θ(c_in x, t)``, with ``v = m_t² σ_d² + σ_t²``, ``c_in = 1/√v``,
   ``c_skip = m_t σ_d²/v``, ``c_out = σ_t σ_d/√v``, trained on the unit-variance target
