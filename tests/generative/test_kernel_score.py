@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from lowrank_jax import generative as g
-from lowrank_jax.generative import kernel_score
 from lowrank_jax.generative.baselines import dsm_loss, mlp_denoiser
 from lowrank_jax.generative.kernel_score import (
     early_stopping_time,
     geometric_time_grid,
     kernel_denoiser,
     kernel_log_density,
+    kernel_score,
     ou_forward,
     ou_mean_std,
     reverse_diffusion,
