@@ -13,8 +13,8 @@ layer, d, K), each in seconds, and writes:
   ``synthetic_fit.png``, ``synthetic_bound.png``.
 
 Training is full batch by default (``schedule.batch_size = 0``); each epoch is one jitted call
-with the parameters and optimizer state donated (``lowrank_jax.kge.training.make_train_epoch``, driven by
-:func:`experiments.common.sweep.train_epochs`), and the loss comes to the host only every
+with the parameters and optimizer state donated (``lowrank_jax.kge.training.make_train_epoch``,
+driven by :func:`experiments.common.sweep.train_epochs`), and the loss comes to the host only every
 ``log.every`` epochs. The trend checks, tables and plots are in
 :mod:`experiments.common.kge_report`.
 """

@@ -121,9 +121,9 @@ def family(config: Any, part: str, data: Any = None):
 
 
 def steps(config: Any, mesh: Any = None) -> list[common.Step]:
-    """The jitted instance preparation (``tuning.prepare_instances``) of each synthetic family, on
-    abstract instances. (The FISTA solves run in ``tuning.validation_losses``, which cuts its
-    chunks on the host; the real-data families only change the sizes.)"""
+    """The jitted instance preparation (``tuning.lasso.prepare_instances``) of each synthetic
+    family, on abstract instances. (The FISTA solves run in ``tuning.validation_losses``, which cuts
+    its chunks on the host; the real-data families only change the sizes.)"""
     del mesh  # one device
     check_config(config)
     key, out = jax.random.key(0), []
@@ -143,8 +143,9 @@ def _tuners(config: Any) -> list[tuple[str, int]]:
 
 
 def _losses(config, train, val, pen, num_iters):
-    """``(alphas (C, p), n=None) -> (n, C)`` validation losses (``tuning.instance_losses``,
-    float64; candidates and instances padded to powers of two: few compilations)."""
+    """``(alphas (C, p), n=None) -> (n, C)`` validation losses
+    (``tuning.lasso_tuners.instance_losses``, float64; candidates and instances padded to powers of
+    two: few compilations)."""
     m = config.model
     return instance_losses(
         train, val, pen, num_iters=num_iters, ridge=m.ridge, chunk_size=m.chunk_size, pad=True

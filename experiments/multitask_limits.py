@@ -5,11 +5,11 @@ constant ``c``), :func:`lowrank_jax.analysis.simulate_threshold_family` gives th
 risk of every estimator over ``num_draws`` vmapped draws. The table reports mean excess risks,
 the ratio of each estimator's mean to the oracle's, and the worst case of that ratio over the
 family. The MNIST version runs the same estimators on a 1-D LDA score of MNIST 4 vs 9 with
-semi-synthetic decoys (``lowrank_jax.analysis.multitask.sample_pool_tasks``), excess risk on the test set.
-The nlschools version uses real tasks: the 133 school classes of ``MASS::nlschools`` (score = rank
-of verbal IQ, label = language score above the median); a held-out set of classes is the target
-population, each source task is one class (``n`` draws with replacement from its pupils), decoy
-classes get coin-flip labels in the flat zone (``lowrank_jax.analysis.multitask.group_pool``).
+semi-synthetic decoys (``lowrank_jax.analysis.multitask.sample_pool_tasks``), excess risk on the
+test set. The nlschools version uses real tasks: the 133 school classes of ``MASS::nlschools``
+(score = rank of verbal IQ, label = language score above the median); a held-out set of classes is
+the target population, each source task is one class (``n`` draws with replacement from its pupils),
+decoy classes get coin-flip labels in the flat zone (``lowrank_jax.analysis.multitask.group_pool``).
 
 The method (estimators, sampling) lives in ``lowrank_jax.analysis.multitask``; this module only
 wires cells and writes ``results.md``, ``summary.json`` and ratio-to-oracle plots. Finished cells
@@ -170,7 +170,7 @@ def mnist_pool(config: Any) -> dict:
 def nlschools_pool(config: Any) -> dict:
     """Pupils of ``MASS::nlschools`` as real tasks (one per class): score = rank of verbal IQ in
     [0, 1], label = language score above the median; ``nlschools.num_target_groups`` classes are
-    the target population (see ``analysis.group_pool``)."""
+    the target population (see ``analysis.multitask.group_pool``)."""
     d = data.load_nlschools()
     return group_pool(
         rank_scores(d.iq),
@@ -243,8 +243,9 @@ def _packing(config: Any, beta: float, n_tasks: int, n: int):
 
 
 def lower_bound_cell(config: Any, beta: float, n_tasks: int, n: int, key: jax.Array) -> dict:
-    """One (β, N, n) cell of the Fano-type packing (``analysis.simulate_packing_family``) with
-    ``k = ⌈√N⌉`` good sources: mean and s.e. of every estimator's excess risk, the Bayes floor
+    """One (β, N, n) cell of the Fano-type packing
+    (``analysis.multitask_lower_bound.simulate_packing_family``) with ``k = ⌈√N⌉`` good sources:
+    mean and s.e. of every estimator's excess risk, the Bayes floor
     (good set unknown) and the oracle's Bayes risk (known) included."""
     lb = config.lower_bound
     k = _num_good(lb.good, n_tasks)

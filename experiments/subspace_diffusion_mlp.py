@@ -40,7 +40,8 @@ PARAMETERISATIONS = ("eps", "edm")  # ε-network; EDM-preconditioned denoiser
 def dsm_setup(config, n: int, k: int, dim: int, learning_rate: float, data_std: float | None):
     """``(state, step, apply, (t0, t_max))`` of a learned score on ``n`` points of dimension
     ``dim`` (intrinsic ``k``): the DSM ``fit`` step and the score MLP's forward (an ε-network, or
-    with ``data_std`` the preconditioned denoiser of :func:`lowrank_jax.generative.baselines.dsm_loss`)."""
+    with ``data_std`` the preconditioned denoiser of
+    :func:`lowrank_jax.generative.baselines.dsm_loss`)."""
     t0 = early_stopping_time(n, k, scale=config.model.sigma_scale)
     t_max = terminal_time(n, scale=config.model.horizon_scale)
     model = ScoreMLP(tuple(config.model.mlp_features))

@@ -11,10 +11,10 @@ keys so that only one layer is in memory at a time) it computes the per-head
 * **Gram + Cholesky** (exact): ``σ² = λ_max(L_Kᵀ (W_QᵀW_Q) L_K)`` with ``W_KᵀW_K = L_K L_Kᵀ``
   (Gram matrices accumulated by XLA in float32 at highest precision, the ``d_h × d_h`` problems in
   float64); all heads measured;
-* **implicit** (:func:`lowrank_jax.fp8.policies.attention_fp8_scales`) from a cold start (``--iters`` = 30
-  Golub–Kahan–Lanczos steps by default, ``--method power`` for plain power iteration; GQA without
-  repeating keys) — not exact: its error is measured against the thin-QR σ; plus the cost of one
-  warm-started power step, what a training step pays to *track* σ;
+* **implicit** (:func:`lowrank_jax.fp8.policies.attention_fp8_scales`) from a cold start
+  (``--iters`` = 30 Golub–Kahan–Lanczos steps by default, ``--method power`` for plain power
+  iteration; GQA without repeating keys) — not exact: its error is measured against the thin-QR σ;
+  plus the cost of one warm-started power step, what a training step pays to *track* σ;
 * **explicit**: form ``M = W^Q_h W^{K⊤}_g`` (``d×d``) and ``svd(M, compute_uv=False)``; at ~minutes
   per head on a CPU it is measured on ``--explicit-heads`` heads and **extrapolated** linearly to
   all ``80 × 64`` heads (the per-head cost does not depend on the layer).

@@ -3,8 +3,8 @@ r"""Benchmark: throughput and peak memory of the P7 kernel-score diffusion sampl
 The sampler's cost is one kernel-score (Tweedie denoiser) evaluation per reverse step,
 ``O(n·m·D)``: ``m`` samples against ``n`` training points in ``D`` dimensions. Two ways:
 
-* **chunked**: :func:`lowrank_jax.generative.kernel_score.kernel_denoiser` with ``chunk_size`` training points
-  per block and a running log-sum-exp (memory ``O(m·(chunk + D))``);
+* **chunked**: :func:`lowrank_jax.generative.kernel_score.kernel_denoiser` with ``chunk_size``
+  training points per block and a running log-sum-exp (memory ``O(m·(chunk + D))``);
 * **unchunked**: one ``(m, n)`` logit matrix (memory ``O(m·n)``), run only where its estimated
   footprint is under ``--max-unchunked-mb``.
 

@@ -1,12 +1,15 @@
 """Targeted data selection from factorised per-example LoRA gradients: GIST (P11) and LESS.
 
 Pipeline: :func:`gradient_features` (chunked ``vmap(grad)`` over the adapter factors, reduced per
-chunk by a projection) -> a scorer (:func:`~lowrank_jax.selection.scoring.gist_scores` on :func:`~lowrank_jax.selection.scoring.gist_basis` projections,
-:func:`~lowrank_jax.selection.scoring.less_scores` on Adam-normalised (:func:`~lowrank_jax.selection.gradients.adam_update_direction`) JL-projected
-(:func:`~lowrank_jax.selection.projection.jl_project`) features, :func:`~lowrank_jax.selection.scoring.cosine_scores`, :func:`random_scores`) -> :func:`select_top`.
+chunk by a projection) -> a scorer (:func:`~lowrank_jax.selection.scoring.gist_scores` on
+:func:`~lowrank_jax.selection.scoring.gist_basis` projections,
+:func:`~lowrank_jax.selection.scoring.less_scores` on Adam-normalised
+(:func:`~lowrank_jax.selection.gradients.adam_update_direction`) JL-projected
+(:func:`~lowrank_jax.selection.projection.jl_project`) features,
+:func:`~lowrank_jax.selection.scoring.cosine_scores`, :func:`random_scores`) -> :func:`select_top`.
 Diagnostic (specs §11 (4a)): :func:`offdiag_energy_ratio` of the gradient second moment, LoRA
-factors vs full parameters (:func:`~lowrank_jax.selection.diagnostics.lora_vs_full_offdiag`). LESS's warm-up:
-:func:`warmup_optimizer`, :func:`warmup_checkpoint`. Problems to select from:
+factors vs full parameters (:func:`~lowrank_jax.selection.diagnostics.lora_vs_full_offdiag`).
+LESS's warm-up: :func:`warmup_optimizer`, :func:`warmup_checkpoint`. Problems to select from:
 :func:`make_synthetic_pool` (specs §11 (4)) and :func:`make_shakespeare_pool` (real text).
 """
 

@@ -127,9 +127,9 @@ def lasso_loss_polynomials(penalty: lasso.Penalty) -> tuple[int, int]:
 
     Args:
       penalty: :func:`lowrank_jax.tuning.group_lasso` (G groups over d features) or
-        :func:`lowrank_jax.tuning.lasso.fused_lasso` (d features); the inner problem must carry a ridge
-        term ρ > 0 (``ridge`` of :func:`lowrank_jax.tuning.lasso.prepare`) for the continuity the count
-        relies on.
+        :func:`lowrank_jax.tuning.lasso.fused_lasso` (d features); the inner problem must carry a
+        ridge term ρ > 0 (``ridge`` of :func:`lowrank_jax.tuning.lasso.prepare`) for the continuity
+        the count relies on.
 
     Returns:
       ``(3 ** (d - 1), 2)`` for the fused lasso, ``(2 ** G, 2 ** (d + G + 1))`` for the group
