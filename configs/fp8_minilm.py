@@ -2,8 +2,8 @@ r"""FP8 attention scales of the pretrained MiniLM against its max logit on real 
 
 For every layer of all-MiniLM-L6-v2 (a real pretrained 6-layer BERT) the geometry-aware FP8
 scale and the rank-aware, rank-agnostic and worst-case bounds on its attention logits are
-computed from the weights (q/k biases folded in, ``fp8.attention_logit_report``) and compared with
-the empirical max |logit| on Shakespeare passages. See ``experiments/fp8_minilm.py``.
+computed from the weights (q/k biases folded in, ``fp8.diagnostics.attention_logit_report``) and
+compared with the empirical max |logit| on Shakespeare passages. See ``experiments/fp8_minilm.py``.
 
 Command::
 

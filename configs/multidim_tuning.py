@@ -14,11 +14,11 @@ excess risk (true risk of α̂ − that of the class's oracle α*, tuned on the 
 ``oracle_budget`` evaluations) against N. ``chicago`` — a real fused-lasso family: the true
 β of an instance is a standardised window of 41 weekly means (from the first Monday of March) of
 one Chicago 'L' station's daily entries in one year (``lowrank_jax.data.load_chicago``,
-``lowrank_jax.tuning.weekly_windows``: 20 stations × 2001–2015 = 300 signals), observed through
-the same Gaussian design and noise as ``fused`` (``tuning.sample_signal_instances``; fresh
-instances share the 300 signals, not the design or noise); the holidays (Memorial Day, July 4,
-Labor Day, Thanksgiving) fall in the same weeks every year, so the jump density varies along
-the index. See ``experiments/multidim_tuning.py``.
+``lowrank_jax.tuning.signals.weekly_windows``: 20 stations × 2001–2015 = 300 signals), observed
+through the same Gaussian design and noise as ``fused``
+(``tuning.synthetic.sample_signal_instances``; fresh instances share the 300 signals, not the design
+or noise); the holidays (Memorial Day, July 4, Labor Day, Thanksgiving) fall in the same weeks every
+year, so the jump density varies along the index. See ``experiments/multidim_tuning.py``.
 
 Commands (each produces one table of ``docs/papers/p12_multidim_tuning.md``; ``nice -n 10`` on the shared machine)::
 

@@ -31,11 +31,11 @@ replacement), decoy classes get coin-flip labels in the flat zone; 200 draws per
 The decoy width is ``analysis.decoy_width(n, c)`` = c · n^(−β/(2−β)): one task's ERM resolution
 at every n, so the n-independence of the synthetic ratios is partly built in.
 
-lower_bound (``analysis.simulate_packing_family``): a Fano-type packing of 5 thresholds δ apart,
-δ = 0.5 (n (k + 1))^(−β/(2−β)) (capped so the window is ≤ ¼), k = ⌈√N⌉, decoys flat on the window;
-the Bayes risk floor (good set unknown, exact posterior) and the oracle's Bayes risk next to the
-methods, β ∈ {¼, ½, ¾}, N ∈ {4, 16, 64}, n ∈ {20, 100, 500}, 200 draws per cell (``lower_bound.md``).
-Alone (12 min wall at load ~12, measured)::
+lower_bound (``analysis.multitask_lower_bound.simulate_packing_family``): a Fano-type packing of 5
+thresholds δ apart, δ = 0.5 (n (k + 1))^(−β/(2−β)) (capped so the window is ≤ ¼), k = ⌈√N⌉, decoys
+flat on the window; the Bayes risk floor (good set unknown, exact posterior) and the oracle's Bayes
+risk next to the methods, β ∈ {¼, ½, ¾}, N ∈ {4, 16, 64}, n ∈ {20, 100, 500}, 200 draws per cell
+(``lower_bound.md``). Alone (12 min wall at load ~12, measured)::
 
     python -m experiments.train --config=configs/multitask_limits.py:synthetic=false,mnist=false,nlschools=false \
         --workdir=runs/multitask_limits_lower_bound

@@ -65,7 +65,8 @@ def get_config(arg=None):
     c.model.mlp_dims = (5, 20) if arg.smoke else (10, 50, 200)
     c.model.mlp_features = (32, 32) if arg.smoke else (256, 256, 256)
     c.model.mlp_learning_rates = (1e-3, 3e-3) if arg.smoke else (3e-4, 1e-3, 3e-3)
-    # "eps": ε-network; "edm": EDM-preconditioned denoiser (lowrank_jax.generative.dsm_loss)
+    # "eps": ε-network; "edm": EDM-preconditioned denoiser
+    # (lowrank_jax.generative.baselines.dsm_loss)
     c.model.mlp_parameterisations = ("eps", "edm")
 
     c.optim = ml_collections.ConfigDict()  # the MLP's learning rate is model.mlp_learning_rates

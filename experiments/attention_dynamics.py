@@ -27,6 +27,11 @@ from experiments.common import attention_dynamics_report as report
 from experiments.common import sweep
 from lowrank_jax import analysis as an
 from lowrank_jax import data, models
+from lowrank_jax.analysis.attention_dynamics import (
+    head_matrices,
+    random_lowrank_perturbation,
+    wasserstein2,
+)
 
 V_DIRECTIONS = ("aligned", "crossing", "random_lowrank", "random_fullrank")
 DIRECTIONS = (*V_DIRECTIONS, "k_lowrank")  # the last perturbs K instead of V
@@ -73,7 +78,7 @@ def _summaries(config, drift, ref_t, x_t, dt_rec):
     """Per-perturbation D(T), max D, T_dev, W2(T) (host floats)."""
     drift = np.asarray(drift, np.float64)
     t_dev = np.asarray(an.time_to_deviation(drift, dt_record=dt_rec, delta=config.eval.delta))
-    w2 = [an.wasserstein2(x, ref_t) for x in np.asarray(x_t)]
+    w2 = [wasserstein2(x, ref_t) for x in np.asarray(x_t)]
     return {
         "d_final": drift[:, -1].tolist(),
         "d_max": drift.max(1).tolist(),
@@ -128,7 +133,7 @@ def synthetic_cell(config: Any, model: str, d: int, gap: float, seed: int) -> di
         return jax.vmap(lambda e: an.rank_one_perturbation(u, eps=e))(eps)
 
     def random(k, r):  # one random direction per cell, scaled over the ε grid
-        unit = an.random_lowrank_perturbation(k, d, rank=r, eps=1.0)
+        unit = random_lowrank_perturbation(k, d, rank=r, eps=1.0)
         return eps[:, None, None] * unit
 
     dv = jnp.concatenate([rank_one(sp.top), rank_one(sp.second), random(kr, rank), random(kf, d)])
@@ -175,7 +180,7 @@ def minilm_inputs(config: Any) -> tuple[list, np.ndarray]:
 def minilm_cell(config: Any, x0, beta, att, width, head) -> dict:
     mc, m = config.minilm, config.model
     kernels = [att[n]["kernel"] for n in ("query", "key", "value", "out")]
-    q, k, v = an.head_matrices(*kernels, num_heads=x0.shape[-1] // width, head=head)
+    q, k, v = head_matrices(*kernels, num_heads=x0.shape[-1] // width, head=head)
     sp = an.value_spectrum(v)
     ratios = jnp.asarray(mc.ratios, jnp.float32)
     eps = sp.gap * ratios

@@ -27,6 +27,9 @@ import tqdm
 from experiments import common
 from lowrank_jax import changepoint as cp
 from lowrank_jax import data
+from lowrank_jax.changepoint import peers, synthetic
+from lowrank_jax.changepoint.calibration import block_bootstrap_indices, quantile_threshold
+from lowrank_jax.changepoint.detectors import entrywise_cusum, page_cusum_totals
 
 METHODS = ("lowrank", "lowrank_fixed", "frobenius", "cusum_totals", "cusum_entrywise")
 NULL_BATCH = 200  # null streams sampled at once (memory: 200 x T x p x L counts)
@@ -77,8 +80,8 @@ def make_detectors(
         ),
         "lowrank_fixed": cp.lowrank_detector(mean, estimator="rank", **scan),
         "frobenius": cp.frobenius_scan(mean, **kw),
-        "cusum_totals": cp.page_cusum_totals(mean.sum(), rel_change=m.cusum_total_change),
-        "cusum_entrywise": cp.entrywise_cusum(mean, rel_change=m.cusum_cell_change),
+        "cusum_totals": page_cusum_totals(mean.sum(), rel_change=m.cusum_total_change),
+        "cusum_entrywise": entrywise_cusum(mean, rel_change=m.cusum_cell_change),
     }
 
 
@@ -109,7 +112,7 @@ def cusum_totals_refit(rel_change: float):
     """Traceable factory ``stretch -> page_cusum_totals(mean total)`` for ``refit``."""
 
     def refit(stretch):
-        return cp.page_cusum_totals(stretch.sum((1, 2)).mean(), rel_change=rel_change)
+        return page_cusum_totals(stretch.sum((1, 2)).mean(), rel_change=rel_change)
 
     return refit
 
@@ -150,13 +153,11 @@ def synthetic_rho(config: Any, rho: float, key: jax.Array) -> dict:
     """Calibration, false alarms and delays of every detector at one ρ."""
     d, m, e = config.data, config.model, config.eval
     keys = jax.random.split(key, 6)
-    lam = cp.synthetic.lowrank_intensity(
+    lam = synthetic.lowrank_intensity(
         keys[0], p=d.p, num_cells=d.num_cells, rank=d.rank, mean=d.mean
     )
     sample = dict(rho=rho, sigma=d.sigma)
-    train = cp.synthetic.sample_streams(keys[1], lam, num_streams=1, length=d.train_len, **sample)[
-        0
-    ]
+    train = synthetic.sample_streams(keys[1], lam, num_streams=1, length=d.train_len, **sample)[0]
     svt_scale = _svt_scale(config, train, keys[2], horizon=d.horizon, block_len=e.block_len)
     dets = make_detectors(train, m, rank=m.rank, max_rank=m.max_rank, svt_scale=svt_scale)
     # The totals CUSUM's rate is a plug-in: re-estimated on each bootstrap resample (refit).
@@ -185,10 +186,10 @@ def synthetic_rho(config: Any, rho: float, key: jax.Array) -> dict:
         num_streams=e.boot_streams,
         chunk=e.chunk,
     ).maxima
-    thr = {k: {a: cp.quantile_threshold(v, a) for a in e.alphas} for k, v in cal.items()}
+    thr = {k: {a: quantile_threshold(v, a) for a in e.alphas} for k, v in cal.items()}
     null_max = {k: [] for k in dets}
     for start in range(0, d.null_reps, NULL_BATCH):  # fresh null streams, a batch at a time
-        null = cp.synthetic.sample_streams(
+        null = synthetic.sample_streams(
             jax.random.fold_in(keys[3], start),
             lam,
             num_streams=min(NULL_BATCH, d.null_reps - start),
@@ -204,10 +205,10 @@ def synthetic_rho(config: Any, rho: float, key: jax.Array) -> dict:
     for i, kind in enumerate(d.kinds):
         for j, kappa in enumerate(d.kappas):
             kk = jax.random.fold_in(keys[4], 100 * i + j)
-            after = cp.synthetic.change_intensity(
+            after = synthetic.change_intensity(
                 lam, key=keys[5], kind=kind, kappa=kappa, block=d.block
             )
-            ys = cp.synthetic.sample_streams(
+            ys = synthetic.sample_streams(
                 kk,
                 lam,
                 num_streams=d.change_reps,
@@ -283,18 +284,18 @@ def flights(config: Any, key: jax.Array) -> dict:
     alarms = _restart_monitor(counts, n, det_fn, thr, f.restart_ref_days, e.chunk)
     # Peers: FOCuS on totals (known rate from the reference), same bootstrap threshold.
     idx = np.asarray(
-        cp.block_bootstrap_indices(
+        block_bootstrap_indices(
             key, n, horizon=horizon, block_len=f.block_len, num_streams=f.boot_streams
         )
     )
     tot = counts.sum((1, 2))
     rate0 = float(tot[:n].mean())
-    thr["focus_totals"] = cp.quantile_threshold(
-        [cp.peers.focus_scores(tot[i], rate=rate0).max() for i in idx], e.alpha
+    thr["focus_totals"] = quantile_threshold(
+        [peers.focus_scores(tot[i], rate=rate0).max() for i in idx], e.alpha
     )
     alarms["focus_totals"], start, rate = [], n, rate0
     while start < len(tot):
-        a = int(cp.first_alarm(cp.peers.focus_scores(tot[start:], rate=rate), thr["focus_totals"]))
+        a = int(cp.first_alarm(peers.focus_scores(tot[start:], rate=rate), thr["focus_totals"]))
         if a == 0:
             break
         alarms["focus_totals"].append(start + a - 1)
@@ -303,7 +304,7 @@ def flights(config: Any, key: jax.Array) -> dict:
     # ruptures PELT (offline) on carrier totals; penalty: 1-α quantile of the best single-split
     # gain on the bootstrap streams (a lower bound of the zero-change penalty).
     per_c = counts.sum(2).astype(np.float64)
-    cost_cls = cp.peers.ruptures_poisson_cost()
+    cost_cls = peers.ruptures_poisson_cost()
     gains = []
     for i in idx[:50]:
         c = cost_cls().fit(per_c[i])
@@ -311,7 +312,7 @@ def flights(config: Any, key: jax.Array) -> dict:
             c.error(0, horizon)
             - min(c.error(0, s) + c.error(s, horizon) for s in range(2, horizon - 1))
         )
-    pen = cp.quantile_threshold(gains, e.alpha)
+    pen = quantile_threshold(gains, e.alpha)
     import ruptures
 
     bk = ruptures.Pelt(custom_cost=cost_cls(), min_size=7).fit(per_c[n:]).predict(pen=pen)

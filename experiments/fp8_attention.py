@@ -43,6 +43,11 @@ from experiments.fp8_attention_report import (
     tightness_rows,
 )
 from lowrank_jax import fp8, models
+from lowrank_jax.fp8.policies import (
+    GeometryScalingState,
+    OnlineCalibrationState,
+    current_scaling_policy,
+)
 
 POLICY_KINDS = ("delayed", "current", "rank_aware", "rank_agnostic", "none")
 METRICS = ("loss", "overflow", "utilisation", "softmax_error", "amax", "bound_ratio", "scale")
@@ -110,7 +115,7 @@ def make_policy(p: Policy, config) -> fp8.ScalingPolicy:
             online_margin=config.policy.online_margin,
             online_floor=config.policy.online_floor,
         )
-    return fp8.current_scaling_policy()
+    return current_scaling_policy()
 
 
 def copy_batch(key: jax.Array, *, batch_size: int, seq_len: int, vocab_size: int):
@@ -216,14 +221,14 @@ def make_train_step(p: Policy, config, *, transients: bool = True):
             "amax": jnp.max(stats["amax"]),
             "scale": jnp.mean(stats["scale"]),
         }
-        geo = pstate.geometry if isinstance(pstate, fp8.OnlineCalibrationState) else pstate
-        if isinstance(pstate, fp8.OnlineCalibrationState):  # κ: the online calibration factor
+        geo = pstate.geometry if isinstance(pstate, OnlineCalibrationState) else pstate
+        if isinstance(pstate, OnlineCalibrationState):  # κ: the online calibration factor
             base = fp8.logit_bound(
                 geo.sigma, norm_gain=gains[:, None], gamma=p.gamma, rank_aware=p.kind == "rank_aware", **kw
             )  # fmt: skip
             cr = fp8.fp8_max(config.model.fmt) * config.policy.calibration
             metrics["online_kappa"] = jnp.max(cr / (scales * base))
-        if isinstance(geo, fp8.GeometryScalingState):  # max|S| over the rank-aware bound
+        if isinstance(geo, GeometryScalingState):  # max|S| over the rank-aware bound
             bound = fp8.logit_bound(geo.sigma, norm_gain=gains[:, None], gamma=p.gamma, **kw)
             metrics["bound_ratio"] = jnp.max(stats["amax"] / bound)
         return {"params": params, "opt_state": opt_state, "policy": pstate}, metrics
@@ -256,14 +261,14 @@ def run_setup(p: Policy, config, donor=None):
     if not is_donor:
         frozen["donor"] = donor
     track = None
-    if isinstance(pstate, (fp8.GeometryScalingState, fp8.OnlineCalibrationState)):
+    if isinstance(pstate, (GeometryScalingState, OnlineCalibrationState)):
 
         @jax.jit
         def track(state, frozen):  # σ the next step will use vs the exact σ
             w = models.fp8_attention_geometry(state["params"], num_layers=config.model.num_layers)
             exact = fp8.attention_sigma_max(w[0], w[1])
             est = policy.scales(state["policy"], *w)[1]
-            est = (est.geometry if isinstance(est, fp8.OnlineCalibrationState) else est).sigma
+            est = (est.geometry if isinstance(est, OnlineCalibrationState) else est).sigma
             return {f"tracking/{TRACKING}": jnp.max(jnp.abs(est - exact) / exact)}
 
     state = {"params": params, "opt_state": tx.init(params), "policy": pstate, "step": 0}

@@ -3,8 +3,8 @@
 The scales of P14 come from the weights only; their bound assumes isotropic tokens, which real
 text is not. This check computes, per layer of all-MiniLM-L6-v2, ``σ_max(W̃^Q_h W̃^{K⊤}_h)`` of the
 bias-folded weights, the rank-aware / rank-agnostic / worst-case bounds and the FP8 scale
-(``lowrank_jax.fp8.attention_logit_report``), next to the empirical max |logit| over the valid
-token pairs of ``config.data.num_passages`` passages. No training. Writes ``config.json``,
+(``lowrank_jax.fp8.diagnostics.attention_logit_report``), next to the empirical max |logit| over the
+valid token pairs of ``config.data.num_passages`` passages. No training. Writes ``config.json``,
 ``results.md`` and ``results.json``.
 
 References: P14, arXiv 2602.18851 (reconstruction, see ``lowrank_jax.fp8``).
@@ -22,15 +22,17 @@ import numpy as np
 
 from experiments import common
 from lowrank_jax import fp8, models
+from lowrank_jax.fp8.bounds import norm_gain_bound
+from lowrank_jax.fp8.diagnostics import attention_logit_report
 
 
 def minilm_scales(config) -> list[dict[str, Any]]:
     """Per-layer geometry-aware scales of the pretrained MiniLM vs its max logit on Shakespeare.
 
-    ``fp8.attention_logit_report`` folds BERT's q/k biases into the weights; ``g`` is the gain of
-    the LayerNorm feeding each layer (post-LN: the embedding LayerNorm for layer 0, the previous
-    layer's output LayerNorm after). Real tokens are not isotropic, so the rank-aware bound is not
-    guaranteed here: the table shows how it fares.
+    ``fp8.diagnostics.attention_logit_report`` folds BERT's q/k biases into the weights; ``g`` is
+    the gain of the LayerNorm feeding each layer (post-LN: the embedding LayerNorm for layer 0, the
+    previous layer's output LayerNorm after). Real tokens are not isotropic, so the rank-aware bound
+    is not guaranteed here: the table shows how it fares.
     """
     from lowrank_jax import data
 
@@ -51,7 +53,7 @@ def minilm_scales(config) -> list[dict[str, Any]]:
     rows = []
     for i, (x, ln, attn) in enumerate(models.bert_attention_inputs(mcfg, variables, ids, am)):
         q, k = attn["query"], attn["key"]
-        gain = fp8.norm_gain_bound(ln["scale"], ln["bias"])
+        gain = norm_gain_bound(ln["scale"], ln["bias"])
         report = _report(config, int((am > 0).sum(axis=1).max()))
         rep = report(
             x, heads(q["kernel"]), heads(k["kernel"]), b_q=heads(q["bias"]), b_k=heads(k["bias"]),
@@ -77,10 +79,11 @@ def minilm_scales(config) -> list[dict[str, Any]]:
 
 
 def _report(config, seq_len: int):
-    """``fp8.attention_logit_report`` with the config's settings (run eagerly by the study)."""
+    """``fp8.diagnostics.attention_logit_report`` with the config's settings (run eagerly by the
+    study)."""
     p = config.policy
     return functools.partial(
-        fp8.attention_logit_report, seq_len=seq_len, delta=p.delta, fmt=p.fmt,
+        attention_logit_report, seq_len=seq_len, delta=p.delta, fmt=p.fmt,
         num_iters=p.power_iters,
     )  # fmt: skip
 

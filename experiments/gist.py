@@ -35,6 +35,7 @@ from experiments.common import sweep
 from experiments.common.digits_shift import adapter_loss, xent
 from experiments.common.loop import padded_means
 from lowrank_jax import adapters, data, models, selection
+from lowrank_jax.selection.diagnostics import lora_vs_full_offdiag
 
 __all__ = ["check_config", "run"]
 
@@ -352,7 +353,7 @@ def _offdiag(config: Any, task: Task, seed: int) -> dict[str, Any]:
     last, n = _warmup(config, task, seed, pool)[-1], len(task.pool_kind)
     sub = np.random.default_rng([seed, 7]).choice(n, min(n, config.select.offdiag_pool), False)
     sets = (("val", task.val), ("pool", jax.tree.map(lambda a: a[sub], pool)))
-    return {name: selection.lora_vs_full_offdiag(task.example_loss, last.trainable, task.variables,
+    return {name: lora_vs_full_offdiag(task.example_loss, last.trainable, task.variables,
                                                  ex, key=jax.random.key(seed + 7),
                                                  chunk_size=config.select.chunk_size)
             for name, ex in sets}  # fmt: skip

@@ -13,8 +13,8 @@ layer, d, K), each in seconds, and writes:
   ``synthetic_fit.png``, ``synthetic_bound.png``.
 
 Training is full batch by default (``schedule.batch_size = 0``); each epoch is one jitted call
-with the parameters and optimizer state donated (``lowrank_jax.kge.make_train_epoch``, driven by
-:func:`experiments.common.sweep.train_epochs`), and the loss comes to the host only every
+with the parameters and optimizer state donated (``lowrank_jax.kge.training.make_train_epoch``,
+driven by :func:`experiments.common.sweep.train_epochs`), and the loss comes to the host only every
 ``log.every`` epochs. The trend checks, tables and plots are in
 :mod:`experiments.common.kge_report`.
 """
@@ -35,7 +35,11 @@ from absl import logging
 from experiments import common
 from experiments.common import kge_report, sweep
 from lowrank_jax import kge
+from lowrank_jax.adapters import count_params
 from lowrank_jax.data import load_kg
+from lowrank_jax.kge.metrics import rank_metrics, rank_triples
+from lowrank_jax.kge.scorers import SCORERS
+from lowrank_jax.kge.training import init_kge, make_train_epoch
 
 __all__ = ["check_config", "run"]
 
@@ -51,8 +55,8 @@ def check_config(config) -> None:
                 f"config.data.datasets has {name!r}: allowed values are nations, umls, kinships"
             )
     for s in (*config.model.scorers, config.model.synthetic_scorer):
-        if s not in kge.SCORERS:
-            raise c.ConfigError(f"scorer {s!r} is invalid: allowed values are {kge.SCORERS}")
+        if s not in SCORERS:
+            raise c.ConfigError(f"scorer {s!r} is invalid: allowed values are {SCORERS}")
     for b in config.model.baselines:
         if b not in (*_OUTPUTS_OF_BASELINE, "ensemble"):
             raise c.ConfigError(
@@ -151,7 +155,7 @@ def _ensemble_score_fn(scorer: str):
 @functools.cache
 def _epoch_fn(lr: float, scorer: str, output: str, num_entities: int, q: int, batch_size: int):
     """The jitted 1-N epoch (one compilation per scorer, output layer and graph size)."""
-    return kge.make_train_epoch(
+    return make_train_epoch(
         sweep.adam(lr), scorer=scorer, output=output, num_entities=num_entities, num_queries=q,
         batch_size=batch_size,
     )  # fmt: skip
@@ -162,7 +166,7 @@ def _setup(config, g, *, scorer, output, dim, components, key):
     q = len(g["targets"].queries)
     batch_size = min(config.schedule.batch_size or q, q)
     epoch_fn = _epoch_fn(config.optim.learning_rate, scorer, output, g["E"], q, batch_size)
-    params = kge.init_kge(
+    params = init_kge(
         key, scorer=scorer, output=output, num_entities=g["E"], num_relations=g["R"],
         dim=dim, num_components=components, proj_init=config.model.proj_init,
     )  # fmt: skip
@@ -209,7 +213,7 @@ def _train(config, g, *, scorer, output, dim, components, seed):
         config, g, scorer=scorer, output=output, dim=dim, components=components, key=k_init
     )
     lr = config.optim.learning_rate
-    n_params = kge.count_params(params)
+    n_params = count_params(params)
     params, _, curve = sweep.train_epochs(
         epoch_fn, params, sweep.adam(lr).init(params), rng, jnp.asarray(t.queries),
         jnp.asarray(t.objects), num_epochs=config.schedule.epochs, log_every=config.log.every,
@@ -222,10 +226,10 @@ def _evaluate(g, score, config) -> dict[str, float]:
     fit = kge.train_fit_metrics(
         score, g["targets"], num_entities=g["E"], batch_size=config.eval.batch_size
     )
-    ranks = kge.rank_triples(
+    ranks = rank_triples(
         score, g["test"], g["known"], num_relations=g["R"], batch_size=config.eval.batch_size
     )
-    test = kge.rank_metrics(ranks["realistic"], ks=(1, 3, 10))
+    test = rank_metrics(ranks["realistic"], ks=(1, 3, 10))
     out = {f"train_{k}": float(v) for k, v in fit.items()}
     out.update({f"test_{k}": float(v) for k, v in test.items()})
     out["test_nll"] = float(-np.mean(ranks["log_prob"]))

@@ -26,6 +26,9 @@ from scipy import stats
 from experiments import common
 from experiments.common import digits_shift, sweep
 from lowrank_jax import data, models, tuning
+from lowrank_jax.tuning.lora_space import LORA_PROMPT, onehot_features, ordinal_features
+from lowrank_jax.tuning.search import tpe_search
+from lowrank_jax.tuning.text_embedding import embedding_from_states, encode_texts
 
 __all__ = ["check_config", "embeddings", "run", "score_table"]
 
@@ -186,9 +189,7 @@ def _minilm_states(config, texts, workdir):
         with np.load(path) as f:
             if len(f["sentence"]) == len(texts):
                 return f["sentence"], f["tokens"], f["mask"]
-    sentence, tokens, mask = tuning.encode_texts(
-        texts, prompt=tuning.LORA_PROMPT, max_len=config.search.max_len
-    )
+    sentence, tokens, mask = encode_texts(texts, prompt=LORA_PROMPT, max_len=config.search.max_len)
     np.savez(path, sentence=sentence, tokens=tokens, mask=mask)
     return sentence, tokens, mask
 
@@ -202,7 +203,7 @@ def embeddings(config, workdir: str) -> dict[str, tuple[tuning.CandidateEmbeddin
     for m in config.search.methods:
         if m == "bo_minilm":
             states = _minilm_states(config, tuning.describe_configurations(cfg), workdir)
-            emb = tuning.embedding_from_states(
+            emb = embedding_from_states(
                 *states, pca_dim=config.search.pca_dim, token_dim=config.search.token_dim
             )
             out[m] = (emb, q)
@@ -218,8 +219,8 @@ _METHODS = {
         tuning.CandidateEmbedding(std(tuning.knowledge_features(cfg)), jnp.asarray(tuning.value_tokens(cfg))),
         q,
     ),
-    "bo_ordinal": lambda cfg, std, q: (tuning.CandidateEmbedding(std(tuning.ordinal_features(cfg))), 0),
-    "bo_onehot": lambda cfg, std, q: (tuning.CandidateEmbedding(std(tuning.onehot_features(cfg))), 0),
+    "bo_ordinal": lambda cfg, std, q: (tuning.CandidateEmbedding(std(ordinal_features(cfg))), 0),
+    "bo_onehot": lambda cfg, std, q: (tuning.CandidateEmbedding(std(onehot_features(cfg))), 0),
     "random": None,
     "tpe": None,
 }  # fmt: skip
@@ -231,7 +232,7 @@ def _search(config, method, seed, objective, shape, embs):
     if method == "random":
         r = tuning.random_search(objective, len(objective), key=key, budget=s.budget)
     elif method == "tpe":
-        r = tuning.tpe_search(objective, shape, seed=seed, budget=s.budget, n_init=s.n_init)
+        r = tpe_search(objective, shape, seed=seed, budget=s.budget, n_init=s.n_init)
     else:
         emb, q = embs[method]
         r = tuning.bayes_opt(

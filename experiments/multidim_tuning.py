@@ -26,6 +26,14 @@ from experiments import common
 from experiments.common import multidim_tuning_report as report
 from experiments.common import sweep
 from lowrank_jax import tuning
+from lowrank_jax.tuning.lasso import fused_lasso, prepare_instances
+from lowrank_jax.tuning.lasso_tuners import TuneResult, instance_losses
+from lowrank_jax.tuning.signals import weekly_windows
+from lowrank_jax.tuning.synthetic import (
+    sample_fused_instances,
+    sample_row_instances,
+    sample_signal_instances,
+)
 
 PARTS = ("group", "diabetes", "fused", "chicago")
 
@@ -72,7 +80,7 @@ def chicago_signals(config: Any) -> np.ndarray:
 
     c = data_lib.load_chicago()
     d = config.data
-    return tuning.weekly_windows(
+    return weekly_windows(
         c.dates, c.ridership, num_weeks=d.chicago_weeks, start=d.chicago_start
     ).signals
 
@@ -92,30 +100,30 @@ def family(config: Any, part: str, data: Any = None):
         )
     if part == "fused":
         return (
-            tuning.fused_lasso(d.fused_features),
-            lambda k, m: tuning.sample_fused_instances(
+            fused_lasso(d.fused_features),
+            lambda k, m: sample_fused_instances(
                 k, m, num_features=d.fused_features, jump_probs=d.jump_probs, noise=d.noise, **kw
             ),
             config.model.fused_num_iters,
         )
     if part == "chicago":
         return (
-            tuning.fused_lasso(d.chicago_weeks),
-            lambda k, m: tuning.sample_signal_instances(k, m, data, noise=d.noise, **kw),
+            fused_lasso(d.chicago_weeks),
+            lambda k, m: sample_signal_instances(k, m, data, noise=d.noise, **kw),
             config.model.fused_num_iters,
         )
     x, y, sizes = data
     return (
         tuning.group_lasso(sizes),
-        lambda k, m: tuning.sample_row_instances(k, x, y, m, **kw),
+        lambda k, m: sample_row_instances(k, x, y, m, **kw),
         config.model.num_iters,
     )
 
 
 def steps(config: Any, mesh: Any = None) -> list[common.Step]:
-    """The jitted instance preparation (``tuning.prepare_instances``) of each synthetic family, on
-    abstract instances. (The FISTA solves run in ``tuning.validation_losses``, which cuts its
-    chunks on the host; the real-data families only change the sizes.)"""
+    """The jitted instance preparation (``tuning.lasso.prepare_instances``) of each synthetic
+    family, on abstract instances. (The FISTA solves run in ``tuning.validation_losses``, which cuts
+    its chunks on the host; the real-data families only change the sizes.)"""
     del mesh  # one device
     check_config(config)
     key, out = jax.random.key(0), []
@@ -125,7 +133,7 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
         pen, sample, _ = family(config, part)
         inst = jax.eval_shape(lambda k, sample=sample: sample(k, max(config.data.ns)), key)
         kwargs = {"penalty": pen, "ridge": config.model.ridge}
-        out.append(common.Step(f"{part} prepare", tuning.prepare_instances, (inst.train,), kwargs))
+        out.append(common.Step(f"{part} prepare", prepare_instances, (inst.train,), kwargs))
     return out
 
 
@@ -135,10 +143,11 @@ def _tuners(config: Any) -> list[tuple[str, int]]:
 
 
 def _losses(config, train, val, pen, num_iters):
-    """``(alphas (C, p), n=None) -> (n, C)`` validation losses (``tuning.instance_losses``,
-    float64; candidates and instances padded to powers of two: few compilations)."""
+    """``(alphas (C, p), n=None) -> (n, C)`` validation losses
+    (``tuning.lasso_tuners.instance_losses``, float64; candidates and instances padded to powers of
+    two: few compilations)."""
     m = config.model
-    return tuning.instance_losses(
+    return instance_losses(
         train, val, pen, num_iters=num_iters, ridge=m.ridge, chunk_size=m.chunk_size, pad=True
     )
 
@@ -153,7 +162,7 @@ class PrefixLosses:
     """
 
     def __init__(self, config, inst, pen, num_iters, *, full_batch: int = 8):
-        prep = tuning.prepare_instances(inst.train, pen, ridge=config.model.ridge)
+        prep = prepare_instances(inst.train, pen, ridge=config.model.ridge)
         prep, inst = jax.tree.map(np.asarray, prep), jax.tree.map(np.asarray, inst)
         self.losses = _losses(config, prep, inst.val, pen, num_iters)
         self.full_batch, self.cache = full_batch, {}
@@ -168,7 +177,7 @@ class PrefixLosses:
         return self.losses(alphas, n)
 
 
-def tune(config, method, p, losses, seed, num_instances) -> tuning.TuneResult:
+def tune(config, method, p, losses, seed, num_instances) -> TuneResult:
     """One tuner on the first ``num_instances`` instances of ``losses`` (``(alphas, n) ->
     (n, C)``), with ``config.tune.budget`` candidate evaluations."""
     t = config.tune

@@ -5,11 +5,11 @@ constant ``c``), :func:`lowrank_jax.analysis.simulate_threshold_family` gives th
 risk of every estimator over ``num_draws`` vmapped draws. The table reports mean excess risks,
 the ratio of each estimator's mean to the oracle's, and the worst case of that ratio over the
 family. The MNIST version runs the same estimators on a 1-D LDA score of MNIST 4 vs 9 with
-semi-synthetic decoys (``lowrank_jax.analysis.sample_pool_tasks``), excess risk on the test set.
-The nlschools version uses real tasks: the 133 school classes of ``MASS::nlschools`` (score = rank
-of verbal IQ, label = language score above the median); a held-out set of classes is the target
-population, each source task is one class (``n`` draws with replacement from its pupils), decoy
-classes get coin-flip labels in the flat zone (``lowrank_jax.analysis.group_pool``).
+semi-synthetic decoys (``lowrank_jax.analysis.multitask.sample_pool_tasks``), excess risk on the
+test set. The nlschools version uses real tasks: the 133 school classes of ``MASS::nlschools``
+(score = rank of verbal IQ, label = language score above the median); a held-out set of classes is
+the target population, each source task is one class (``n`` draws with replacement from its pupils),
+decoy classes get coin-flip labels in the flat zone (``lowrank_jax.analysis.multitask.group_pool``).
 
 The method (estimators, sampling) lives in ``lowrank_jax.analysis.multitask``; this module only
 wires cells and writes ``results.md``, ``summary.json`` and ratio-to-oracle plots. Finished cells
@@ -30,6 +30,18 @@ import tqdm
 from experiments import common
 from experiments.common import sweep
 from lowrank_jax import analysis, data
+from lowrank_jax.analysis.multitask import (
+    empirical_excess_risk,
+    group_pool,
+    rank_scores,
+    sample_pool_tasks,
+    threshold_estimates,
+)
+from lowrank_jax.analysis.multitask_lower_bound import (
+    PACKING_ESTIMATORS,
+    packing_separation,
+    simulate_packing_family,
+)
 
 EST = analysis.ESTIMATORS
 ADAPTIVE = ("target_only", "pooled", "agreement", "validation_prefix", "inverse_variance", "lepski")
@@ -158,10 +170,10 @@ def mnist_pool(config: Any) -> dict:
 def nlschools_pool(config: Any) -> dict:
     """Pupils of ``MASS::nlschools`` as real tasks (one per class): score = rank of verbal IQ in
     [0, 1], label = language score above the median; ``nlschools.num_target_groups`` classes are
-    the target population (see ``analysis.group_pool``)."""
+    the target population (see ``analysis.multitask.group_pool``)."""
     d = data.load_nlschools()
-    return analysis.group_pool(
-        analysis.rank_scores(d.iq),
+    return group_pool(
+        rank_scores(d.iq),
         (d.lang > np.median(d.lang)).astype(np.float32),
         d.group,
         num_target_groups=config.nlschools.num_target_groups,
@@ -197,25 +209,23 @@ def pool_cell(config: Any, pool: dict, n_tasks: int, n: int, key: jax.Array, dra
                 [jnp.asarray([hi - lo]), jnp.asarray(pool["group_sizes"])[chosen]]
             )
         width = jnp.minimum(c * n ** (-d.beta / (2 - d.beta)), 0.5)
-        x, y = analysis.sample_pool_tasks(
-            ks, sp, yp, good, n=n, center=pool["center"], width=width, **seg
-        )
+        x, y = sample_pool_tasks(ks, sp, yp, good, n=n, center=pool["center"], width=width, **seg)
         iv = jax.random.randint(kv, (d.n_val,), lo, hi)
-        return analysis.threshold_estimates(
+        return threshold_estimates(
             x, y, sp[iv], yp[iv], good, beta=d.beta, agreement_z=m.agreement_z, lepski_c=m.lepski_c
         )
 
     keys = jax.random.split(key, draws)
     fn = jax.jit(lambda g, c: jax.lax.map(lambda k: one(k, g, c), keys, batch_size=m.batch_size))
     ts = np.stack([np.asarray(fn(_num_good(g, n_tasks), c)) for g, c in members])
-    excess = np.asarray(analysis.empirical_excess_risk(ts, *pool["test"]), np.float64)
+    excess = np.asarray(empirical_excess_risk(ts, *pool["test"]), np.float64)
     out = _summarise(excess)
     out["members"] = [f"k={_num_good(g, n_tasks)},c={c}" for g, c in members]
     out["pool_error"] = pool["pool_error"]
     return out
 
 
-LB = analysis.PACKING_ESTIMATORS
+LB = PACKING_ESTIMATORS
 
 
 def _packing(config: Any, beta: float, n_tasks: int, n: int):
@@ -223,7 +233,7 @@ def _packing(config: Any, beta: float, n_tasks: int, n: int):
     lb, m = config.lower_bound, config.model
 
     def sim(key, k):
-        return analysis.simulate_packing_family(
+        return simulate_packing_family(
             key, num_tasks=n_tasks, n=n, num_good=k, beta=beta, c=lb.c,
             num_hypotheses=lb.num_hypotheses, num_draws=lb.num_draws, n_val=config.data.n_val,
             agreement_z=m.agreement_z, lepski_c=m.lepski_c, batch_size=m.batch_size,
@@ -233,13 +243,14 @@ def _packing(config: Any, beta: float, n_tasks: int, n: int):
 
 
 def lower_bound_cell(config: Any, beta: float, n_tasks: int, n: int, key: jax.Array) -> dict:
-    """One (β, N, n) cell of the Fano-type packing (``analysis.simulate_packing_family``) with
-    ``k = ⌈√N⌉`` good sources: mean and s.e. of every estimator's excess risk, the Bayes floor
+    """One (β, N, n) cell of the Fano-type packing
+    (``analysis.multitask_lower_bound.simulate_packing_family``) with ``k = ⌈√N⌉`` good sources:
+    mean and s.e. of every estimator's excess risk, the Bayes floor
     (good set unknown) and the oracle's Bayes risk (known) included."""
     lb = config.lower_bound
     k = _num_good(lb.good, n_tasks)
     risks = np.asarray(_packing(config, beta, n_tasks, n)(key, k), np.float64)
-    delta = float(analysis.packing_separation(n, k, c=lb.c, beta=beta))
+    delta = float(packing_separation(n, k, c=lb.c, beta=beta))
     half = (lb.num_hypotheses - 1) / 2 + 1
     return {
         "k": k,

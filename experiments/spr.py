@@ -40,6 +40,18 @@ from experiments import common
 from experiments.common import spr_report as report
 from experiments.common import sweep
 from lowrank_jax import data, prompts
+from lowrank_jax.adapters import count_params
+from lowrank_jax.prompts import training
+from lowrank_jax.prompts.backbone import MISSING_INPUTS
+from lowrank_jax.prompts.methods import (
+    PromptMethod,
+    dcp_prompts,
+    map_prompts,
+    modality_prompts,
+    no_prompts,
+)
+from lowrank_jax.prompts.missing import sample_missing
+from lowrank_jax.prompts.training import cross_entropy, init_trainable, prompted_logits, split_head
 
 __all__ = ["METHODS", "arms", "check_config", "run"]
 
@@ -166,7 +178,7 @@ def _pretrain_step(config: Any, model):
 
         def loss(p):
             logits = model.apply({"params": p}, _features(batch, num))
-            return prompts.cross_entropy(logits, batch["y"])
+            return cross_entropy(logits, batch["y"])
 
         value, g = jax.value_and_grad(loss)(state["params"])
         updates, opt_state = tx.update(g, state["opt_state"], state["params"])
@@ -211,10 +223,10 @@ def _pretrainer(config: Any, model):
     return pretrain
 
 
-def _method(config: Any, name: str, num_modalities: int) -> prompts.PromptMethod:
+def _method(config: Any, name: str, num_modalities: int) -> PromptMethod:
     """The library's method value for a config name (``spr-gif``: SPR without GIF)."""
     if name == "probe":
-        return prompts.no_prompts(num_modalities=num_modalities)
+        return no_prompts(num_modalities=num_modalities)
     kw = dict(
         num_modalities=num_modalities,
         num_layers=config.prompt.layers,
@@ -222,11 +234,11 @@ def _method(config: Any, name: str, num_modalities: int) -> prompts.PromptMethod
         dim=config.model.dim,
     )
     if name == "map":
-        return prompts.map_prompts(**kw)
+        return map_prompts(**kw)
     if name == "msp":
-        return prompts.modality_prompts(**kw)
+        return modality_prompts(**kw)
     if name == "dcp":
-        return prompts.dcp_prompts(**kw, bottleneck=config.prompt.bottleneck)
+        return dcp_prompts(**kw, bottleneck=config.prompt.bottleneck)
     off = {m: False for m in name.split("-")[1:]}
     return prompts.spr_prompts(**kw, hidden=config.prompt.hidden, **off)
 
@@ -256,11 +268,11 @@ def _cell(config, ctx, method, fns, seed: int) -> dict[str, Any]:
 
     def macro_f1(trainable, split):
         logits = logits_fn(trainable, ctx["frozen"], _features(split, num), split["missing"])
-        return prompts.macro_f1(np.argmax(logits, -1), split["y"], num_classes=10)
+        return training.macro_f1(np.argmax(logits, -1), split["y"], num_classes=10)
 
     trials = []
     for lr in config.optim.learning_rates:
-        trainable = prompts.init_trainable(jax.random.key(seed), method, ctx["head"])
+        trainable = init_trainable(jax.random.key(seed), method, ctx["head"])
         opt_state = tx.init(trainable)
         opt_state.hyperparams["learning_rate"] = jnp.asarray(lr, jnp.float32)
         trainable, _, _ = sweep.train_scan(
@@ -273,8 +285,8 @@ def _cell(config, ctx, method, fns, seed: int) -> dict[str, Any]:
         "pretrain_valid_accuracy": ctx["pretrain_valid_accuracy"],
         "learning_rate": best_lr,
         "valid_f1": {str(lr): f for f, lr, _ in trials},
-        "trainable_params": prompts.count_params(trainable),
-        "prompt_params": prompts.count_params(trainable["prompts"]),
+        "trainable_params": count_params(trainable),
+        "prompt_params": count_params(trainable["prompts"]),
     }
     for name, split in ctx["tests"].items():
         out[name] = macro_f1(trainable, split)
@@ -284,13 +296,13 @@ def _cell(config, ctx, method, fns, seed: int) -> dict[str, Any]:
 def _context(config, arrays, pre, seed) -> dict[str, Any]:
     """Frozen backbone, head, and the missing patterns of every split (shared by all methods)."""
     num = len(config.data.views)
-    frozen, head = prompts.split_head(pre["params"])
+    frozen, head = split_head(pre["params"])
     key = jax.random.key(10_000 + seed)
 
     def pattern(split, rate, kind, i):
         n = len(arrays[split]["y"])
         k = jax.random.fold_in(key, i)
-        return prompts.sample_missing(k, n, num_modalities=num, rate=rate, kind=kind)
+        return sample_missing(k, n, num_modalities=num, rate=rate, kind=kind)
 
     rate = config.missing.train_rate
     ctx = {
@@ -309,12 +321,12 @@ def _context(config, arrays, pre, seed) -> dict[str, Any]:
     return ctx
 
 
-def _method_fns(model: Any, method: prompts.PromptMethod, num: int):
+def _method_fns(model: Any, method: PromptMethod, num: int):
     """``(loss_fn, logits)`` of a method: the ``train_scan`` loss and the jitted forward
     ``logits(trainable, frozen, features, missing)``; one of each per method, compiled once."""
-    fwd = functools.partial(prompts.prompted_logits, model, method=method)
+    fwd = functools.partial(prompted_logits, model, method=method)
     return (
-        lambda t, f, b: prompts.cross_entropy(
+        lambda t, f, b: cross_entropy(
             fwd(f, t, features=_features(b, num), missing=b["missing"]), b["y"]
         ),
         jax.jit(lambda t, f, x, mi: fwd(f, t, features=x, missing=mi)),
@@ -346,14 +358,14 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
         common.fit_step(step, state, None, arrays(config.schedule.batch_size), mesh=mesh, name="backbone"),
         common.Step("backbone valid", jax.jit(model.apply), ({"params": params}, _features(arrays(n_valid), num))),
     ]  # fmt: skip
-    frozen, head = jax.eval_shape(prompts.split_head, params)
-    missing = np.asarray(prompts.sample_missing(key, 2, num_modalities=num, rate=0.5, kind="both"))  # fmt: skip
+    frozen, head = jax.eval_shape(split_head, params)
+    missing = np.asarray(sample_missing(key, 2, num_modalities=num, rate=0.5, kind="both"))  # fmt: skip
     tx = _adamw(config.optim.prompt_weight_decay)
-    models = {mode: _model(config, widths, mode) for mode in prompts.MISSING_INPUTS}
+    models = {mode: _model(config, widths, mode) for mode in MISSING_INPUTS}
     for m, (name, mode) in arms(config).items():
         method = _method(config, name, num)
         loss_fn, logits = _method_fns(models[mode], method, num)
-        trainable = jax.eval_shape(lambda h, method=method: prompts.init_trainable(key, method, h), head)  # fmt: skip
+        trainable = jax.eval_shape(lambda h, method=method: init_trainable(key, method, h), head)  # fmt: skip
         opt_state = jax.eval_shape(tx.init, trainable)
         train = {**arrays(n_train), "missing": spec((n_train, *missing.shape[1:]), missing.dtype)}
         idx = spec((config.schedule.prompt_steps, config.schedule.batch_size), jnp.int32)
@@ -380,7 +392,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
         arrays = _splits(config, seed)
         if model is None:
             widths = tuple(arrays["train"][f"x{i}"].shape[1] for i in range(num))
-            models = {mode: _model(config, widths, mode) for mode in prompts.MISSING_INPUTS}
+            models = {mode: _model(config, widths, mode) for mode in MISSING_INPUTS}
             model = models["blank"]  # pre-trained on complete pairs: both modes agree there
             pretrain = _pretrainer(config, model)
             fns = {

@@ -30,6 +30,13 @@ from experiments import common
 from experiments import subspace_diffusion_mlp as mlp
 from experiments.subspace_diffusion_report import checks, d_rows, notes, plots, summaries
 from lowrank_jax import generative as gen
+from lowrank_jax.generative.baselines import silverman_bandwidth
+from lowrank_jax.generative.kernel_score import (
+    early_stopping_time,
+    geometric_time_grid,
+    kernel_denoiser,
+)
+from lowrank_jax.generative.subspaces import LAWS
 
 __all__ = ["check_config", "run", "steps"]
 
@@ -46,8 +53,8 @@ def check_config(config) -> None:
     if len(d.weights) != 3 or len(d.laws) != 3:
         raise c.ConfigError("config.data.weights and config.data.laws need 3 entries (k, k, k-1)")
     for law in d.laws:
-        if law not in gen.LAWS:
-            raise c.ConfigError(f"config.data.laws has {law!r}: allowed are {gen.LAWS}")
+        if law not in LAWS:
+            raise c.ConfigError(f"config.data.laws has {law!r}: allowed are {LAWS}")
     if len(d.sizes) < 2 or min(d.sizes) < 2:
         raise c.ConfigError("config.data.sizes needs >= 2 sizes >= 2 to fit a slope")
     mc = config.model
@@ -126,8 +133,8 @@ def _kernel_sampler(config, k: int):
             stochastic=mc.stochastic, tweedie=False, sigma_scale=mc.sigma_scale,
             horizon_scale=mc.horizon_scale, chunk_size=mc.chunk_size, clip=mc.clip or None,
         )  # fmt: skip
-        t0 = gen.early_stopping_time(x.shape[0], k, scale=mc.sigma_scale)
-        denoised = gen.kernel_denoiser(
+        t0 = early_stopping_time(x.shape[0], k, scale=mc.sigma_scale)
+        denoised = kernel_denoiser(
             noisy, x, jnp.asarray(t0, x.dtype), chunk_size=mc.chunk_size, clip=mc.clip or None
         )
         return denoised, noisy
@@ -143,7 +150,7 @@ def _run_cell(config, src, n: int, seed: int) -> dict[str, Any]:
     keys = jax.random.split(key, 4)
     grid = _bandwidth_grid(x, config.model.kde_bandwidths)
     h_cv, _ = gen.select_kde_bandwidth(x, src["valid"], bandwidths=grid)
-    h_silverman = gen.silverman_bandwidth(x)
+    h_silverman = silverman_bandwidth(x)
     t0 = time.time()
     tweedie, noisy = _kernel_sampler(config, src["k"])(keys[0], jnp.asarray(x, jnp.float32))
     samples = {"diffusion": np.asarray(tweedie), "diffusion_no_tweedie": np.asarray(noisy)}
@@ -182,7 +189,7 @@ def steps(config, mesh=None) -> list[common.Step]:
         )
         batch = {"x": spec((min(config.schedule.batch_size, n), dim), jnp.float32)}
         out.append(common.fit_step(step, state, None, batch, mesh=mesh, name=f"DSM D={dim}"))
-        times = gen.geometric_time_grid(t_max, t0, config.model.num_steps)
+        times = geometric_time_grid(t_max, t0, config.model.num_steps)
         z = spec((config.eval.num_samples, dim), jnp.float32)
         out.append(common.Step(f"MLP sampler D={dim}", mlp.mlp_sampler(apply, times, 1.0), (state["params"], z)))  # fmt: skip
     return out

@@ -24,6 +24,13 @@ import optax
 from experiments import common
 from lowrank_jax import generative as gen
 from lowrank_jax.data import BatchIterator
+from lowrank_jax.generative.baselines import ScoreMLP, dsm_loss, mlp_denoiser
+from lowrank_jax.generative.kernel_score import (
+    early_stopping_time,
+    geometric_time_grid,
+    reverse_diffusion,
+    terminal_time,
+)
 
 __all__ = ["PARAMETERISATIONS", "dsm_setup", "mlp_sampler", "run_mlp_cell", "tuned_mlp_rows"]
 
@@ -33,17 +40,18 @@ PARAMETERISATIONS = ("eps", "edm")  # ε-network; EDM-preconditioned denoiser
 def dsm_setup(config, n: int, k: int, dim: int, learning_rate: float, data_std: float | None):
     """``(state, step, apply, (t0, t_max))`` of a learned score on ``n`` points of dimension
     ``dim`` (intrinsic ``k``): the DSM ``fit`` step and the score MLP's forward (an ε-network, or
-    with ``data_std`` the preconditioned denoiser of :func:`lowrank_jax.generative.dsm_loss`)."""
-    t0 = gen.early_stopping_time(n, k, scale=config.model.sigma_scale)
-    t_max = gen.terminal_time(n, scale=config.model.horizon_scale)
-    model = gen.ScoreMLP(tuple(config.model.mlp_features))
+    with ``data_std`` the preconditioned denoiser of
+    :func:`lowrank_jax.generative.baselines.dsm_loss`)."""
+    t0 = early_stopping_time(n, k, scale=config.model.sigma_scale)
+    t_max = terminal_time(n, scale=config.model.horizon_scale)
+    model = ScoreMLP(tuple(config.model.mlp_features))
     apply = lambda p, xt, t: model.apply({"params": p}, xt, t)  # noqa: E731
     params = model.init(jax.random.key(config.seed), jnp.zeros((1, dim)), 1.0)["params"]
     tx = optax.adam(learning_rate)
 
     def step(state, frozen, batch, key):
         del frozen
-        loss, grads = jax.value_and_grad(gen.dsm_loss)(
+        loss, grads = jax.value_and_grad(dsm_loss)(
             state["params"], apply, key, batch["x"], t_min=t0, t_max=t_max, data_std=data_std
         )
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
@@ -59,8 +67,8 @@ def mlp_sampler(apply, times, data_std: float | None):
 
     @jax.jit
     def sample(params, z):
-        denoise = gen.mlp_denoiser(apply, params, data_std=data_std)
-        noisy = gen.reverse_diffusion(None, denoise, z, times, tweedie=False)
+        denoise = mlp_denoiser(apply, params, data_std=data_std)
+        noisy = reverse_diffusion(None, denoise, z, times, tweedie=False)
         return denoise(noisy, times[-1]), noisy
 
     return sample
@@ -97,7 +105,7 @@ def run_mlp_cell(config, src, lr: float, param: str, seed: int, workdir: str) ->
         ckpt_every=num_steps,
         progress=False,
     )
-    times = gen.geometric_time_grid(t_max, t0, config.model.num_steps)
+    times = geometric_time_grid(t_max, t0, config.model.num_steps)
     z = jax.random.normal(jax.random.key(config.seed + 2 + 100 * seed), (src["m"], x.shape[1]))
     tweedie, noisy = (
         np.asarray(a) for a in mlp_sampler(apply, times, data_std)(result.state["params"], z)

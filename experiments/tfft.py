@@ -46,6 +46,7 @@ from experiments.common import sweep
 from experiments.common import tfft_report as report
 from lowrank_jax import generative as gen
 from lowrank_jax.data import BatchIterator, load_mnist
+from lowrank_jax.generative.flows import flow_matching_loss
 
 __all__ = ["METHODS", "check_config", "mnist_source", "ring_source", "run"]
 
@@ -169,7 +170,7 @@ def _flow_setup(config: Any, features: str, dim: int, seed: int):
 
     def step(state, frozen, batch, key):
         del frozen
-        loss, g = jax.value_and_grad(gen.flow_matching_loss)(
+        loss, g = jax.value_and_grad(flow_matching_loss)(
             state["params"], net.apply, key, batch["x"]
         )
         updates, opt_state = tx.update(g, state["opt_state"], state["params"])

@@ -32,6 +32,9 @@ import tqdm
 from experiments import common
 from experiments.common import sweep
 from lowrank_jax import analysis, data
+from lowrank_jax.analysis import pruning
+from lowrank_jax.analysis.pruning import score_exact_tpv, score_taylor, sequential_groups
+from lowrank_jax.analysis.tpv import quantization_variance, tpv_label_noise, trace_heff
 from lowrank_jax.models import CNN, MLP
 
 PARTS = ("pruning", "pruning_cnn", "stability", "selection")
@@ -143,9 +146,9 @@ def _digits_split(seed: int, num_test: int):
     return (ds.x[tr], ds.y[tr]), (ds.x[te], ds.y[te])
 
 
-_score_taylor = jax.jit(analysis.score_taylor, static_argnums=(0, 4))
+_score_taylor = jax.jit(score_taylor, static_argnums=(0, 4))
 _score_jac = jax.jit(analysis.score_jacobian, static_argnums=(0, 4))
-_score_tpv = jax.jit(analysis.score_exact_tpv, static_argnums=(0, 3), static_argnames="chunk")
+_score_tpv = jax.jit(score_exact_tpv, static_argnums=(0, 3), static_argnames="chunk")
 
 
 @functools.cache
@@ -229,7 +232,7 @@ def pruning_cnn_cell(config: Any, seed: int) -> dict:
         batch_size=config.data.batch_size, lr=config.optim.learning_rate, seed=seed,
     )  # fmt: skip
     acc = _accuracy_fn(model, te.x[: c.num_test], te.y[: c.num_test], c.eval_chunk)
-    groups = analysis.sequential_groups(params)
+    groups = sequential_groups(params)
     return _prune_all(config, model, params, groups, xtr, ytr, acc, seed, c.eval_chunk)
 
 
@@ -254,11 +257,11 @@ def stability_cell(config: Any, teacher: str, d: int, width: int, n: int) -> dic
         return model.apply(q, xi[None])[0]
 
     xtr, xte = x[:n], x[n:]
-    tr_h, te_h = (float(analysis.trace_heff(apply1, params, a)) for a in (xtr, xte))
-    sq = float(analysis.quantization_variance(params, bits=s.bits))
+    tr_h, te_h = (float(trace_heff(apply1, params, a)) for a in (xtr, xte))
+    sq = float(quantization_variance(params, bits=s.bits))
     ln = {
         name: float(
-            analysis.tpv_label_noise(
+            tpv_label_noise(
                 apply1,
                 params,
                 xtr,
@@ -300,17 +303,17 @@ def selection_cell(config: Any, wd: float, smoothing: float) -> dict:
     def apply1(q, xi):
         return model.apply(q, xi[None])[0]
 
-    tpv = analysis.tpv_label_noise(
+    tpv = tpv_label_noise(
         apply1, params, jnp.asarray(xtr[: s.tpv_examples]), key=jax.random.key(7),
         sigma=s.sigma, num_runs=s.refits, steps=s.refit_steps, learning_rate=0.01,
     )  # fmt: skip
     logits = model.apply(params, xte)
     return {
         "tpv_train": float(tpv),
-        "test_loss": float(analysis.pruning.cross_entropy(logits, jnp.asarray(yte))),
+        "test_loss": float(pruning.cross_entropy(logits, jnp.asarray(yte))),
         "test_acc": float(jnp.mean(jnp.argmax(logits, -1) == yte)),
         "train_loss_noisy": float(
-            analysis.pruning.cross_entropy(model.apply(params, xtr), jnp.asarray(noisy))
+            pruning.cross_entropy(model.apply(params, xtr), jnp.asarray(noisy))
         ),
     }
 

@@ -47,6 +47,7 @@ import numpy as np
 
 from experiments.bench import common as bench
 from lowrank_jax import changepoint as cp
+from lowrank_jax.changepoint import peers, synthetic
 
 BLOCK = 4096
 
@@ -70,8 +71,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--no-profile", dest="profile", action="store_false")
     args = ap.parse_args(argv)
     key = jax.random.key(0)
-    lam = cp.synthetic.lowrank_intensity(key, p=30, num_cells=30, rank=2, mean=2.0)
-    block = cp.synthetic.sample_streams(key, lam, num_streams=1, length=BLOCK)[0]
+    lam = synthetic.lowrank_intensity(key, p=30, num_cells=30, rank=2, mean=2.0)
+    block = synthetic.sample_streams(key, lam, num_streams=1, length=BLOCK)[0]
     source = jnp.asarray(block)
     totals = block.sum((1, 2)).astype(np.float64)
     dets = {"lowrank": cp.lowrank_detector(lam, rank=2, num_scales=5)}
@@ -79,7 +80,7 @@ def main(argv=None) -> dict:
         dets["lowrank_fixed"] = cp.lowrank_detector(lam, rank=2, num_scales=5, estimator="rank")
         dets["frobenius"] = cp.frobenius_scan(lam, num_scales=5)
     runs = [("lowrank", 1), *((name, 16) for name in dets)]  # (detector, chunk)
-    cost = cp.peers.ruptures_poisson_cost()
+    cost = peers.ruptures_poisson_cost()
     from changepoint_online import Focus, Poisson
 
     methods, states = {}, {}

@@ -3,8 +3,8 @@ r"""Benchmark: throughput and peak memory of the P7 kernel-score diffusion sampl
 The sampler's cost is one kernel-score (Tweedie denoiser) evaluation per reverse step,
 ``O(n·m·D)``: ``m`` samples against ``n`` training points in ``D`` dimensions. Two ways:
 
-* **chunked**: :func:`lowrank_jax.generative.kernel_denoiser` with ``chunk_size`` training points
-  per block and a running log-sum-exp (memory ``O(m·(chunk + D))``);
+* **chunked**: :func:`lowrank_jax.generative.kernel_score.kernel_denoiser` with ``chunk_size``
+  training points per block and a running log-sum-exp (memory ``O(m·(chunk + D))``);
 * **unchunked**: one ``(m, n)`` logit matrix (memory ``O(m·n)``), run only where its estimated
   footprint is under ``--max-unchunked-mb``.
 
@@ -37,6 +37,7 @@ import numpy as np
 
 from experiments.bench import common as bench
 from lowrank_jax import generative as gen
+from lowrank_jax.generative.kernel_score import kernel_denoiser
 
 MB = 1 << 20
 
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> dict:
                 )
             )
         # data is an argument, not a closed-over constant (XLA would constant-fold it)
-        step = jax.jit(lambda y, x: gen.kernel_denoiser(y, x, t_mid, chunk_size=chunk))
+        step = jax.jit(lambda y, x: kernel_denoiser(y, x, t_mid, chunk_size=chunk))
         return lambda: jax.block_until_ready(step(z, data))
 
     timings = bench.run_rounds({k: one(c) for k, c in chunks.items()}, rounds=args.rounds)

@@ -48,6 +48,8 @@ import optax
 from experiments.bench import common
 from lowrank_jax import kge
 from lowrank_jax.data import load_kg
+from lowrank_jax.kge.metrics import rank_metrics, rank_triples
+from lowrank_jax.kge.training import init_kge, make_train_epoch
 
 
 def _missing_peers() -> str | None:
@@ -72,7 +74,7 @@ def run_ours(kg_data, *, scorer: str, dim: int, epochs: int, batch_size: int, lr
     )
     key = jax.random.key(seed)
     key, k_init = jax.random.split(key)
-    params = kge.init_kge(
+    params = init_kge(
         k_init,
         scorer=scorer,
         output="softmax",
@@ -83,7 +85,7 @@ def run_ours(kg_data, *, scorer: str, dim: int, epochs: int, batch_size: int, lr
     )
     optimizer = optax.adam(lr)
     opt_state = optimizer.init(params)
-    epoch_fn = kge.make_train_epoch(
+    epoch_fn = make_train_epoch(
         optimizer,
         scorer=scorer,
         output="softmax",
@@ -109,8 +111,8 @@ def run_ours(kg_data, *, scorer: str, dim: int, epochs: int, batch_size: int, lr
         num_entities=e,
     )
     score = jax.tree_util.Partial(partial(kge.kge_scores, scorer=scorer, output="softmax"), params)
-    ranks = kge.rank_triples(score, kg_data.test, known, num_relations=r, batch_size=512)
-    metrics = kge.rank_metrics(ranks["realistic"], ks=(1, 3, 10))
+    ranks = rank_triples(score, kg_data.test, known, num_relations=r, batch_size=512)
+    metrics = rank_metrics(ranks["realistic"], ks=(1, 3, 10))
     n = len(kg_data.train)
     return {
         "mrr": metrics["mrr"],

@@ -2,9 +2,9 @@ r"""Peer check: the P12 FISTA solvers against skglm (group lasso) and cvxpy (bot
 
 ``--instances`` random problems of the P12 shapes (n = 50; group lasso d = 40 in 8 groups of 5,
 fused lasso d = 41 with 40 edges), weights log-uniform in [1e-3, 0.2] (random per group / edge).
-For each, :func:`lowrank_jax.tuning.solve` (float32) is compared with skglm's ``GroupBCD`` on
+For each, :func:`lowrank_jax.tuning.lasso.solve` (float32) is compared with skglm's ``GroupBCD`` on
 ``QuadraticGroup + WeightedGroupL2`` (float64, tol 1e-12) and with cvxpy + Clarabel (float64), all
-objectives evaluated in float64 by :func:`lowrank_jax.tuning.lasso_objective`. skglm's numba
+objectives evaluated in float64 by :func:`lowrank_jax.tuning.lasso.lasso_objective`. skglm's numba
 compilation (a minute on a loaded machine) is why this is a script and not a unit test (the unit
 tests compare against cvxpy).
 
@@ -25,10 +25,11 @@ import json
 import numpy as np
 
 from lowrank_jax import tuning
+from lowrank_jax.tuning.lasso import fused_lasso, lasso_objective, solve
 
 
 def _obj(beta, x, y, w, pen):
-    return float(tuning.lasso_objective(*(np.asarray(a, np.float64) for a in (beta, x, y, w)), pen))
+    return float(lasso_objective(*(np.asarray(a, np.float64) for a in (beta, x, y, w)), pen))
 
 
 def _cvxpy_group(x, y, w, sizes):
@@ -69,13 +70,13 @@ def main(argv=None) -> dict:
     rng = np.random.default_rng(args.seed)
     gaps = {"group_vs_skglm": [], "group_vs_cvxpy": [], "fused_vs_cvxpy": []}
     sizes = (5,) * 8
-    gpen, fpen = tuning.group_lasso(sizes), tuning.fused_lasso(41)
+    gpen, fpen = tuning.group_lasso(sizes), fused_lasso(41)
     for _ in range(args.instances):
         x = rng.standard_normal((50, 40))
         beta = np.repeat(rng.standard_normal(8) * (rng.random(8) < 0.5), 5)
         y = x @ beta + rng.standard_normal(50)
         w = np.exp(rng.uniform(np.log(1e-3), np.log(0.2), 8))
-        ours = tuning.solve(x.astype(np.float32), y.astype(np.float32), w, gpen, num_iters=500)
+        ours = solve(x.astype(np.float32), y.astype(np.float32), w, gpen, num_iters=500)
         f = _obj(ours, x, y, w, gpen)
         gaps["group_vs_skglm"].append(f - _obj(_skglm_group(x, y, w, 5), x, y, w, gpen))
         gaps["group_vs_cvxpy"].append(f - _obj(_cvxpy_group(x, y, w, sizes), x, y, w, gpen))
@@ -83,7 +84,7 @@ def main(argv=None) -> dict:
         beta = np.cumsum(rng.standard_normal(41) * (rng.random(41) < 0.15))
         y = x @ beta + rng.standard_normal(50)
         w = np.exp(rng.uniform(np.log(1e-3), np.log(0.2), 40))
-        ours = tuning.solve(x.astype(np.float32), y.astype(np.float32), w, fpen, num_iters=3000)
+        ours = solve(x.astype(np.float32), y.astype(np.float32), w, fpen, num_iters=3000)
         ref = _cvxpy_fused(x, y, w)
         gaps["fused_vs_cvxpy"].append(_obj(ours, x, y, w, fpen) - _obj(ref, x, y, w, fpen))
     out = {k: float(np.max(v)) for k, v in gaps.items()}

@@ -38,6 +38,7 @@ import optax
 
 from experiments.bench import common as bench
 from lowrank_jax import adapters, data, models, selection
+from lowrank_jax.selection.pipeline import WarmupCheckpoint
 
 MB = 1 << 20
 TARGETS = r".*attention/(query|key|value|out)/kernel"
@@ -75,7 +76,7 @@ def _problem(args):
         km, kv = jax.random.split(jax.random.key(10 + c))
         mu = 1e-3 * jax.random.normal(km, (num_params,))
         nu = 1e-6 * (1.0 + jax.random.uniform(kv, (num_params,)))
-        ckpts.append(selection.WarmupCheckpoint(ads, mu, nu, 1.0 / args.checkpoints))
+        ckpts.append(WarmupCheckpoint(ads, mu, nu, 1.0 / args.checkpoints))
     pool = {"x": jnp.asarray(x[: args.pool])}
     val = {"x": jnp.asarray(x[args.pool :])}
     subtasks = jnp.arange(args.val) % args.subtasks

@@ -19,7 +19,7 @@ import numpy as np
 from experiments.common import sweep
 from experiments.common.metrics import write_json
 from experiments.common.plots import plot_curves
-from lowrank_jax import analysis as an
+from lowrank_jax.analysis.attention_dynamics import drift_jump_ratio, drift_time_fit
 
 __all__ = [
     "minilm_rows_checks",
@@ -48,7 +48,7 @@ def synthetic_rows(config, cells, directions: Sequence[str]) -> list[dict[str, A
         eps = np.asarray(cs[0]["eps"])
         for i, name in enumerate(directions):
             sl = slice(i * len(eps), (i + 1) * len(eps))
-            fits = [an.drift_time_fit(eps, np.asarray(c["t_dev"][sl])) for c in cs]
+            fits = [drift_time_fit(eps, np.asarray(c["t_dev"][sl])) for c in cs]
             d_final = np.mean([c["d_final"][sl] for c in cs], axis=0)
             below = np.flatnonzero(eps <= g / 2 * (1 + 1e-6))
             rows.append(
@@ -61,7 +61,7 @@ def synthetic_rows(config, cells, directions: Sequence[str]) -> list[dict[str, A
                     "finite T_dev": int(np.isfinite(cs[0]["t_dev"][sl]).sum()),
                     "D(T) eps<=g/2": d_final[below[-1]] if len(below) else "",
                     "D(T) eps>=2g": d_final[np.flatnonzero(eps >= 2 * g * (1 - 1e-6))[0]],
-                    "jump": an.drift_jump_ratio(d_final, eps, below=g / 2, above=2 * g),
+                    "jump": drift_jump_ratio(d_final, eps, below=g / 2, above=2 * g),
                     "W2(T) eps=max": _nanmean([c["w2_final"][sl][-1] for c in cs]),
                 }
             )
@@ -129,10 +129,8 @@ def minilm_rows_checks(config, mcells) -> tuple[list[dict[str, Any]], list[dict[
         }
         for i, name in enumerate(("aligned", "crossing")):
             sl = slice(i * n, (i + 1) * n)
-            row[f"{name} jump"] = an.drift_jump_ratio(
-                c["d_final"][sl], ratios, below=0.5, above=2.0
-            )
-            row[f"{name} R2"] = an.drift_time_fit(eps, np.asarray(c["t_dev"][sl]))["r2"]
+            row[f"{name} jump"] = drift_jump_ratio(c["d_final"][sl], ratios, below=0.5, above=2.0)
+            row[f"{name} R2"] = drift_time_fit(eps, np.asarray(c["t_dev"][sl]))["r2"]
         rows.append(row)
     sharp = sum(r["crossing jump"] >= 5 * r["aligned jump"] for r in rows)
     r2s = [r[f"{k} R2"] for r in rows for k in ("aligned", "crossing")]

@@ -16,7 +16,13 @@ from typing import Any
 import numpy as np
 
 from experiments.common import sweep
-from lowrank_jax import tuning
+from lowrank_jax.tuning.bounds import (
+    lasso_loss_polynomials,
+    pseudo_dimension_bound,
+    uniform_convergence_bound,
+    uniform_convergence_sample_size,
+)
+from lowrank_jax.tuning.lasso import Penalty
 
 __all__ = [
     "COLUMNS",
@@ -90,7 +96,7 @@ def log_slope(ns: Sequence[float], ys: Sequence[float]) -> float:
 
 
 def gap_bounds(
-    config: Any, penalty: tuning.Penalty, loss_range: float, ps: Sequence[int]
+    config: Any, penalty: Penalty, loss_range: float, ps: Sequence[int]
 ) -> dict[int, dict]:
     """The pseudo-dimension bound on the gap of each p, at every N of ``config.data.ns``.
 
@@ -105,11 +111,11 @@ def gap_bounds(
       (:func:`tuning.pseudo_dimension_bound`, :func:`tuning.uniform_convergence_bound` with
       ``δ = config.eval.bound_delta``).
     """
-    num_polys, degree = tuning.lasso_loss_polynomials(penalty)
+    num_polys, degree = lasso_loss_polynomials(penalty)
     out = {}
     for p in sorted(set(ps)):
-        d = tuning.pseudo_dimension_bound(p, num_polys=num_polys, degree=degree)
-        b = tuning.uniform_convergence_bound(
+        d = pseudo_dimension_bound(p, num_polys=num_polys, degree=degree)
+        b = uniform_convergence_bound(
             np.array(config.data.ns), pdim=d, loss_bound=loss_range, delta=config.eval.bound_delta
         )
         out[p] = {"pdim": d, "bound": b}
@@ -281,7 +287,7 @@ def extra_summary(
         "loss_range_H": round(loss_range, 3),
         "pdim_bound": {f"p{p}": b["pdim"] for p, b in bounds.items()},
         "N_for_bound_0.1H": {
-            f"p{p}": tuning.uniform_convergence_sample_size(
+            f"p{p}": uniform_convergence_sample_size(
                 0.1 * loss_range,
                 pdim=b["pdim"],
                 loss_bound=loss_range,

@@ -322,9 +322,9 @@ def train_epochs(
     """Runs a library's jitted epoch function ``num_epochs`` times (for cells trained by epoch).
 
     ``epoch_fn(params, opt_state, key, *args) -> (params, opt_state, loss)`` (e.g.
-    :func:`lowrank_jax.kge.make_train_epoch`, which donates ``params`` and ``opt_state``); epoch
-    ``e`` gets the second half of the ``e``-th ``split`` of ``key``. The loss comes to the host
-    only every ``log_every`` epochs and after the last one.
+    :func:`lowrank_jax.kge.training.make_train_epoch`, which donates ``params`` and ``opt_state``);
+    epoch ``e`` gets the second half of the ``e``-th ``split`` of ``key``. The loss comes to the
+    host only every ``log_every`` epochs and after the last one.
 
     The epochs are timed (the first one's compilation excluded) and recorded as
     ``num_epochs * steps_per_epoch`` steps of ``examples_per_epoch / steps_per_epoch`` examples in

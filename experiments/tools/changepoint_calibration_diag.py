@@ -39,13 +39,17 @@ import jax
 import numpy as np
 
 from lowrank_jax import changepoint as cp
+from lowrank_jax.changepoint import lowrank, synthetic
+from lowrank_jax.changepoint.calibration import quantile_threshold
+from lowrank_jax.changepoint.detectors import page_cusum_totals
+from lowrank_jax.changepoint.lowrank import initial_basis, lowrank_statistics
 
 P = NUM_CELLS = 30
 NUM_SCALES, HORIZON, ALPHA, CHUNK = 5, 500, 0.05, 16
 
 
 def _intensity() -> jax.Array:
-    return cp.synthetic.lowrank_intensity(
+    return synthetic.lowrank_intensity(
         jax.random.key(0), p=P, num_cells=NUM_CELLS, rank=2, mean=2.0
     )
 
@@ -69,7 +73,7 @@ def bootstrap(args: argparse.Namespace) -> None:
         every = {
             "lowrank": cp.lowrank_detector(mean, rank=2, num_scales=NUM_SCALES, alpha=ALPHA),
             "frobenius": cp.frobenius_scan(mean, num_scales=NUM_SCALES, alpha=ALPHA),
-            "cusum_totals": cp.page_cusum_totals(mean.sum(), rel_change=0.05),
+            "cusum_totals": page_cusum_totals(mean.sum(), rel_change=0.05),
         }
         return {name: every[name] for name in args.dets.split(",")}
 
@@ -84,7 +88,7 @@ def bootstrap(args: argparse.Namespace) -> None:
         return np.concatenate(out)
 
     start = time.time()
-    fresh = cp.synthetic.sample_streams(
+    fresh = synthetic.sample_streams(
         jax.random.key(7), lam, num_streams=args.reps, length=HORIZON, sigma=args.sigma
     )
     known = detectors(lam)
@@ -92,7 +96,7 @@ def bootstrap(args: argparse.Namespace) -> None:
     print(
         f"sigma={args.sigma} T={HORIZON} reps={args.reps}; fresh null maxima, detectors from the "
         "true λ: "
-        + ", ".join(f"{k} q95={cp.quantile_threshold(v, ALPHA):.3f}" for k, v in fresh_max.items()),
+        + ", ".join(f"{k} q95={quantile_threshold(v, ALPHA):.3f}" for k, v in fresh_max.items()),
         flush=True,
     )
     print(
@@ -101,7 +105,7 @@ def bootstrap(args: argparse.Namespace) -> None:
     )
     for n in (int(x) for x in args.ns.split(",")):
         for rep in range(args.stretches):
-            train = cp.synthetic.sample_streams(
+            train = synthetic.sample_streams(
                 jax.random.key(100 + n + 100000 * rep),
                 lam,
                 num_streams=1,
@@ -132,7 +136,7 @@ def bootstrap(args: argparse.Namespace) -> None:
                         )
                         print(
                             f"| {n} | {block} | {source} | {name} | {cal.threshold:.3f} "
-                            f"| {cp.quantile_threshold(fm[name], ALPHA):.3f} "
+                            f"| {quantile_threshold(fm[name], ALPHA):.3f} "
                             f"| {cal.maxima.max():.3f} | {np.mean(fm[name] > cal.threshold):.3f} |",
                             flush=True,
                         )
@@ -153,7 +157,7 @@ def cusum(args: argparse.Namespace) -> None:
         return (starts[:, :, None] + np.arange(block)).reshape(num, -1)[:, :length]
 
     x0 = totals((1, 64))
-    detector = cp.page_cusum_totals(args.mean_total, rel_change=delta)
+    detector = page_cusum_totals(args.mean_total, rel_change=delta)
     library = np.asarray(cp.run_detector(detector, x0[0].astype(np.int32)[:, None, None]))
     ours = cusum_max(x0, args.mean_total, delta)
     if not np.allclose(library.max(), ours, rtol=1e-4):
@@ -161,7 +165,7 @@ def cusum(args: argparse.Namespace) -> None:
     known = cusum_max(totals((args.fresh, HORIZON)), args.mean_total, delta)
     print(
         f"sigma={args.sigma} n={args.n} R={args.R} B={args.B} fresh={args.fresh}; known rate: "
-        f"fresh q95 = {cp.quantile_threshold(known, ALPHA):.1f}"
+        f"fresh q95 = {quantile_threshold(known, ALPHA):.1f}"
     )
     rows = []
     for _ in range(args.R):
@@ -174,8 +178,8 @@ def cusum(args: argparse.Namespace) -> None:
         rows.append(
             [
                 (mu - args.mean_total) / args.mean_total,
-                np.mean(fresh > cp.quantile_threshold(plain, ALPHA)),
-                np.mean(fresh > cp.quantile_threshold(reestimated, ALPHA)),
+                np.mean(fresh > quantile_threshold(plain, ALPHA)),
+                np.mean(fresh > quantile_threshold(reestimated, ALPHA)),
             ]
         )
     rows = np.array(rows)
@@ -200,7 +204,7 @@ def refit(args: argparse.Namespace) -> None:
     rng = np.random.default_rng(4)
 
     def refitted(stretch):
-        return cp.page_cusum_totals(stretch.sum((1, 2)).mean(), rel_change=delta)
+        return page_cusum_totals(stretch.sum((1, 2)).mean(), rel_change=delta)
 
     out = []
     for r in range(reps):
@@ -222,9 +226,9 @@ def refit(args: argparse.Namespace) -> None:
 def windows(args: argparse.Namespace) -> None:
     """The window attaining the low-rank scan's maximum on 30 fresh null streams per σ."""
     lam = _intensity()
-    basis = cp.initial_basis(lam, rank=2)
+    basis = initial_basis(lam, rank=2)
     bound = np.asarray(
-        cp.lowrank.lowrank_threshold(
+        lowrank.lowrank_threshold(
             np.arange(1, HORIZON + 1),
             rate_bound=float(lam.max()),
             p=P,
@@ -235,13 +239,13 @@ def windows(args: argparse.Namespace) -> None:
         )
     )
     for sigma in (0.0, 0.2):
-        ys = cp.synthetic.sample_streams(
+        ys = synthetic.sample_streams(
             jax.random.key(7), lam, num_streams=30, length=HORIZON, sigma=sigma
         )
         wins, tops = np.zeros(NUM_SCALES + 1, int), []
         for y in ys:
             ratio = np.asarray(
-                cp.lowrank_statistics(y, basis, rank=2, num_scales=NUM_SCALES, chunk=CHUNK)
+                lowrank_statistics(y, basis, rank=2, num_scales=NUM_SCALES, chunk=CHUNK)
             )
             ratio = ratio / bound
             _, w = np.unravel_index(ratio.argmax(), ratio.shape)

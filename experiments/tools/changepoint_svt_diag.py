@@ -32,14 +32,15 @@ import jax
 import numpy as np
 
 from lowrank_jax import changepoint as cp
-from lowrank_jax.changepoint import lowrank
+from lowrank_jax.changepoint import lowrank, synthetic
+from lowrank_jax.changepoint.calibration import block_bootstrap_indices, quantile_threshold
 
 P = NUM_CELLS = 30
 NUM_SCALES, HORIZON, TAU = 5, 500, 200
 
 
 def _intensity() -> jax.Array:
-    return cp.synthetic.lowrank_intensity(
+    return synthetic.lowrank_intensity(
         jax.random.key(0), p=P, num_cells=NUM_CELLS, rank=2, mean=2.0
     )
 
@@ -51,12 +52,12 @@ def calibrate(fraction: float = 1.0) -> None:
     num_streams = max(20, int(400 * fraction))
     for rho in (0.0, 0.5):
         for n in (600, 3000, 12000):
-            train = cp.synthetic.sample_streams(
+            train = synthetic.sample_streams(
                 jax.random.key(1), lam, num_streams=1, length=n, sigma=0.2, rho=rho
             )[0]
             mean = train.mean(0)
             idx = np.asarray(
-                cp.block_bootstrap_indices(
+                block_bootstrap_indices(
                     jax.random.key(2), n, horizon=32, block_len=10, num_streams=num_streams
                 )
             )
@@ -85,7 +86,7 @@ def calibrate(fraction: float = 1.0) -> None:
             print(
                 f"rho={rho} n={n} per-window 95% ratio "
                 f"{np.round(np.quantile(ratio, 0.95, axis=0), 3)}"
-                f" c_tau={cp.quantile_threshold(ratio.max(1), 0.05):.3f}",
+                f" c_tau={quantile_threshold(ratio.max(1), 0.05):.3f}",
                 flush=True,
             )
 
@@ -93,19 +94,19 @@ def calibrate(fraction: float = 1.0) -> None:
 def detect(scales: list[float], fraction: float = 1.0) -> None:
     """Prints each detector's fresh-null threshold and the share of changed streams detected."""
     lam = _intensity()
-    train = cp.synthetic.sample_streams(
-        jax.random.key(1), lam, num_streams=1, length=3000, sigma=0.2
-    )[0]
+    train = synthetic.sample_streams(jax.random.key(1), lam, num_streams=1, length=3000, sigma=0.2)[
+        0
+    ]
     mean = train.mean(0)
-    null = cp.synthetic.sample_streams(
+    null = synthetic.sample_streams(
         jax.random.key(2), lam, num_streams=max(20, int(200 * fraction)), length=HORIZON, sigma=0.2
     )
     changed = {}
     for kind in ("global", "local"):
-        after = cp.synthetic.change_intensity(
+        after = synthetic.change_intensity(
             lam, key=jax.random.key(5), kind=kind, kappa=12.0, block=10
         )
-        changed[kind] = cp.synthetic.sample_streams(
+        changed[kind] = synthetic.sample_streams(
             jax.random.key(3),
             lam,
             num_streams=max(4, int(40 * fraction)),
@@ -140,9 +141,7 @@ def detect(scales: list[float], fraction: float = 1.0) -> None:
 def ranks(scales: list[float]) -> None:
     """Prints, per ``c_τ`` and window, the share of steps at which SVT keeps rank 0, 1, ..."""
     lam = _intensity()
-    ys = cp.synthetic.sample_streams(
-        jax.random.key(1), lam, num_streams=1, length=HORIZON, sigma=0.2
-    )
+    ys = synthetic.sample_streams(jax.random.key(1), lam, num_streams=1, length=HORIZON, sigma=0.2)
     ys = np.asarray(ys[0], np.float64)
     print("singular values of Lambda:", np.round(np.linalg.svd(lam, compute_uv=False)[:3], 1))
     for c in scales:

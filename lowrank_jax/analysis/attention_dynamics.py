@@ -593,7 +593,7 @@ def _linear_fit(xs: np.ndarray, ys: np.ndarray) -> tuple[float, float, float]:
 def drift_jump_ratio(
     d_final: ArrayLike, eps: ArrayLike, *, below: float, above: float, floor: float = 1e-3
 ) -> float:
-    r"""Sharpness of a drift transition: :math:`D(T, arepsilon_{hi}) / D(T, arepsilon_{lo})`.
+    r"""Sharpness of a drift transition: :math:`D(T, \varepsilon_{hi}) / D(T, \varepsilon_{lo})`.
 
     ``ε_lo`` is the largest grid value ``<= below`` and ``ε_hi`` the smallest ``>= above``
     (e.g. ``below = gap/2``, ``above = 2 gap``); a drift linear in ``ε`` gives

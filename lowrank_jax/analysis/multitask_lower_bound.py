@@ -266,9 +266,9 @@ def simulate_packing_family(
 
     Each draw picks ``j`` uniformly among ``num_hypotheses``, a random ``num_good``-subset of the
     ``num_tasks`` sources as good, samples ``n`` points per task and ``n_val`` target validation
-    points, and scores the estimators of :func:`lowrank_jax.analysis.threshold_estimates` (in
-    :data:`lowrank_jax.analysis.ESTIMATORS` order), then ``bayes_floor`` (the Bayes decision with
-    the good set unknown, target validation samples included: the floor) and ``bayes_oracle``
+    points, and scores the estimators of :func:`lowrank_jax.analysis.multitask.threshold_estimates`
+    (in :data:`lowrank_jax.analysis.ESTIMATORS` order), then ``bayes_floor`` (the Bayes decision
+    with the good set unknown, target validation samples included: the floor) and ``bayes_oracle``
     (good set known). ``num_good`` may be traced.
 
     Args:

@@ -42,10 +42,10 @@ __all__ = [
     "hutchinson_trace_heff",
     "per_example_jacobians",
     "quantization_variance",
-    "trace_heff",
     "tpv_label_noise",
     "tpv_quantization",
     "tpv_quantization_mc",
+    "trace_heff",
 ]
 
 ApplyFn = Callable[[Any, jax.Array], jax.Array]

@@ -14,67 +14,19 @@
 * :mod:`~lowrank_jax.changepoint.synthetic`: the synthetic low-rank streams of §17.
 """
 
-from lowrank_jax.changepoint import peers, synthetic
-from lowrank_jax.changepoint.calibration import (
-    Calibration,
-    block_bootstrap_indices,
-    calibrate_svt_scale,
-    calibrate_threshold,
-    quantile_threshold,
-)
+from lowrank_jax.changepoint.calibration import calibrate_svt_scale, calibrate_threshold
 from lowrank_jax.changepoint.detectors import (
-    Detector,
-    bonferroni_cusum_threshold,
-    entrywise_cusum,
     first_alarm,
     frobenius_scan,
     lowrank_detector,
-    page_cusum_totals,
     run_detector,
-)
-from lowrank_jax.changepoint.lowrank import (
-    SVT,
-    LowRankScanState,
-    check_counts,
-    check_rank,
-    check_svt,
-    init_lowrank_scan,
-    initial_basis,
-    lowrank_statistics,
-    lowrank_threshold,
-    rank_truncate,
-    scales,
-    svt_threshold,
-    update_lowrank_scan,
 )
 
 __all__ = [
-    "Calibration",
-    "Detector",
-    "LowRankScanState",
-    "SVT",
-    "block_bootstrap_indices",
-    "bonferroni_cusum_threshold",
     "calibrate_svt_scale",
     "calibrate_threshold",
-    "check_counts",
-    "check_rank",
-    "check_svt",
-    "entrywise_cusum",
     "first_alarm",
     "frobenius_scan",
-    "init_lowrank_scan",
-    "initial_basis",
     "lowrank_detector",
-    "lowrank_statistics",
-    "lowrank_threshold",
-    "page_cusum_totals",
-    "peers",
-    "synthetic",
-    "quantile_threshold",
-    "rank_truncate",
     "run_detector",
-    "scales",
-    "svt_threshold",
-    "update_lowrank_scan",
 ]

@@ -81,13 +81,13 @@ import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
-    "LowRankScanState",
     "SVT",
+    "LowRankScanState",
     "check_counts",
     "check_rank",
     "check_svt",
-    "initial_basis",
     "init_lowrank_scan",
+    "initial_basis",
     "lowrank_statistics",
     "lowrank_threshold",
     "rank_truncate",

@@ -25,96 +25,27 @@ Example (a user's own step; ``wq`` ``(L, d, H, d_h)``, ``wk`` ``(L, d, G, d_h)``
 
 from lowrank_jax.fp8.bounds import (
     chernoff_gamma,
-    geometry_aware_scale,
     logit_bound,
-    norm_gain_bound,
-    rank_agnostic_alpha,
-    rank_agnostic_scale,
-    rank_agnostic_tail_bound,
-    rank_aware_alpha,
-    rank_aware_tail_bound,
     rank_aware_tightness,
     worst_case_logit_bound,
 )
-from lowrank_jax.fp8.delayed import (
-    DelayedScalingState,
-    current_scale,
-    init_delayed_scaling,
-    update_delayed_scaling,
-)
-from lowrank_jax.fp8.diagnostics import (
-    AttentionLogitReport,
-    attention_logit_report,
-    fold_attention_bias,
-)
-from lowrank_jax.fp8.emulation import (
-    FP8_FORMATS,
-    fp8_dtype,
-    fp8_max,
-    fp8_overflow_count,
-    fp8_quantize_dequantize,
-)
-from lowrank_jax.fp8.policies import (
-    GeometryScalingState,
-    OnlineCalibrationState,
-    ScalingPolicy,
-    attention_fp8_scales,
-    current_scaling_policy,
-    delayed_scaling_policy,
-    geometry_scaling_policy,
-    init_geometry_scaling,
-    online_calibration_factor,
-    update_geometry_scaling,
-)
-from lowrank_jax.fp8.sigma import (
-    attention_scales,
-    attention_sigma_max,
-    attention_top_singular,
-    split_heads,
-)
+from lowrank_jax.fp8.delayed import init_delayed_scaling, update_delayed_scaling
+from lowrank_jax.fp8.emulation import fp8_max, fp8_quantize_dequantize
+from lowrank_jax.fp8.policies import ScalingPolicy, delayed_scaling_policy, geometry_scaling_policy
+from lowrank_jax.fp8.sigma import attention_scales, attention_sigma_max
 
 __all__ = [
-    # bounds and scales
-    "chernoff_gamma",
-    "geometry_aware_scale",
-    "logit_bound",
-    "norm_gain_bound",
-    "rank_agnostic_alpha",
-    "rank_agnostic_scale",
-    "rank_agnostic_tail_bound",
-    "rank_aware_alpha",
-    "rank_aware_tail_bound",
-    "rank_aware_tightness",
-    "worst_case_logit_bound",
-    # delayed and current scaling
-    "DelayedScalingState",
-    "current_scale",
-    "init_delayed_scaling",
-    "update_delayed_scaling",
-    # diagnostics
-    "AttentionLogitReport",
-    "attention_logit_report",
-    "fold_attention_bias",
-    # emulation
-    "FP8_FORMATS",
-    "fp8_dtype",
-    "fp8_max",
-    "fp8_overflow_count",
-    "fp8_quantize_dequantize",
-    # exact sigma (thin-QR core) and offline scales
+    "ScalingPolicy",
     "attention_scales",
     "attention_sigma_max",
-    "attention_top_singular",
-    "split_heads",
-    # policies
-    "GeometryScalingState",
-    "OnlineCalibrationState",
-    "ScalingPolicy",
-    "attention_fp8_scales",
-    "current_scaling_policy",
+    "chernoff_gamma",
     "delayed_scaling_policy",
+    "fp8_max",
+    "fp8_quantize_dequantize",
     "geometry_scaling_policy",
-    "init_geometry_scaling",
-    "online_calibration_factor",
-    "update_geometry_scaling",
+    "init_delayed_scaling",
+    "logit_bound",
+    "rank_aware_tightness",
+    "update_delayed_scaling",
+    "worst_case_logit_bound",
 ]

@@ -58,8 +58,8 @@ from lowrank_jax.spectral.power_iteration import (
 )
 
 __all__ = [
-    "OnlineCalibrationState",
     "GeometryScalingState",
+    "OnlineCalibrationState",
     "ScalingPolicy",
     "attention_fp8_scales",
     "current_scaling_policy",

@@ -9,57 +9,22 @@ See :mod:`lowrank_jax.generative.kernel_score` (OU process, kernel score, expone
 :mod:`lowrank_jax.generative.tail` (CVaR, the TFFT threshold dual, KL tilts).
 """
 
-from lowrank_jax.generative.adjoint import (
-    adjoint_matching_loss,
-    flow_kl,
-    flow_log_likelihood,
-    lean_adjoint,
-    memoryless_sigma,
-    simulate_memoryless,
-    train_adjoint_matching,
-)
-from lowrank_jax.generative.baselines import (
-    ScoreMLP,
-    dsm_loss,
-    mlp_denoiser,
-    sample_empirical,
-    sample_kde,
-    select_kde_bandwidth,
-    silverman_bandwidth,
-)
-from lowrank_jax.generative.flows import VelocityMLP, flow_matching_loss, sample_flow, train_flow
-from lowrank_jax.generative.kernel_score import (
-    early_stopping_time,
-    geometric_time_grid,
-    kernel_denoiser,
-    kernel_log_density,
-    kernel_score,
-    ou_forward,
-    ou_mean_std,
-    reverse_diffusion,
-    sample_kernel_diffusion,
-    score_to_denoiser,
-    terminal_time,
-)
+from lowrank_jax.generative.adjoint import flow_kl, train_adjoint_matching
+from lowrank_jax.generative.baselines import sample_empirical, sample_kde, select_kde_bandwidth
+from lowrank_jax.generative.flows import VelocityMLP, sample_flow, train_flow
+from lowrank_jax.generative.kernel_score import sample_kernel_diffusion
 from lowrank_jax.generative.subspaces import (
-    LAWS,
-    class_subspaces,
     estimate_intrinsic_dim,
-    isometric_embedding,
     log_log_slope,
-    project_onto_class_subspaces,
     random_subspaces,
     sample_union_of_subspaces,
     wasserstein1,
 )
 from lowrank_jax.generative.tail import (
     TAILS,
-    alpha_for_kl,
     cvar,
-    cvar_dual_objective,
     cvar_threshold,
     pseudo_reward,
-    quantile_pseudo_reward,
     reward_log_tilt,
     tilt_for_kl,
     tilt_kl,
@@ -67,49 +32,22 @@ from lowrank_jax.generative.tail import (
 )
 
 __all__ = [
-    "LAWS",
     "TAILS",
-    "ScoreMLP",
     "VelocityMLP",
-    "adjoint_matching_loss",
-    "alpha_for_kl",
-    "class_subspaces",
     "cvar",
-    "cvar_dual_objective",
     "cvar_threshold",
-    "dsm_loss",
-    "early_stopping_time",
     "estimate_intrinsic_dim",
     "flow_kl",
-    "flow_log_likelihood",
-    "flow_matching_loss",
-    "geometric_time_grid",
-    "isometric_embedding",
-    "kernel_denoiser",
-    "kernel_log_density",
-    "kernel_score",
-    "lean_adjoint",
     "log_log_slope",
-    "memoryless_sigma",
-    "mlp_denoiser",
-    "ou_forward",
-    "ou_mean_std",
-    "project_onto_class_subspaces",
     "pseudo_reward",
-    "quantile_pseudo_reward",
     "random_subspaces",
-    "reverse_diffusion",
     "reward_log_tilt",
     "sample_empirical",
     "sample_flow",
     "sample_kde",
     "sample_kernel_diffusion",
     "sample_union_of_subspaces",
-    "score_to_denoiser",
     "select_kde_bandwidth",
-    "silverman_bandwidth",
-    "simulate_memoryless",
-    "terminal_time",
     "tilt_for_kl",
     "tilt_kl",
     "tilt_weights",

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +26,6 @@ from lowrank_jax.kge.outputs import init_output, output_loss, output_scores
 from lowrank_jax.kge.scorers import init_scorer, query_embedding
 
 __all__ = [
-    "count_params",
     "fit_kge",
     "init_kge",
     "kge_scores",
@@ -86,11 +84,6 @@ def kge_scores(
     """Scores ``(b, E)`` of all objects for queries ``(heads, relations)`` (relations ``2R``-indexed)."""
     h = query_embedding(params["scorer"], heads, relations, scorer=scorer)
     return output_scores(params["output"], params["scorer"]["entity"], h, output=output)
-
-
-def count_params(tree: Any) -> int:
-    """Total number of array elements in a pytree."""
-    return int(sum(np.size(x) for x in jax.tree.leaves(tree)))
 
 
 def make_train_epoch(

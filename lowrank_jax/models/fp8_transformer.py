@@ -22,6 +22,9 @@ import jax
 import jax.numpy as jnp
 
 from lowrank_jax import fp8
+from lowrank_jax.fp8.bounds import norm_gain_bound
+from lowrank_jax.fp8.delayed import current_scale
+from lowrank_jax.fp8.emulation import fp8_overflow_count
 
 __all__ = ["Fp8SelfAttention", "Fp8Transformer", "fp8_attention_geometry"]
 
@@ -61,7 +64,7 @@ class Fp8SelfAttention(nn.Module):
         abs_s = jnp.where(mask, jnp.abs(s), 0.0)
         amax = jax.lax.stop_gradient(jnp.max(abs_s, axis=(0, 2, 3)))  # (H,)
         if scales is None:
-            scales = fp8.current_scale(amax, fmt=self.fmt)
+            scales = current_scale(amax, fmt=self.fmt)
         scales = jax.lax.stop_gradient(scales).astype(jnp.float32)
         sc = scales[None, :, None, None]
         r = fp8.fp8_max(self.fmt)
@@ -72,7 +75,7 @@ class Fp8SelfAttention(nn.Module):
         diff = jnp.sum((jax.lax.stop_gradient(p) - p_ref) ** 2, axis=(0, 2, 3))
         stats = {
             "amax": amax,
-            "overflow": fp8.fp8_overflow_count(abs_s, sc, fmt=self.fmt, rtol=1e-5, axis=(0, 2, 3)),
+            "overflow": fp8_overflow_count(abs_s, sc, fmt=self.fmt, rtol=1e-5, axis=(0, 2, 3)),
             "utilisation": amax * scales / r,
             "softmax_error": jnp.sqrt(diff / jnp.sum(p_ref**2, axis=(0, 2, 3))),
             "scale": scales,
@@ -141,7 +144,7 @@ def fp8_attention_geometry(
     Returns:
         ``(w_q, w_k, gains)``: stacked query and key kernels ``(L, d, H, d_h)`` and the effective
         gains ``(L,)`` of the LayerNorms feeding the attention
-        (:func:`lowrank_jax.fp8.norm_gain_bound`).
+        (:func:`lowrank_jax.fp8.bounds.norm_gain_bound`).
 
     Raises:
         KeyError: if ``params`` lacks a layer's attention or LayerNorm parameters.
@@ -151,7 +154,7 @@ def fp8_attention_geometry(
     wk = jnp.stack([params[f"block_{i}_attention"]["key"]["kernel"] for i in blocks])
     gains = jnp.stack(
         [
-            fp8.norm_gain_bound(
+            norm_gain_bound(
                 params[f"block_{i}_ln_attention"]["scale"],
                 params[f"block_{i}_ln_attention"]["bias"],
             )

@@ -26,7 +26,6 @@ import numpy as np
 from lowrank_jax.prompts.methods import PromptMethod
 
 __all__ = [
-    "count_params",
     "cross_entropy",
     "init_trainable",
     "macro_f1",
@@ -99,8 +98,3 @@ def macro_f1(pred: np.ndarray, labels: np.ndarray, *, num_classes: int) -> float
         denom = 2 * tp + np.sum((pred == c) & (labels != c)) + np.sum((pred != c) & (labels == c))
         f1.append(2 * tp / denom if denom else 0.0)
     return float(np.mean(f1))
-
-
-def count_params(tree: Any) -> int:
-    """Number of scalars in a pytree."""
-    return int(sum(np.size(x) for x in jax.tree.leaves(tree)))

@@ -102,8 +102,8 @@ def coordinate_subset(
 ) -> np.ndarray:
     """``size`` distinct coordinates of ``params`` flattened in ``jax.tree.leaves`` order.
 
-    The order is that of :func:`~lowrank_jax.selection.flatten_per_example` on gradients of
-    ``params``. ``paths`` restricts the draw to the leaves with those '/'-joined paths (e.g. the
+    The order is that of :func:`~lowrank_jax.selection.gradients.flatten_per_example` on gradients
+    of ``params``. ``paths`` restricts the draw to the leaves with those '/'-joined paths (e.g. the
     kernels an adapter set targets); None: all leaves. Sorted int32 indices, uniform without
     replacement.
 

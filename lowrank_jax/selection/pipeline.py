@@ -5,10 +5,10 @@ Each scorer computes factorised per-example LoRA gradients chunk by chunk
 features (``d·C`` floats for LESS, ``k`` for GIST) are ever held for the whole pool:
 
 * :func:`less_pipeline`: at every warm-up checkpoint, validation gradients and Adam-normalised
-  pool gradients are JL-projected to ``d``; :func:`~lowrank_jax.selection.less_scores`.
+  pool gradients are JL-projected to ``d``; :func:`~lowrank_jax.selection.scoring.less_scores`.
 * :func:`gist_pipeline`: at one checkpoint, the top-``k`` right singular directions of the
   validation gradients; pool gradients projected onto them;
-  :func:`~lowrank_jax.selection.gist_scores` for several ``k`` from one pass (the top-``k``
+  :func:`~lowrank_jax.selection.scoring.gist_scores` for several ``k`` from one pass (the top-``k``
   directions are prefixes of the top-``k_max`` ones). With ``nu`` (the warm-up Adam second
   moment) every gradient is first scaled by ``1/(√ν + ε)``: GIST-diag.
 * :func:`cosine_pipeline`: raw cosine with the mean validation gradient (full ``D`` features).

@@ -21,7 +21,7 @@ constant explicit (a reconstruction):
 
 2. **Counts for the two lasso families** (:func:`lasso_loss_polynomials`), both with a ridge
    term :math:`ρ > 0` (strictly convex inner problem, so :math:`\hat β(α)` and ``u`` are continuous
-   in :math:`α`) and ``p`` tied weights (:func:`lowrank_jax.tuning.tie_weights`, linear in α):
+   in :math:`α`) and ``p`` tied weights (:func:`lowrank_jax.tuning.lasso.tie_weights`, linear in α):
 
    * weighted **fused** lasso on ``d`` features: in increment coordinates the penalty is a
      weighted ℓ1 on ``d − 1`` coordinates; on each of the :math:`3^{d-1}` sign patterns the KKT
@@ -127,9 +127,9 @@ def lasso_loss_polynomials(penalty: lasso.Penalty) -> tuple[int, int]:
 
     Args:
       penalty: :func:`lowrank_jax.tuning.group_lasso` (G groups over d features) or
-        :func:`lowrank_jax.tuning.fused_lasso` (d features); the inner problem must carry a ridge
-        term ρ > 0 (``ridge`` of :func:`lowrank_jax.tuning.prepare`) for the continuity the count
-        relies on.
+        :func:`lowrank_jax.tuning.lasso.fused_lasso` (d features); the inner problem must carry a
+        ridge term ρ > 0 (``ridge`` of :func:`lowrank_jax.tuning.lasso.prepare`) for the continuity
+        the count relies on.
 
     Returns:
       ``(3 ** (d - 1), 2)`` for the fused lasso, ``(2 ** G, 2 ** (d + G + 1))`` for the group

@@ -36,11 +36,11 @@ __all__ = [
     "coordinate_refine",
     "empirical_risk",
     "instance_losses",
-    "tune_grid",
     "log_grid",
+    "sample_log_uniform",
+    "tune_grid",
     "tune_random",
     "tune_random_refine",
-    "sample_log_uniform",
     "tune_tpe",
 ]
 

@@ -8,7 +8,8 @@
   Gaussian design, same splits (the spec's "fused-lasso variant"; the exact densities are a
   reconstruction).
 * :func:`sample_signal_instances`: the same design and splits around coefficient vectors drawn
-  from a given bank of (real) signals, e.g. the windows of :func:`lowrank_jax.tuning.weekly_windows`.
+  from a given bank of (real) signals, e.g. the windows of
+  :func:`lowrank_jax.tuning.signals.weekly_windows`.
 * :func:`sample_row_instances`: instances from one real regression data set, each a random subset
   of its rows split into training and validation (the true ``β`` is unknown).
 """

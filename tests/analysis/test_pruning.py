@@ -6,6 +6,14 @@ import numpy as np
 import pytest
 
 from lowrank_jax import analysis
+from lowrank_jax.analysis import pruning
+from lowrank_jax.analysis.pruning import (
+    PruneGroup,
+    init_masks,
+    prune_step,
+    score_exact_tpv,
+    score_taylor,
+)
 from lowrank_jax.models import MLP
 
 H, C = 6, 3
@@ -27,7 +35,7 @@ def _np_forward(params, x):
 def test_masking_equals_removing_the_unit():
     model, params, x = _model()
     groups = analysis.mlp_groups(params)
-    masks = analysis.init_masks(params, groups)
+    masks = init_masks(params, groups)
     masks["dense_0"] = masks["dense_0"].at[jnp.array([1, 4])].set(0.0)
     got = model.apply(analysis.apply_masks(params, masks, groups), x)
     p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)["params"]
@@ -44,7 +52,7 @@ def test_exact_tpv_known_answer():
     # order (relu'(z) z = relu(z)), so E_x‖J u_c‖² = 4 E_x relu(z_c)² ‖V_c‖².
     model, params, x = _model()
     groups = analysis.mlp_groups(params)
-    got = analysis.score_exact_tpv(model.apply, params, x, groups, chunk=5)["dense_0"]
+    got = score_exact_tpv(model.apply, params, x, groups, chunk=5)["dense_0"]
     h, _ = _np_forward(params, x)
     v = np.asarray(params["params"]["head"]["kernel"], np.float64)
     want = 4 * np.mean(h**2, 0) * np.sum(v**2, 1)
@@ -75,16 +83,16 @@ def test_l1_and_taylor_definitions():
     model, params, x = _model((H, 4))
     groups = analysis.mlp_groups(params)
     assert groups == (
-        analysis.PruneGroup("dense_0", "dense_1"),
-        analysis.PruneGroup("dense_1", "head"),
+        PruneGroup("dense_0", "dense_1"),
+        PruneGroup("dense_1", "head"),
     )
     p = params["params"]
     l1 = analysis.score_l1(params, groups)
     want = np.abs(p["dense_0"]["kernel"]).sum(0) + np.abs(p["dense_1"]["kernel"]).sum(1)
     np.testing.assert_allclose(np.asarray(l1["dense_0"]), want, rtol=1e-6)
     y = jnp.arange(16) % C
-    g = jax.grad(lambda q: analysis.pruning.cross_entropy(model.apply(q, x), y))(params)["params"]
-    ty = analysis.score_taylor(model.apply, params, x, y, groups)["dense_1"]
+    g = jax.grad(lambda q: pruning.cross_entropy(model.apply(q, x), y))(params)["params"]
+    ty = score_taylor(model.apply, params, x, y, groups)["dense_1"]
     want = np.abs(p["dense_1"]["kernel"] * g["dense_1"]["kernel"]).sum(0) + np.abs(
         p["head"]["kernel"] * g["head"]["kernel"]
     ).sum(1)
@@ -95,14 +103,14 @@ def test_prune_step_and_schedule():
     masks = {"a": jnp.ones(4), "b": jnp.ones(2)}
     scores = {"a": jnp.array([4.0, 1.0, 3.0, 2.0]), "b": jnp.array([0.1, 5.0])}
     # Layer-mean normalised: a -> [1.6, .4, 1.2, .8], b -> [.04, 1.96].
-    out = analysis.prune_step(scores, masks, num_pruned=2)
+    out = prune_step(scores, masks, num_pruned=2)
     np.testing.assert_array_equal(np.asarray(out["a"]), [1, 0, 1, 1])
     np.testing.assert_array_equal(np.asarray(out["b"]), [0, 1])
-    out = analysis.prune_step(scores, out, num_pruned=4)  # b keeps its last unit
+    out = prune_step(scores, out, num_pruned=4)  # b keeps its last unit
     np.testing.assert_array_equal(np.asarray(out["b"]), [0, 1])
     assert int(out["a"].sum()) == 1
     with pytest.raises(ValueError, match="num_pruned"):
-        analysis.prune_step(scores, masks, num_pruned=5)
+        prune_step(scores, masks, num_pruned=5)
 
     model, params, _ = _model((8, 8))
     groups = analysis.mlp_groups(params)

@@ -8,6 +8,14 @@ import numpy as np
 import pytest
 
 from lowrank_jax import analysis
+from lowrank_jax.analysis import pruning
+from lowrank_jax.analysis.pruning import (
+    PruneGroup,
+    init_masks,
+    score_exact_tpv,
+    score_taylor,
+    sequential_groups,
+)
 from lowrank_jax.models import CNN
 
 C0, C1, H, K = 3, 4, 5, 3  # conv channels, dense units, classes
@@ -30,13 +38,13 @@ def _model(channels=(C0, C1), features=(H,)):
 def _grad():
     model, params, x = _model()
     y = jnp.arange(6) % K
-    g = jax.jit(jax.grad(lambda q: analysis.pruning.cross_entropy(model.apply(q, x), y)))(params)
+    g = jax.jit(jax.grad(lambda q: pruning.cross_entropy(model.apply(q, x), y)))(params)
     return y, g
 
 
-_score_taylor = jax.jit(analysis.score_taylor, static_argnums=(0, 4))
+_score_taylor = jax.jit(score_taylor, static_argnums=(0, 4))
 _score_jac = jax.jit(analysis.score_jacobian, static_argnums=(0, 4))
-_score_tpv = jax.jit(analysis.score_exact_tpv, static_argnums=(0, 3), static_argnames="chunk")
+_score_tpv = jax.jit(score_exact_tpv, static_argnums=(0, 3), static_argnames="chunk")
 
 
 def _f64(params):
@@ -45,21 +53,21 @@ def _f64(params):
 
 def test_groups_of_the_cnn():
     _, params, _ = _model()
-    assert analysis.sequential_groups(params) == (
-        analysis.PruneGroup("conv_0", "conv_1"),
-        analysis.PruneGroup("conv_1", "dense_0"),
-        analysis.PruneGroup("dense_0", "head"),
+    assert sequential_groups(params) == (
+        PruneGroup("conv_0", "conv_1"),
+        PruneGroup("conv_1", "dense_0"),
+        PruneGroup("dense_0", "head"),
     )
     with pytest.raises(ValueError, match="head"):
-        analysis.sequential_groups({"params": {"conv_0": {}}})
+        sequential_groups({"params": {"conv_0": {}}})
     with pytest.raises(ValueError, match="4-D|\\(b, h, w, c\\)"):
         CNN((2,), (), 3).init(jax.random.key(0), jnp.zeros((1, 8, 8)))
 
 
 def test_masking_conv_channels_equals_deleting_them():
     model, params, x = _model()
-    groups = analysis.sequential_groups(params)
-    masks = analysis.init_masks(params, groups)
+    groups = sequential_groups(params)
+    masks = init_masks(params, groups)
     keep = {"conv_0": [0, 2], "conv_1": [1, 3], "dense_0": [0, 1, 2, 4]}
     for k, idx in keep.items():
         masks[k] = jnp.zeros_like(masks[k]).at[jnp.array(idx)].set(1.0)
@@ -88,7 +96,7 @@ def test_masking_conv_channels_equals_deleting_them():
 
 def test_l1_and_taylor_channel_scores_float64():
     model, params, x = _model()
-    groups = analysis.sequential_groups(params)
+    groups = sequential_groups(params)
     y, g = _grad()
     p, g = _f64(params), _f64(g)
 
@@ -119,7 +127,7 @@ def zeros(tree):
 
 def _group_vectors(params, groups, layer, c):
     """``(u_out, u_in)``: the parameters of unit ``c`` of ``layer`` (zero elsewhere)."""
-    masks = analysis.init_masks(params, groups)
+    masks = init_masks(params, groups)
     masks[layer] = masks[layer].at[c].set(0.0)
     u = jax.tree.map(lambda a, b: a - b, params, analysis.apply_masks(params, masks, groups))
     nxt = {g.layer: g.next for g in groups}[layer]
@@ -141,7 +149,7 @@ def test_jacobian_and_exact_tpv_channel_scores_match_their_definitions():
     # Jacobian: (⟨g, u_out⟩)² + (⟨g, u_in⟩)²; exact TPV: mean_x ‖J(x) u_c‖², here by forward-mode
     # jvp along u_c = u_out + u_in instead of reverse-mode per-example Jacobians.
     model, params, x = _model()
-    groups = analysis.sequential_groups(params)
+    groups = sequential_groups(params)
     y, g = _grad()
     jac = _score_jac(model.apply, params, x[None], y[None], groups)
     tpv = _score_tpv(model.apply, params, x, groups, chunk=4)
@@ -160,7 +168,7 @@ def test_jacobian_and_exact_tpv_channel_scores_match_their_definitions():
 
 def test_prune_iteratively_over_channels_and_units():
     _, params, _ = _model()
-    groups = analysis.sequential_groups(params)
+    groups = sequential_groups(params)
     hist = analysis.prune_iteratively(
         params, groups, lambda q, m, s: analysis.score_l1(q, groups), target_ratio=0.5, steps=2
     )
@@ -171,7 +179,7 @@ def test_prune_iteratively_over_channels_and_units():
 
 def test_bad_next_layer_is_rejected():
     _, params, _ = _model()
-    groups = (analysis.PruneGroup("conv_0", "dense_0"),)  # dense_0 reads conv_1's 4 channels
+    groups = (PruneGroup("conv_0", "dense_0"),)  # dense_0 reads conv_1's 4 channels
     masks = {"conv_0": jnp.ones(C0)}
     with pytest.raises(ValueError, match="cannot read 3 units"):
         analysis.apply_masks(params, masks, groups)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from lowrank_jax import analysis
+from lowrank_jax.analysis.pruning import score_taylor, sequential_groups
 from lowrank_jax.models import CNN, MLP
 
 torch = pytest.importorskip("torch")
@@ -41,9 +42,9 @@ def test_l1_and_taylor_match_torch_pruning():
 def _check_importances(tm, example, params, model, x, y, layers):
     """torch-pruning's L1 / Taylor of each layer's output group (grads already in ``tm``)."""
     graph = tp.DependencyGraph().build_dependency(tm, example_inputs=example)
-    groups = analysis.sequential_groups(params)
+    groups = sequential_groups(params)
     l1 = analysis.score_l1(params, groups)
-    taylor = analysis.score_taylor(model.apply, params, x, y, groups)
+    taylor = score_taylor(model.apply, params, x, y, groups)
     mag = tp.importance.GroupMagnitudeImportance(p=1, group_reduction="sum", normalizer=None)
     tay = tp.importance.GroupTaylorImportance(group_reduction="sum", normalizer=None)
     for name, layer in layers.items():

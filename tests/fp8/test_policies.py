@@ -6,6 +6,14 @@ import numpy as np
 import pytest
 
 from lowrank_jax import fp8
+from lowrank_jax.fp8.bounds import geometry_aware_scale, rank_aware_alpha
+from lowrank_jax.fp8.policies import (
+    OnlineCalibrationState,
+    attention_fp8_scales,
+    current_scaling_policy,
+    init_geometry_scaling,
+    update_geometry_scaling,
+)
 from lowrank_jax.spectral import PowerIterationState
 
 L, D, H, G, DH = 2, 48, 4, 2, 6
@@ -33,15 +41,15 @@ def _sigma64(wq, wk):
 
 def test_geometry_state_machine_matches_per_layer_vmap_and_float64_svd():
     wq, wk, gains = _weights()
-    st = fp8.init_geometry_scaling(jax.random.key(0), wq)
+    st = init_geometry_scaling(jax.random.key(0), wq)
     assert st.v.shape == (L, H, D) and st.sigma.shape == (L, H)
     kw = dict(seq_len=64, delta=1e-3)
-    upd = jax.jit(lambda st: fp8.update_geometry_scaling(st, wq, wk, gains, num_iters=400, **kw))
+    upd = jax.jit(lambda st: update_geometry_scaling(st, wq, wk, gains, num_iters=400, **kw))
     scales, new = upd(st)
     # the stacked update is the per-layer attention_fp8_scales vmapped over layers
     per_layer = jax.jit(
         jax.vmap(
-            lambda q, k, v, g: fp8.attention_fp8_scales(
+            lambda q, k, v, g: attention_fp8_scales(
                 q,
                 k,
                 PowerIterationState(v, jnp.zeros(H), jnp.zeros((), jnp.int32)),
@@ -57,11 +65,9 @@ def test_geometry_state_machine_matches_per_layer_vmap_and_float64_svd():
     assert int(new.count) == 400
     sigma = _sigma64(wq, wk)
     np.testing.assert_allclose(np.asarray(new.sigma), sigma, rtol=1e-4)
-    want = fp8.geometry_aware_scale(
-        sigma, d=D, head_dim=DH, norm_gain=np.asarray(gains)[:, None], **kw
-    )
+    want = geometry_aware_scale(sigma, d=D, head_dim=DH, norm_gain=np.asarray(gains)[:, None], **kw)
     np.testing.assert_allclose(np.asarray(scales), np.asarray(want), rtol=1e-4)
-    agn, _ = fp8.update_geometry_scaling(new, wq, wk, gains, rank_aware=False, **kw)
+    agn, _ = update_geometry_scaling(new, wq, wk, gains, rank_aware=False, **kw)
     ratio = fp8.rank_aware_tightness(d=D, rank=DH, gamma=fp8.chernoff_gamma(rank=DH, **kw))[1]
     np.testing.assert_allclose(np.asarray(scales / agn), ratio, rtol=1e-4)
 
@@ -112,7 +118,7 @@ def test_geometry_reset_reconverges_from_the_warm_state():
 
 def test_current_policy_defers_to_the_kernel():
     wq, wk, gains = _weights()
-    pol = fp8.current_scaling_policy()
+    pol = current_scaling_policy()
     st = pol.init(jax.random.key(0), wq, wk, gains)
     scales, st = pol.scales(st, wq, wk, gains)
     assert scales is None and st == ()
@@ -120,16 +126,16 @@ def test_current_policy_defers_to_the_kernel():
 
 def test_single_layer_kernels_and_bad_input():
     wq, wk, gains = _weights()
-    st = fp8.init_geometry_scaling(jax.random.key(0), wq[0])
-    s, st = fp8.update_geometry_scaling(st, wq[0], wk[0], 1.0, seq_len=16, num_iters=300)
+    st = init_geometry_scaling(jax.random.key(0), wq[0])
+    s, st = update_geometry_scaling(st, wq[0], wk[0], 1.0, seq_len=16, num_iters=300)
     assert s.shape == (H,)
     np.testing.assert_allclose(np.asarray(st.sigma), _sigma64(wq, wk)[0], rtol=1e-4)
     with pytest.raises(ValueError, match="init_geometry_scaling"):
-        fp8.update_geometry_scaling(st, wq, wk, gains, seq_len=16)
+        update_geometry_scaling(st, wq, wk, gains, seq_len=16)
     with pytest.raises(ValueError, match="leading"):
-        fp8.update_geometry_scaling(st, wq, wk[0], gains, seq_len=16)
+        update_geometry_scaling(st, wq, wk[0], gains, seq_len=16)
     with pytest.raises(ValueError, match="d, H, d_h"):
-        fp8.init_geometry_scaling(jax.random.key(0), wq[0, 0])
+        init_geometry_scaling(jax.random.key(0), wq[0, 0])
     with pytest.raises(ValueError, match="num_iters"):
         fp8.geometry_scaling_policy(seq_len=16, num_iters=0)
     with pytest.raises(ValueError, match="delta"):
@@ -151,12 +157,12 @@ def test_online_calibration_follows_its_definition_against_float64():
         seq_len=n, delta=delta, burn_in_iters=400, online_calibration=True,
         online_history=h, online_margin=m, online_floor=1 / 16,
     )  # fmt: skip
-    alpha = fp8.rank_aware_alpha(d=D, rank=DH, seq_len=n, delta=delta)
+    alpha = rank_aware_alpha(d=D, rank=DH, seq_len=n, delta=delta)
     b_wc = _sigma64(wq, wk) * D * np.asarray(gains, np.float64)[:, None] ** 2 / np.sqrt(DH)
     bound = alpha * b_wc
     r = fp8.fp8_max("e4m3")
     st = policy.init(jax.random.key(0), wq, wk, gains)
-    assert isinstance(st, fp8.OnlineCalibrationState)
+    assert isinstance(st, OnlineCalibrationState)
     scales = jax.jit(policy.scales)
     s, st = scales(st, wq, wk, gains)
     # first step: the deterministic worst case (a bug that starts from κ = 1 or 0 fails here)

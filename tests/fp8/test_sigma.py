@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 
 from lowrank_jax import fp8
+from lowrank_jax.fp8.policies import GeometryScalingState, update_geometry_scaling
+from lowrank_jax.fp8.sigma import attention_top_singular, split_heads
 
 
 def _svd64(wq, wk):
@@ -33,7 +35,7 @@ def test_thin_qr_core_is_exact_against_float64_svd(shape):
     sigma = jax.jit(fp8.attention_sigma_max)(wq, wk)
     assert sigma.shape == (*lead, h)
     np.testing.assert_allclose(np.asarray(sigma), ref_s, rtol=2e-6)
-    s2, v = fp8.attention_top_singular(wq, wk)
+    s2, v = attention_top_singular(wq, wk)
     np.testing.assert_allclose(np.asarray(s2), ref_s, rtol=2e-6)
     align = np.abs(np.sum(np.asarray(v, np.float64) * ref_v, axis=-1))  # sign is arbitrary
     np.testing.assert_allclose(align, 1.0, atol=1e-5)
@@ -43,9 +45,9 @@ def test_exact_start_is_a_fixed_point_of_the_power_tracker_and_offline_scales():
     rng = np.random.default_rng(1)
     wq = jnp.asarray(rng.standard_normal((2, 256, 4, 8)), jnp.float32) / 16
     wk = jnp.asarray(rng.standard_normal((2, 256, 2, 8)), jnp.float32) / 16
-    sigma, v = fp8.attention_top_singular(wq, wk)
-    st = fp8.GeometryScalingState(jnp.zeros((), jnp.int32), v, sigma)
-    scales, st = fp8.update_geometry_scaling(st, wq, wk, jnp.ones(2), seq_len=64, num_iters=1)
+    sigma, v = attention_top_singular(wq, wk)
+    st = GeometryScalingState(jnp.zeros((), jnp.int32), v, sigma)
+    scales, st = update_geometry_scaling(st, wq, wk, jnp.ones(2), seq_len=64, num_iters=1)
     np.testing.assert_allclose(np.asarray(st.sigma), np.asarray(sigma), rtol=1e-5)
     offline = fp8.attention_scales(wq, wk, jnp.ones((2, 1)), seq_len=64)
     np.testing.assert_allclose(np.asarray(offline), np.asarray(scales), rtol=1e-5)
@@ -77,13 +79,13 @@ def test_scales_from_an_ordinary_models_2d_query_and_key_kernels():
             kh = j // (h // g)
             k = wk[i][:, kh * dh : (kh + 1) * dh].astype(np.float64)
             ref[i, j] = np.linalg.svd(q @ k.T, compute_uv=False)[0]
-    q4, k4 = fp8.split_heads(wq, wk, num_heads=h, num_kv_heads=g)
+    q4, k4 = split_heads(wq, wk, num_heads=h, num_kv_heads=g)
     assert q4.shape == (layers, d, h, dh) and k4.shape == (layers, d, g, dh)
     np.testing.assert_allclose(np.asarray(fp8.attention_sigma_max(q4, k4)), ref, rtol=2e-6)
     scales = fp8.attention_scales(wq, wk, seq_len=128, num_heads=h, num_kv_heads=g)
     np.testing.assert_array_equal(scales, fp8.attention_scales(q4, k4, seq_len=128))
     with pytest.raises(ValueError, match=r"H=3 dividing its last axis"):
-        fp8.split_heads(wq, wk, num_heads=3)
+        split_heads(wq, wk, num_heads=3)
     with pytest.raises(ValueError, match=r"w_k's last axis must be G\*d_h = 4\*8 = 32"):
         fp8.attention_scales(wq, wk, seq_len=128, num_heads=h)  # G defaults to H: 32 != 16
     with pytest.raises(ValueError, match="num_kv_heads needs num_heads"):

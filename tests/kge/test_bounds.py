@@ -4,12 +4,8 @@ import numpy as np
 import pytest
 import scipy.linalg
 
-from lowrank_jax.kge import (
-    WEIGHTINGS,
-    forster_bound,
-    linear_output_dim_bound,
-    sign_rank_lower_bound,
-)
+from lowrank_jax.kge import linear_output_dim_bound
+from lowrank_jax.kge.bounds import WEIGHTINGS, forster_bound, sign_rank_lower_bound
 
 
 def test_hadamard_bound_is_sqrt_n():

@@ -3,14 +3,8 @@
 import numpy as np
 import pytest
 
-from lowrank_jax.kge import (
-    add_inverse_triples,
-    build_query_targets,
-    graph_stats,
-    lookup_queries,
-    make_synthetic_kg,
-    query_label_matrix,
-)
+from lowrank_jax.kge import add_inverse_triples, build_query_targets, make_synthetic_kg
+from lowrank_jax.kge.graphs import graph_stats, lookup_queries, query_label_matrix
 
 
 def test_query_targets_roundtrip():

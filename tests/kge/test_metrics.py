@@ -5,14 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lowrank_jax.kge import (
-    add_inverse_triples,
-    build_query_targets,
-    filtered_ranks,
-    perfect_ranking,
-    rank_metrics,
-    rank_triples,
-)
+from lowrank_jax.kge import add_inverse_triples, build_query_targets
+from lowrank_jax.kge.metrics import filtered_ranks, perfect_ranking, rank_metrics, rank_triples
 
 # A hand-made graph: 5 entities, 2 relations.
 E, R = 5, 2

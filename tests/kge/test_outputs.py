@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lowrank_jax.kge import (
+from lowrank_jax.kge.outputs import (
     init_output,
     mixture_of_softmaxes,
     output_log_probs,

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lowrank_jax.kge import init_scorer, query_embedding
+from lowrank_jax.kge.scorers import init_scorer, query_embedding
 
 
 def test_complex_realified_equals_complex_trilinear_product():

@@ -5,19 +5,18 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from lowrank_jax.adapters import count_params
 from lowrank_jax.kge import (
     add_inverse_triples,
     build_query_targets,
-    count_params,
     fit_kge,
-    init_kge,
     kge_scores,
     make_synthetic_kg,
-    make_train_epoch,
-    multi_hot,
-    output_loss,
     train_fit_metrics,
 )
+from lowrank_jax.kge.metrics import multi_hot
+from lowrank_jax.kge.outputs import output_loss
+from lowrank_jax.kge.training import init_kge, make_train_epoch
 
 
 def _tiny():

@@ -9,6 +9,9 @@ import pytest
 from sklearn.metrics import f1_score
 
 from lowrank_jax import prompts as P
+from lowrank_jax.prompts.methods import dcp_prompts, map_prompts, modality_prompts, no_prompts
+from lowrank_jax.prompts.missing import num_missing_types, sample_missing
+from lowrank_jax.prompts.training import cross_entropy, macro_f1, prompted_logits, split_head
 
 DIM, DEPTH, B = 16, 3, 6
 MODALITIES = ("img", "txt")
@@ -32,9 +35,9 @@ KW = dict(num_modalities=2, num_layers=2, num_tokens=4, dim=DIM)
 def methods():
     """The four prompt methods with their initial parameters (initialised once)."""
     ms = [
-        P.map_prompts(**KW),
-        P.modality_prompts(**KW),
-        P.dcp_prompts(**KW, bottleneck=4),
+        map_prompts(**KW),
+        modality_prompts(**KW),
+        dcp_prompts(**KW, bottleneck=4),
         P.spr_prompts(**KW, hidden=8),
     ]
     return {m.name: (m, m.init(jax.random.key(i))) for i, m in enumerate(ms)}
@@ -53,9 +56,9 @@ def test_disabled_prompts_and_probe_equal_the_frozen_model(setup, methods):
     apply = jax.jit(model.apply)
     frozen_logits = apply({"params": params}, feats)
     complete = jnp.zeros((B, 2), bool)
-    frozen, head = P.split_head(params)
-    probe = P.no_prompts(num_modalities=2)
-    got = P.prompted_logits(model, frozen, {"prompts": {}, "head": head}, probe, feats, complete)
+    frozen, head = split_head(params)
+    probe = no_prompts(num_modalities=2)
+    got = prompted_logits(model, frozen, {"prompts": {}, "head": head}, probe, feats, complete)
     np.testing.assert_allclose(got, frozen_logits, rtol=0, atol=1e-6)
     # Any prompts, with every slot switched off, leave the frozen model's output unchanged.
     p = jax.random.normal(jax.random.key(1), (B, 2, 4, DIM))
@@ -66,7 +69,7 @@ def test_disabled_prompts_and_probe_equal_the_frozen_model(setup, methods):
     assert np.abs(on - frozen_logits).max() > 1e-3  # one active slot matters
     # MSP's groups stand in for missing modalities: a complete example sees none of them.
     msp, pp = methods["msp"]
-    got = P.prompted_logits(model, frozen, {"prompts": pp, "head": head}, msp, feats, complete)
+    got = prompted_logits(model, frozen, {"prompts": pp, "head": head}, msp, feats, complete)
     np.testing.assert_allclose(got, frozen_logits, rtol=0, atol=1e-5)
 
 
@@ -212,7 +215,7 @@ def test_spr_at_init_is_its_map_base_and_each_module_acts_as_specified(methods):
 
 def test_dcp_generation_is_residual_and_correlates_the_modality_groups():
     kw = dict(num_modalities=2, num_layers=3, num_tokens=4, dim=DIM, bottleneck=4)
-    dcp = P.dcp_prompts(**kw)
+    dcp = dcp_prompts(**kw)
     pp = dcp.init(jax.random.key(7))
     missing = jnp.array([[False, False], [True, False]])
     p, _ = dcp.prompts(pp, missing)
@@ -232,14 +235,14 @@ def test_gradients_reach_prompts_and_head_never_the_backbone(setup, methods, nam
     model, feats, params = setup
     method, pp = methods[name]  # shifted, so that zero-initialised outputs pass gradients on
     pp = jax.tree.map(lambda x: x + 0.05, pp)
-    frozen, head = P.split_head(params)
+    frozen, head = split_head(params)
     trainable = {"prompts": pp, "head": head}
     missing = jnp.array(PATTERNS["mixed"])
     y = jnp.arange(B) % 4
 
     def loss(frozen, trainable):
-        logits = P.prompted_logits(model, frozen, trainable, method, feats, missing)
-        return P.cross_entropy(logits, y)
+        logits = prompted_logits(model, frozen, trainable, method, feats, missing)
+        return cross_entropy(logits, y)
 
     g_frozen, g_train = jax.jit(jax.grad(loss, argnums=(0, 1)))(frozen, trainable)
     assert all(float(jnp.abs(g).max()) == 0.0 for g in jax.tree.leaves(g_frozen))
@@ -252,14 +255,14 @@ def test_one_compilation_serves_every_missing_pattern(setup, methods, mode):
     model, feats, params = setup
     model = model.clone(missing_input=mode)
     method, pp = methods["map"]
-    frozen, head = P.split_head(params)
+    frozen, head = split_head(params)
     trainable = {"prompts": pp, "head": head}
     traces = []
 
     @jax.jit
     def logits(missing):
         traces.append(1)
-        return P.prompted_logits(model, frozen, trainable, method, feats, missing)
+        return prompted_logits(model, frozen, trainable, method, feats, missing)
 
     outs = {name: logits(jnp.array(pat)) for name, pat in PATTERNS.items()}
     assert len(traces) == 1
@@ -269,17 +272,17 @@ def test_one_compilation_serves_every_missing_pattern(setup, methods, mode):
 
 
 def test_sample_missing_counts_and_types():
-    m = P.sample_missing(jax.random.key(0), 100, num_modalities=2, rate=0.7)
+    m = sample_missing(jax.random.key(0), 100, num_modalities=2, rate=0.7)
     assert m.shape == (100, 2) and m.any(1).sum() == 70 and m.sum(0).tolist() == [35, 35]
     assert not m.all(1).any()
-    m = P.sample_missing(jax.random.key(0), 100, num_modalities=3, rate=0.9, kind=1)
+    m = sample_missing(jax.random.key(0), 100, num_modalities=3, rate=0.9, kind=1)
     assert m.sum(0).tolist() == [0, 90, 0]
-    assert not P.sample_missing(
+    assert not sample_missing(
         jax.random.key(0), 9, num_modalities=2, rate=0.5, kind="complete"
     ).any()
     types = P.missing_type(jnp.array([[False, False], [True, False], [False, True]]))
     np.testing.assert_array_equal(types, [0, 1, 2])
-    assert P.num_missing_types(3) == 7
+    assert num_missing_types(3) == 7
 
 
 def test_macro_f1_matches_sklearn():
@@ -287,7 +290,7 @@ def test_macro_f1_matches_sklearn():
     y, pred = rng.integers(0, 5, 200), rng.integers(0, 5, 200)
     pred[:50] = y[:50]
     want = f1_score(y, pred, average="macro", labels=range(6), zero_division=0)
-    assert P.macro_f1(pred, y, num_classes=6) == pytest.approx(want, abs=1e-12)
+    assert macro_f1(pred, y, num_classes=6) == pytest.approx(want, abs=1e-12)
 
 
 def test_bad_inputs_raise_clear_errors(setup):
@@ -295,11 +298,11 @@ def test_bad_inputs_raise_clear_errors(setup):
     key = jax.random.key(0)
     for rate in (-0.1, 1.5):
         with pytest.raises(ValueError, match=r"missing rate must lie in \[0, 1\]"):
-            P.sample_missing(key, 10, num_modalities=2, rate=rate)
+            sample_missing(key, 10, num_modalities=2, rate=rate)
     with pytest.raises(TypeError, match="missing rate must be a number"):
-        P.sample_missing(key, 10, num_modalities=2, rate="0.5")
+        sample_missing(key, 10, num_modalities=2, rate="0.5")
     with pytest.raises(ValueError, match="kind=2 is invalid"):
-        P.sample_missing(key, 10, num_modalities=2, rate=0.5, kind=2)
+        sample_missing(key, 10, num_modalities=2, rate=0.5, kind=2)
     with pytest.raises(ValueError, match=r"unknown \['audio'\]"):
         model.apply({"params": params}, {**feats, "audio": feats["txt"]})
     with pytest.raises(ValueError, match=r"absent \['txt'\]"):
@@ -313,12 +316,12 @@ def test_bad_inputs_raise_clear_errors(setup):
     with pytest.raises(ValueError, match="the backbone has 3"):
         model.apply({"params": params}, feats, prompts=jnp.zeros((B, 4, 2, DIM)))
     with pytest.raises(ValueError, match="missing must be a .* bool array"):
-        P.map_prompts(num_modalities=2, num_layers=1, num_tokens=1, dim=DIM).prompts(
+        map_prompts(num_modalities=2, num_layers=1, num_tokens=1, dim=DIM).prompts(
             {"prompts": jnp.zeros((3, 1, 1, DIM))}, jnp.zeros((2, 3), bool)
         )
     with pytest.raises(ValueError, match="multiple of num_modalities"):
-        P.dcp_prompts(num_modalities=2, num_layers=2, num_tokens=3, dim=DIM)
+        dcp_prompts(num_modalities=2, num_layers=2, num_tokens=3, dim=DIM)
     with pytest.raises(ValueError, match="num_tokens must be a positive int"):
         P.spr_prompts(num_modalities=2, num_layers=2, num_tokens=0, dim=DIM)
     with pytest.raises(ValueError, match="'head'"):
-        P.split_head({"proj_0": {}})
+        split_head({"proj_0": {}})

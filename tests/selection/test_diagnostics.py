@@ -7,6 +7,8 @@ import optax
 import pytest
 
 from lowrank_jax import adapters, models, selection
+from lowrank_jax.selection.diagnostics import coordinate_subset, lora_vs_full_offdiag
+from lowrank_jax.selection.gradients import flatten_per_example
 
 
 def _reference(g, center=False):
@@ -56,18 +58,16 @@ def test_lora_vs_full_uses_equal_sizes_and_the_named_coordinates():
         return optax.softmax_cross_entropy_with_integer_labels(logits, ex["y"][None])[0]
 
     ex = {"x": x, "y": jnp.arange(9) % 3}
-    out = selection.lora_vs_full_offdiag(
-        loss, ad, variables, ex, key=jax.random.key(3), chunk_size=4
-    )
+    out = lora_vs_full_offdiag(loss, ad, variables, ex, key=jax.random.key(3), chunk_size=4)
     assert out["num_params"] == 2 * (8 + 8) and out["num_examples"] == 9
     assert {"lora_null", "full_null", "full_adapted_null"} <= set(out)
     # "full_adapted" draws from dense_1's kernel only; check against a direct computation.
-    idx = selection.coordinate_subset(variables, 32, key=jax.random.fold_in(jax.random.key(3), 1),
+    idx = coordinate_subset(variables, 32, key=jax.random.fold_in(jax.random.key(3), 1),
                                       paths=["params/dense_1/kernel"])  # fmt: skip
     leaves = adapters.paths.named_leaves(variables)
     start = sum(v.size for k, v in leaves.items() if k < "params/dense_1/kernel")
     assert list(leaves).index("params/dense_1/kernel") == 3 and idx.min() >= start
     assert idx.max() < start + 64 and len(np.unique(idx)) == 32
     full = jax.vmap(jax.grad(lambda v, e: loss(ad, v, e)), in_axes=(None, 0))(variables, ex)
-    flat = np.asarray(selection.flatten_per_example(full))[:, idx]
+    flat = np.asarray(flatten_per_example(full))[:, idx]
     np.testing.assert_allclose(out["full_adapted"], _reference(flat), rtol=1e-3)

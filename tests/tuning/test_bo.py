@@ -12,13 +12,22 @@ from scipy import stats as sps
 
 from lowrank_jax import tuning
 from lowrank_jax.tuning import bo
+from lowrank_jax.tuning.bo import (
+    embed,
+    expected_improvement,
+    fit_gp,
+    gp_neg_log_posterior,
+    gp_predict,
+    init_gp_params,
+)
+from lowrank_jax.tuning.search import tpe_search
 
 
 def test_expected_improvement_equals_closed_form_scipy_and_the_integral():
     mean = np.array([0.3, -1.0, 2.0, 0.5, 0.1])
     std = np.array([0.5, 2.0, 0.1, 1e-3, 0.0])
     best, xi = 0.4, 0.05
-    ei = np.asarray(tuning.expected_improvement(mean, std, best, xi=xi), np.float64)
+    ei = np.asarray(expected_improvement(mean, std, best, xi=xi), np.float64)
     d = mean - best - xi
     with np.errstate(divide="ignore", invalid="ignore"):
         z = d / std
@@ -33,7 +42,7 @@ def test_expected_improvement_equals_closed_form_scipy_and_the_integral():
         assert e == pytest.approx(val, rel=1e-4, abs=1e-7)
     assert ei[-1] == pytest.approx(0.0)  # std = 0, mean below the incumbent
     with pytest.raises(ValueError, match="xi must be >= 0"):
-        tuning.expected_improvement(mean, std, best, xi=-0.1)
+        expected_improvement(mean, std, best, xi=-0.1)
 
 
 def _matern52(x1, x2):
@@ -80,10 +89,10 @@ def test_gp_posterior_and_likelihood_with_padding_match_float64_numpy():
         i = jnp.asarray(np.r_[idx, np.zeros(pad, int)])
         yy = jnp.asarray(np.r_[y, np.zeros(pad)], jnp.float32)
         mask = jnp.asarray(np.r_[np.ones(len(idx)), np.zeros(pad)] > 0)
-        m, v = tuning.gp_predict(params, emb, i, yy, mask)
+        m, v = gp_predict(params, emb, i, yy, mask)
         np.testing.assert_allclose(m, ref_m, rtol=1e-4, atol=1e-4)
         np.testing.assert_allclose(v, ref_v, rtol=1e-3, atol=2e-4)
-        nlp = float(tuning.gp_neg_log_posterior(params, emb, i, yy, mask))
+        nlp = float(gp_neg_log_posterior(params, emb, i, yy, mask))
         d = 3
         prior = (
             0.5
@@ -104,18 +113,15 @@ def test_residual_token_starts_off_and_is_fitted_by_the_marginal_likelihood():
     mask[:, -1] = rng.random(c) < 0.5
     emb = tuning.CandidateEmbedding(jnp.asarray(rng.normal(size=(c, 2)), jnp.float32),
                                     jnp.asarray(tokens), jnp.asarray(mask))  # fmt: skip
-    p0 = tuning.init_gp_params(emb, residual_dim=2, key=jax.random.key(0))
-    z = tuning.embed(p0, emb, jnp.arange(c))
+    p0 = init_gp_params(emb, residual_dim=2, key=jax.random.key(0))
+    z = embed(p0, emb, jnp.arange(c))
     assert z.shape == (c, 4) and 0 < np.abs(np.asarray(z[:, 2:])).max() < 0.5
     # A target that depends on the token states only: the fit must move proj and raise the evidence.
     y = tokens[:, 0, 0] * 2.0
     idx = jnp.arange(20)
     args = (emb, idx, jnp.asarray(y[:20]), jnp.ones(20, bool))
-    p = tuning.fit_gp(p0, *args, steps=150)
-    assert (
-        float(tuning.gp_neg_log_posterior(p, *args))
-        < float(tuning.gp_neg_log_posterior(p0, *args)) - 1.0
-    )
+    p = fit_gp(p0, *args, steps=150)
+    assert float(gp_neg_log_posterior(p, *args)) < float(gp_neg_log_posterior(p0, *args)) - 1.0
     assert float(jnp.abs(p["proj"]).max()) > 2 * float(jnp.abs(p0["proj"]).max())
     # The readout is the masked attention average of the token states.
     q = jnp.asarray(rng.normal(size=k), jnp.float32)
@@ -124,7 +130,7 @@ def test_residual_token_starts_off_and_is_fitted_by_the_marginal_likelihood():
     w = np.exp(logits - logits.max(1, keepdims=True))
     w /= w.sum(1, keepdims=True)
     ref = np.einsum("ct,ctk->ck", w, tokens)[:, :2]
-    np.testing.assert_allclose(tuning.embed(pq, emb, jnp.arange(c))[:, 2:], ref, atol=1e-5)
+    np.testing.assert_allclose(embed(pq, emb, jnp.arange(c))[:, 2:], ref, atol=1e-5)
 
 
 def _synthetic():
@@ -157,10 +163,10 @@ def test_random_and_tpe_searches_follow_the_table():
     r = tuning.random_search(f, len(f), key=jax.random.key(0), budget=10)
     assert len(set(r.indices.tolist())) == 10
     np.testing.assert_allclose(r.best_so_far, np.maximum.accumulate(f[r.indices]))
-    t = tuning.tpe_search(f, (7, 6, 5), seed=0, budget=12, n_init=4)
+    t = tpe_search(f, (7, 6, 5), seed=0, budget=12, n_init=4)
     np.testing.assert_allclose(t.values, f[t.indices])
     assert t.indices.shape == (12,)
-    assert tuning.tpe_search(f, (7, 6, 5), seed=0, budget=12, n_init=4).indices.tolist() == (
+    assert tpe_search(f, (7, 6, 5), seed=0, budget=12, n_init=4).indices.tolist() == (
         t.indices.tolist()
     )
 
@@ -178,12 +184,12 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="n_init <= budget"):
         tuning.bayes_opt(f, emb, key=key, n_init=10, budget=5)
     with pytest.raises(ValueError, match="needs embedding.tokens"):
-        tuning.init_gp_params(emb, residual_dim=2, key=key)
+        init_gp_params(emb, residual_dim=2, key=key)
     with pytest.raises(ValueError, match=r"tokens must have shape \(c, t, k\)"):
-        tuning.init_gp_params(tuning.CandidateEmbedding(emb.features, jnp.zeros((3, 2, 2))))
+        init_gp_params(tuning.CandidateEmbedding(emb.features, jnp.zeros((3, 2, 2))))
     with pytest.raises(TypeError, match="floating point"):
-        tuning.init_gp_params(tuning.CandidateEmbedding(jnp.asarray(g)))
+        init_gp_params(tuning.CandidateEmbedding(jnp.asarray(g)))
     with pytest.raises(TypeError, match="CandidateEmbedding"):
         bo.init_gp_params(np.zeros((3, 2)))
     with pytest.raises(ValueError, match="grid_shape"):
-        tuning.tpe_search(f, (), seed=0)
+        tpe_search(f, (), seed=0)

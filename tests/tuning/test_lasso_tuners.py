@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 from lowrank_jax import tuning
+from lowrank_jax.tuning.lasso import prepare_instances, tie_weights
+from lowrank_jax.tuning.lasso_tuners import coordinate_refine, instance_losses, tune_random
 
 TARGET = np.array([0.03, 0.3, 3.0, 0.1])
 
@@ -35,7 +37,7 @@ def test_grid_search_picks_the_grid_argmin():
 def test_random_search_refine_respects_budget_and_improves():
     f = Counter()
     key = jax.random.key(0)
-    rs = tuning.tune_random(_bowl, key, p=4, budget=60, low=1e-3, high=10.0)
+    rs = tune_random(_bowl, key, p=4, budget=60, low=1e-3, high=10.0)
     r = tuning.tune_random_refine(f, key, p=4, budget=80, low=1e-3, high=10.0, refine_fraction=0.25)
     assert f.n == r.num_evals <= 80
     assert r.loss <= rs.loss and r.loss < 0.5 * rs.loss  # refinement helps on a bowl
@@ -44,7 +46,7 @@ def test_random_search_refine_respects_budget_and_improves():
 
 
 def test_coordinate_refine_finds_a_separable_minimum():
-    r = tuning.coordinate_refine(
+    r = coordinate_refine(
         _bowl, np.ones(2), float(_bowl(np.ones((1, 2)))[0]), budget=200, low=1e-3, high=10.0
     )
     np.testing.assert_allclose(np.log10(r.alpha), np.log10(TARGET[:2]), atol=0.05)
@@ -64,7 +66,7 @@ def test_bad_tuner_input_raises():
     with pytest.raises(ValueError, match="low < high"):
         tuning.tune_grid(_bowl, budget=5, low=1.0, high=0.1)
     with pytest.raises(ValueError, match="budget"):
-        tuning.tune_random(_bowl, jax.random.key(0), p=2, budget=0, low=0.1, high=1.0)
+        tune_random(_bowl, jax.random.key(0), p=2, budget=0, low=0.1, high=1.0)
     with pytest.raises(ValueError, match="refine_fraction"):
         tuning.tune_random_refine(
             _bowl, jax.random.key(0), p=2, budget=5, low=0.1, high=1.0, refine_fraction=1.0
@@ -78,16 +80,16 @@ def test_instance_losses_are_validation_losses_and_padding_changes_nothing():
     )  # fmt: skip
     pen = tuning.group_lasso((3,) * 4)
     alphas = np.array([[0.05, 0.5], [0.2, 0.01], [1.0, 1.0]])
-    g = tuning.instance_losses(inst.train, inst.val, pen, num_iters=100)
+    g = instance_losses(inst.train, inst.val, pen, num_iters=100)
     u = g(alphas)
-    w = tuning.tie_weights(alphas.astype(np.float32), num_weights=4)
+    w = tie_weights(alphas.astype(np.float32), num_weights=4)
     ref = tuning.validation_losses(inst.train, inst.val, w, pen, num_iters=100)
     assert u.shape == (5, 3) and u.dtype == np.float64
     np.testing.assert_allclose(u, np.asarray(ref), rtol=1e-6)
     f = tuning.empirical_risk(inst.train, inst.val, pen, num_iters=100)
     np.testing.assert_allclose(f(alphas), u.mean(0), rtol=1e-6)
-    prep = tuning.prepare_instances(inst.train, pen)  # prepared input, padded batches
-    padded = tuning.instance_losses(prep, inst.val, pen, num_iters=100, pad=True)
+    prep = prepare_instances(inst.train, pen)  # prepared input, padded batches
+    padded = instance_losses(prep, inst.val, pen, num_iters=100, pad=True)
     np.testing.assert_allclose(padded(alphas), u, rtol=1e-6)  # 3 -> 4 candidates
     for n in (1, 3, 5):  # the first n instances (3 -> 4 solved, 5 -> 8: all 5)
         np.testing.assert_allclose(padded(alphas, n), u[:n], rtol=1e-5)  # float32 sums

@@ -10,6 +10,9 @@ import optax
 import pytest
 
 from lowrank_jax import adapters, models, tuning
+from lowrank_jax.tuning.lora_grid import epoch_order
+from lowrank_jax.tuning.lora_space import onehot_features, ordinal_features
+from lowrank_jax.tuning.text_embedding import principal_components
 
 
 def _problem():
@@ -36,7 +39,7 @@ def _reference(model, params, train, valid, *, rank, alpha, lr, batch, epochs, m
     tx = optax.adam(lr)
     state = tx.init(tr)
     grad = jax.jit(jax.grad(loss))
-    idx = tuning.epoch_order(0, len(train[1]), num_epochs=epochs, micro_batch=micro)
+    idx = epoch_order(0, len(train[1]), num_epochs=epochs, micro_batch=micro)
     k = batch // micro
     for s in range(len(idx) // k):
         b = idx[s * k : (s + 1) * k].reshape(-1)
@@ -84,8 +87,8 @@ def test_space_encodings_follow_their_definitions():
     lr, a, r, b = 1e-2, 2.0, 4.0, 16.0
     ref = [np.log(lr), np.log(a / r), np.log(r), np.log(lr * a / r), np.log(b), lr / b, 0.0]
     np.testing.assert_allclose(kf, ref, rtol=1e-12)
-    np.testing.assert_array_equal(tuning.ordinal_features(cfg)[i], [1, 0, 1, 1, 0])
-    oh = tuning.onehot_features(cfg)
+    np.testing.assert_array_equal(ordinal_features(cfg)[i], [1, 0, 1, 1, 0])
+    oh = onehot_features(cfg)
     assert oh.shape == (32, 10) and np.all(oh.sum(1) == 5)
     tok = tuning.value_tokens(cfg)
     np.testing.assert_array_equal(tok.sum(1), oh)  # the tokens are the one-hot blocks
@@ -101,7 +104,7 @@ def test_space_encodings_follow_their_definitions():
 
 def test_principal_components_match_numpy_svd():
     x = np.random.default_rng(0).normal(size=(10, 4)) @ np.diag([3.0, 2.0, 1.0, 0.1])
-    p = tuning.principal_components(x, 2)
+    p = principal_components(x, 2)
     np.testing.assert_allclose(p.T @ p, np.diag(np.sum(p**2, 0)), atol=1e-9)  # orthogonal scores
     ev = np.linalg.eigvalsh(np.cov(x.T, bias=True))[::-1][:2] * len(x)
     np.testing.assert_allclose(np.sum(p**2, 0), ev, rtol=1e-9)
