@@ -10,6 +10,7 @@ import scipy.stats
 
 from lowrank_jax import adapters, models
 from lowrank_jax import analysis as an
+from lowrank_jax.models import bert
 
 D, HEADS = 16, 4
 
@@ -113,7 +114,7 @@ def test_embeddings_from_layer_match_the_full_encoder_and_zero_adapter_gives_zer
         lambda p: models.mean_pool(models.BertEncoder(cfg).apply({"params": p}, ids, mask), mask)
     )
     full = encode(params)
-    inputs = [x for x, _, _ in models.bert_attention_inputs(cfg, variables, ids, mask)]
+    inputs = [x for x, _, _ in bert.attention_inputs(cfg, variables, ids, mask)]
     dw = 0.3 * jax.random.normal(jax.random.key(6), (D, D))
     for layer in (1,):  # the partial path (layer 0 would re-run the whole encoder)
         top = jax.jit(
