@@ -10,8 +10,8 @@ is and correct where PEFT is not:
 ``cat``                     ``[w_k s_k A_k]_k [B_k]_k``, rank       the same (exact)
                             ``Σ r_k``
 ``linear``                  ``Σ w_k ΔW_k``, exact (rank ≤ Σ r_k)    ``(Σ c_k A_k)(Σ c_k B_k)``,
-                                                                   ``c_k = √|w_k s_k|``: cross terms
-                                                                   ``A_i B_j`` (issue #3004)
+                                                                    ``c_k = √|w_k s_k|``: cross terms
+                                                                    ``A_i B_j`` (issue #3004)
 ``svd``                     ``Σ w_k ΔW_k``, truncated SVD           the same
 ``ties`` / ``ties_svd``     TIES (per-kernel trim) of the           ``ties``: on ``A`` and ``B``
                             products; ``_svd``: truncated           apart; ``ties_svd``: the same
