@@ -2,10 +2,12 @@
 
 One thing is generated here, before Sphinx reads a page, and not committed:
 
-* ``api/generated/<subpackage>.rst``: one page per subpackage of ``lowrank_jax``: an
-  ``autosummary`` table of every name of the subpackage's ``__all__``, by kind, then each name
-  documented in full on the same page (no page per name: 650 stub pages made every page's
-  navigation tree, and so the build, several times slower).
+* ``api/generated/<subpackage>.rst``: one page per subpackage of ``lowrank_jax``, in two tiers:
+  an ``autosummary`` table of every name of the subpackage's ``__all__`` (its user tier), by kind,
+  then each name documented in full; then "Building blocks", one subsection per public submodule
+  with the names of its ``__all__`` that the subpackage does not export, documented the same way
+  under their submodule path (no page per name: 650 stub pages made every page's navigation tree,
+  and so the build, several times slower).
 
 The notebooks are the executed copies committed in ``notebooks/*.ipynb`` (``colabs/*.ipynb`` run in
 smoke mode by ``python -m experiments.tools.render_notebooks``), rendered with their stored outputs
@@ -20,6 +22,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import pathlib
+import pkgutil
 import re
 import sys
 
@@ -160,39 +163,118 @@ _AUTODOC = {
 }
 
 
+def _submodules(package) -> list:
+    """The public submodules of a subpackage (no ``_private`` ones), in name order."""
+    names = sorted(
+        m.name for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_")
+    )
+    return [importlib.import_module(f"{package.__name__}.{name}") for name in names]
+
+
+def _building_blocks(package, submodule) -> list[str]:
+    """The names of ``submodule.__all__`` documented under it: not in the package's ``__all__``
+    (the user tier, documented at the top of the page) and defined there (not re-exported)."""
+    tier = {id(getattr(package, public)) for public in package.__all__}
+    out = []
+    for public in getattr(submodule, "__all__", ()):
+        obj = getattr(submodule, public)
+        if public in package.__all__ or (id(obj) in tier and _kind(obj) != "data"):
+            continue
+        home = getattr(obj, "__module__", None) if _kind(obj) in ("class", "function") else None
+        if home and home.startswith("lowrank_jax.") and home != submodule.__name__:
+            continue  # re-exported from another submodule: documented there
+        out.append(public)
+    return out
+
+
+def _entries(module, names: list[str], heading_char: str | None) -> list[str]:
+    """Autosummary tables and entries of ``names`` (attributes of ``module``), by kind.
+
+    With ``heading_char``: a heading, a table and the entries for each kind; without: one table
+    of all the names, then the entries, by kind.
+    """
+    groups: dict[str, list[str]] = {"module": [], "class": [], "function": [], "data": []}
+    for public in names:
+        groups[_kind(getattr(module, public))].append(public)
+    headings = {
+        "class": "Classes",
+        "function": "Functions",
+        "data": "Constants",
+        "module": "Submodules",
+    }
+    kinds = [kind for kind in ("class", "function", "data", "module") if groups[kind]]
+    table = [".. autosummary::", "   :nosignatures:", ""]
+    lines: list[str] = []
+    if not heading_char:
+        ordered = [n for kind in kinds for n in sorted(groups[kind], key=str.lower)]
+        lines += [f".. currentmodule:: {module.__name__}", ""]
+        lines += table + [f"   {public}" for public in ordered] + [""]
+    for kind in kinds:
+        ordered = sorted(groups[kind], key=str.lower)
+        if heading_char:
+            heading = headings[kind]
+            lines += [heading, heading_char * len(heading), ""]
+            lines += [f".. currentmodule:: {module.__name__}", ""]
+            lines += table + [f"   {public}" for public in ordered] + [""]
+        directive, *options = _AUTODOC[kind]
+        for public in ordered:
+            target = public
+            if kind == "module":  # a subsection each: the submodule in full, in source order
+                target = getattr(module, public).__name__
+                lines += [target, "~" * len(target), ""]
+            lines += [f".. {directive}:: {target}", *options, ""]
+    return lines
+
+
+def _sections(package) -> list[tuple]:
+    """``(submodule, building blocks, indexed)`` for each public submodule documented under
+    "Building blocks" (not one the package exports as a module object). ``indexed`` is False for
+    a submodule named like a name of the package (``adapters.adapt``, the function, beside the
+    module ``lowrank_jax.adapters.adapt``): its docstring is shown without a module target."""
+    tier = {id(getattr(package, public)) for public in package.__all__}
+    return [
+        (sub, _building_blocks(package, sub), sub.__name__.rsplit(".", 1)[1] not in package.__all__)
+        for sub in _submodules(package)
+        if id(sub) not in tier
+    ]
+
+
 def write_api_pages() -> None:
-    """One page per subpackage: its docstring, then for each kind of name in its ``__all__`` an
-    autosummary table and each name documented in full (submodules last, in their source order)."""
+    """One page per subpackage, in two tiers.
+
+    First the user tier, the subpackage's ``__all__``: its docstring, then for each kind of name an
+    autosummary table and each name documented in full. Then "Building blocks": one subsection per
+    public submodule (``lowrank_jax.<subpackage>.<submodule>``), its docstring and the names of its
+    ``__all__`` that the subpackage does not export (an autosummary table, then each in full),
+    documented under their submodule path, the one they are imported from.
+    """
     out = DOCS / "api" / "generated"
     out.mkdir(parents=True, exist_ok=True)
     for name in SUBPACKAGES:
         module = importlib.import_module(f"lowrank_jax.{name}")
-        groups: dict[str, list[str]] = {"module": [], "class": [], "function": [], "data": []}
-        for public in module.__all__:
-            groups[_kind(getattr(module, public))].append(public)
         title = f"lowrank_jax.{name}"
         lines = [title, "=" * len(title), "", f".. automodule:: lowrank_jax.{name}", ""]
-        headings = {
-            "class": "Classes",
-            "function": "Functions",
-            "data": "Constants",
-            "module": "Submodules",
-        }
-        for kind in ("class", "function", "data", "module"):
-            if not groups[kind]:
-                continue
-            heading = headings[kind]
-            lines += [heading, "-" * len(heading), "", f".. currentmodule:: lowrank_jax.{name}", ""]
-            names = sorted(groups[kind], key=str.lower)
-            lines += [".. autosummary::", "   :nosignatures:", ""]
-            lines += [f"   {public}" for public in names] + [""]
-            directive, *options = _AUTODOC[kind]
-            for public in names:
-                target = public
-                if kind == "module":  # a subsection each: the submodule in full, in source order
-                    target = getattr(module, public).__name__
-                    lines += [target, "~" * len(target), ""]
-                lines += [f".. {directive}:: {target}", *options, ""]
+        lines += _entries(module, list(module.__all__), "-")
+        sections = _sections(module)
+        example = next(((sub, names) for sub, names, _ in sections if names), None)
+        if sections:
+            heading = "Building blocks"
+            lines += [heading, "-" * len(heading), ""]
+            intro = (
+                f"Each submodule of ``lowrank_jax.{name}``, with the names of its ``__all__`` that "
+                f"``lowrank_jax.{name}`` does not export; import them from the submodule"
+            )
+            if example:
+                intro += f": ``from {example[0].__name__} import {example[1][0]}``"
+            lines += [intro + ".", ""]
+            for sub, names, indexed in sections:
+                lines += [sub.__name__, "~" * len(sub.__name__), ""]
+                lines += [f".. automodule:: {sub.__name__}"]
+                lines += ([] if indexed else ["   :no-index:"]) + [""]
+                if names:
+                    lines += _entries(sub, names, None)
+                else:
+                    lines += [f"Nothing beyond what ``lowrank_jax.{name}`` exports (above).", ""]
         _write_if_changed(out / f"{name}.rst", "\n".join(lines))
 
 
@@ -255,6 +337,15 @@ def _public_names() -> dict[int, str]:
             _PUBLIC.setdefault(id(module), f"lowrank_jax.{sub}")
             for public in module.__all__:
                 _PUBLIC.setdefault(id(getattr(module, public)), f"lowrank_jax.{sub}.{public}")
+        for sub in SUBPACKAGES:  # then the building blocks, under their submodule
+            module = importlib.import_module(f"lowrank_jax.{sub}")
+            for submodule, names, indexed in _sections(module):
+                if indexed:  # else references to it go to the subpackage's page
+                    _PUBLIC.setdefault(id(submodule), submodule.__name__)
+                for public in names:
+                    _PUBLIC.setdefault(
+                        id(getattr(submodule, public)), f"{submodule.__name__}.{public}"
+                    )
     return _PUBLIC
 
 
@@ -311,7 +402,7 @@ def _resolve_private(app, env, node, contnode):
             name = getattr(obj, "__module__", "") + "." + getattr(obj, "__qualname__", "")
             if name not in domain.objects:
                 continue
-        kind = "mod" if inspect.ismodule(obj) and name.count(".") == 1 else "obj"
+        kind = "mod" if inspect.ismodule(obj) else "obj"
         ref = domain.resolve_xref(env, node["refdoc"], app.builder, kind, name, node, contnode)
         if ref is not None:
             return ref

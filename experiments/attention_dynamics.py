@@ -32,6 +32,7 @@ from lowrank_jax.analysis.attention_dynamics import (
     random_lowrank_perturbation,
     wasserstein2,
 )
+from lowrank_jax.models import bert
 
 V_DIRECTIONS = ("aligned", "crossing", "random_lowrank", "random_fullrank")
 DIRECTIONS = (*V_DIRECTIONS, "k_lowrank")  # the last perturbs K instead of V
@@ -164,7 +165,7 @@ def minilm_inputs(config: Any) -> tuple[list, np.ndarray]:
             f"a passage has fewer than minilm.num_tokens={mc.num_tokens} word pieces: raise "
             "minilm.passage_chars or lower num_tokens"
         )
-    layers = models.bert_attention_inputs(cfg, variables, **batch)
+    layers = bert.attention_inputs(cfg, variables, **batch)
     heads = cfg.num_attention_heads
     width = cfg.hidden_size // heads
     out = []

@@ -25,6 +25,10 @@ from absl import logging
 from experiments import common
 from experiments.common import casa_report, lowering
 from lowrank_jax import adapters, data, merging, models
+from lowrank_jax.data.shakespeare import GENRES, PLAYS
+from lowrank_jax.merging.casa import casa_diagnostics
+from lowrank_jax.models.bert import BertTopClassifier, split_encoder
+from lowrank_jax.models.bert_prefix import encode_prefix, prefix_encoder
 
 METHODS = ("direct", "source_revert", "task_arithmetic", "ties", "dare", "casa", "oracle")
 
@@ -39,10 +43,10 @@ def check_config(config: Any) -> None:
     c.check_fraction(config, "data.valid_fraction", allow_zero=False)
     c.check_fraction(config, "data.test_fraction", allow_zero=False)
     plays = c.get_path(config, "data.lora_plays")
-    if isinstance(plays, str) or len(plays) < 2 or set(plays) - set(data.PLAYS):
+    if isinstance(plays, str) or len(plays) < 2 or set(plays) - set(PLAYS):
         raise c.ConfigError(
             f"config.data.lora_plays={plays!r} is invalid: at least 2 keys of "
-            "lowrank_jax.data.PLAYS"
+            "lowrank_jax.data.shakespeare.PLAYS"
         )
     if not 1 <= c.get_path(config, "model.first_layer") < 6:
         raise c.ConfigError("config.model.first_layer must lie in [1, 6) (MiniLM has 6 layers)")
@@ -76,11 +80,11 @@ def _hidden(passage_chars: int, per_play: int, seq_len: int, first_layer: int):
     ds = data.load_shakespeare(
         label="play", passage_chars=passage_chars, max_passages_per_play=per_play
     )
-    genre = np.asarray([data.GENRES.index(data.PLAYS[ds.class_names[p]][0]) for p in ds.y])
+    genre = np.asarray([GENRES.index(PLAYS[ds.class_names[p]][0]) for p in ds.y])
     batch = models.tokenize(tokenizer, list(ds.x), max_len=seq_len)
     full = batch["attention_mask"].all(axis=1)
     ids = batch["input_ids"][full]
-    hidden = models.encode_prefix(bert_config, variables, ids, first_layer=first_layer)
+    hidden = encode_prefix(bert_config, variables, ids, first_layer=first_layer)
     return hidden, genre[full].astype(np.int32), ds.y[full], ds.class_names
 
 
@@ -93,7 +97,7 @@ def _task_splits(config: Any, seed: int) -> dict[str, dict[str, dict[str, np.nda
     on_lora = np.isin(play, lora_ids)
     relabel = np.searchsorted(np.sort(lora_ids), play[on_lora])
     tasks = {
-        "genre": (np.arange(len(genre)), genre, data.GENRES),
+        "genre": (np.arange(len(genre)), genre, GENRES),
         "play": (np.flatnonzero(on_lora), relabel.astype(np.int32), tuple(sorted(d.lora_plays))),
     }
     out = {}
@@ -292,9 +296,9 @@ def _models(config, bert_config):
     ``feats(body, x)`` (pooled top-layer features) and the jitted ``logits(params, x)`` (the
     genre or the play classifier, by the head's size)."""
     first, d = config.model.first_layer, bert_config.hidden_size
-    genre_model = models.BertTopClassifier(bert_config, first, len(data.GENRES))
-    play_model = models.BertTopClassifier(bert_config, first, len(config.data.lora_plays))
-    feature_model = models.BertTopClassifier(bert_config, first, d)
+    genre_model = BertTopClassifier(bert_config, first, len(GENRES))
+    play_model = BertTopClassifier(bert_config, first, len(config.data.lora_plays))
+    feature_model = BertTopClassifier(bert_config, first, d)
 
     def feats(body, x):  # pooled top-layer features: the identity head's logits
         identity = {"kernel": jnp.eye(d), "bias": jnp.zeros(d)}
@@ -314,9 +318,7 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
     check_config(config)
     mesh = common.make_mesh() if mesh is None else mesh
     bert_config, encoder = lowering.abstract_minilm()
-    prefix_config, prefix_vars, top = models.split_encoder(
-        bert_config, encoder, config.model.first_layer
-    )
+    prefix_config, prefix_vars, top = split_encoder(bert_config, encoder, config.model.first_layer)
     genre_model, play_model, feats, logits = _models(config, bert_config)
     d, b = config.data, config.data.batch_size
     x = jax.ShapeDtypeStruct((b, d.seq_len, bert_config.hidden_size), jnp.float32)
@@ -333,7 +335,7 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
     eval_x = jax.ShapeDtypeStruct((config.eval.batch_size, *x.shape[1:]), jnp.float32)
     ids = jax.ShapeDtypeStruct((64, d.seq_len), jnp.int32)  # _hidden's chunks of 64 passages
     return [
-        common.Step("prefix encoder", models.prefix_encoder(prefix_config), (prefix_vars, ids)),
+        common.Step("prefix encoder", prefix_encoder(prefix_config), (prefix_vars, ids)),
         common.fit_step(target_step, target, top, batch, mesh=mesh, name="target"),
         common.fit_step(lora_step, lora, top, batch, mesh=mesh, name="lora"),
         common.Step("logits", logits, ({**top, "head": target["params"]["head"]}, eval_x)),
@@ -343,7 +345,7 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
 
 def _run_seed(config, seed, workdir, bert_config):
     splits = _task_splits(config, seed)
-    _, _, top = models.split_encoder(*models.load_minilm()[:2], config.model.first_layer)
+    _, _, top = split_encoder(*models.load_minilm()[:2], config.model.first_layer)
     source = jax.device_get(top)
     genre_model, play_model, feats, _logits = _models(config, bert_config)
 
@@ -382,7 +384,7 @@ def _run_seed(config, seed, workdir, bert_config):
     rows["oracle"] = {**evaluate(_merged(target, oracle), oracle_head, genre_head, split="test"), "hparams": {}, "adapter_rank": _rank(oracle)}  # fmt: skip
     rows["target_alone"] = evaluate(target, play_head, genre_head, split="test")
     rows["source_lora"] = evaluate(ref_body, play_head, genre_head, split="test")
-    diag = merging.casa_diagnostics({"params": source}, {"params": target}, lora)
+    diag = casa_diagnostics({"params": source}, {"params": target}, lora)
     diagnostics = {
         k: float(np.mean([v[k] for v in diag.values()])) for k in casa_report.DIAGNOSTICS
     }

@@ -56,7 +56,11 @@ from experiments.continual_setup import (
     pretrain_setup,
     stream_shapes,
 )
-from lowrank_jax import continual, data, models
+from lowrank_jax import continual, data
+from lowrank_jax.continual.heads import HEADS
+from lowrank_jax.continual.streams import training_arrays
+from lowrank_jax.models.bert import split_encoder
+from lowrank_jax.models.bert_prefix import prefix_encoder
 
 __all__ = [
     "METHODS",
@@ -133,11 +137,11 @@ def check_config(config: Any) -> None:
         raise c.ConfigError(
             "config.adapter.rank must be >= 2 for saber (half shared, half specific)"
         )
-    c.check_choice(config, "head", continual.HEADS)
+    c.check_choice(config, "head", HEADS)
     for h in c.get_path(config, "search.heads"):
-        if h not in continual.HEADS:
+        if h not in HEADS:
             raise c.ConfigError(
-                f"config.search.heads has {h!r}: allowed values are {', '.join(continual.HEADS)}"
+                f"config.search.heads has {h!r}: allowed values are {', '.join(HEADS)}"
             )
     c.check_choice(config, "method.heads.metric", ("euclidean", "cosine", "lda"))
     c.check_positive(config, "method.heads.align_learning_rate")
@@ -225,11 +229,9 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
     out = []
     if config.data.benchmark == "shakespeare_plays":
         bert_config, encoder = lowering.abstract_minilm()
-        prefix = models.split_encoder(bert_config, encoder, config.model.first_layer)
+        prefix = split_encoder(bert_config, encoder, config.model.first_layer)
         ids = spec((64, config.data.seq_len), jnp.int32)  # chunks of 64
-        out.append(
-            common.Step("prefix encoder", models.prefix_encoder(prefix[0]), (prefix[1], ids))
-        )
+        out.append(common.Step("prefix encoder", prefix_encoder(prefix[0]), (prefix[1], ids)))
     if shapes["base"] is not None:
         x_shape, classes = shapes["base"]
         state, step = common.eval_shape_with_static(
@@ -278,7 +280,7 @@ def run_method(
     out = {"selection_accuracy": [], "memory_fill": [], "recycled_fraction": [], "diagnostics": []}
     updates = []
     for t, tasks, num_steps in schedule:
-        arrays = continual.training_arrays(stream, tasks)
+        arrays = training_arrays(stream, tasks)
         classes = np.concatenate([stream.task_classes[s] for s in tasks])
         task = continual.Task(t, classes, arrays["x"], arrays["y"], stream.num_classes)
         key = jax.random.fold_in(jax.random.key(seed), t)

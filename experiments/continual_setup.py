@@ -14,7 +14,7 @@ Benchmarks (``config.data.benchmark``, seeded; built by :mod:`lowrank_jax.contin
   pretrained all-MiniLM-L6-v2. The encoder is frozen; its bottom layers ``0 .. first_layer-1``
   run once and their hidden states are the stream's inputs (cached per process); the top layers,
   mean pooling and a linear head form the model that the adapters train
-  (:class:`lowrank_jax.models.BertTopClassifier`).
+  (:class:`lowrank_jax.models.bert.BertTopClassifier`).
 * ``split_mnist`` (class-incremental, base + increments): a base session trains a small ViT from
   scratch on MNIST digits 0–4; task 0 is that session's classes (its head rows are kept) and the
   increments split digits 5–9 (in a per-seed order) into ``num_tasks - 1`` groups of ≥ 2 classes,
@@ -45,6 +45,10 @@ from absl import logging
 
 from experiments import common
 from lowrank_jax import continual, data, models
+from lowrank_jax.continual.streams import class_incremental_stream
+from lowrank_jax.data.shakespeare import PLAYS
+from lowrank_jax.models.bert import BertTopClassifier, split_encoder
+from lowrank_jax.models.bert_prefix import encode_prefix
 
 BENCHMARKS = (
     "split_digits",
@@ -87,11 +91,11 @@ def check_setup(config: Any) -> None:
             c.check_positive(config, f"data.{key}", integer=True)
         c.check_positive(config, "data.test_per_class", integer=True)
         plays = c.get_path(config, "data.plays")
-        unknown = sorted(set(plays) - set(data.PLAYS)) if not isinstance(plays, str) else [plays]
+        unknown = sorted(set(plays) - set(PLAYS)) if not isinstance(plays, str) else [plays]
         if unknown or len(set(plays)) != len(plays):
             raise c.ConfigError(
                 f"config.data.plays={plays!r} is invalid: distinct play keys from "
-                f"{', '.join(data.PLAYS)}"
+                f"{', '.join(PLAYS)}"
             )
         if config.data.plays_per_task < 2:
             raise c.ConfigError("config.data.plays_per_task must be >= 2 (a task needs 2 classes)")
@@ -235,7 +239,7 @@ def _minilm_hidden(
         seq_len,
         first_layer - 1,
     )
-    return models.encode_prefix(bert_config, variables, ids, first_layer=first_layer), y
+    return encode_prefix(bert_config, variables, ids, first_layer=first_layer), y
 
 
 def _minilm_config() -> Any:
@@ -292,7 +296,7 @@ def _shakespeare_stream(config: Any, rng: np.random.Generator) -> Stream:
             "them or config.data.seq_len, raise config.data.passage_chars, or pick other plays"
         )
     # a fixed train/test split per play (the same for every seed); the task order is per seed
-    return continual.class_incremental_stream(
+    return class_incremental_stream(
         hidden,
         y,
         num_classes=len(plays),
@@ -316,7 +320,7 @@ def make_model(config: Any, num_classes: int) -> Any:
         v = m.vit
         return models.ViT(v.patch, v.dim, v.depth, v.heads, v.mlp_dim, num_classes)
     if m.name == "minilm":
-        return models.BertTopClassifier(_minilm_config(), m.first_layer, num_classes)
+        return BertTopClassifier(_minilm_config(), m.first_layer, num_classes)
     raise common.ConfigError(f"config.model.name={m.name!r}: allowed values are {MODELS}")
 
 
@@ -382,7 +386,7 @@ def build_backbone(config: Any, stream: Stream, seed: int, workdir: str) -> tupl
     variables = model.init(k_init, x0)
     if config.model.name == "minilm":
         bert_config, encoder_vars, _ = models.load_minilm()
-        _, _, top = models.split_encoder(bert_config, encoder_vars, config.model.first_layer)
+        _, _, top = split_encoder(bert_config, encoder_vars, config.model.first_layer)
         variables = {"params": {**variables["params"], **top}}
     if stream.base is not None and config.model.pretrain_steps:
         pre = _pretrain(config, stream, k_pre, workdir)["params"]

@@ -32,6 +32,7 @@ from absl import logging
 from experiments import common
 from experiments.common.checkpoint_reader import CheckpointSequence, saved_steps
 from lowrank_jax import data, merging, models
+from lowrank_jax.merging import averaging
 
 __all__ = ["check_config", "run"]
 
@@ -269,7 +270,7 @@ def _cell(config, model, arrays, name, seed, root) -> dict[str, Any]:
     ema = {b: merging.ema(ckpts, decay=b) for b in m.ema_decays}
     b, _ = _best({b: valid(p) for b, p in ema.items()})
     chosen["EMA"] = (f"decay={b}", ema[b])
-    expo = {a: merging.expo(ckpts[-2], ckpts[-1], alpha=a) for a in m.expo_alphas}
+    expo = {a: averaging.expo(ckpts[-2], ckpts[-1], alpha=a) for a in m.expo_alphas}
     a, _ = _best({a: valid(p) for a, p in expo.items()})
     chosen["ExPO"] = (f"alpha={a}", expo[a])
     curves, searches = {}, {}

@@ -48,6 +48,7 @@ from lowrank_jax.fp8.policies import (
     OnlineCalibrationState,
     current_scaling_policy,
 )
+from lowrank_jax.models.fp8_transformer import fp8_attention_geometry
 
 POLICY_KINDS = ("delayed", "current", "rank_aware", "rank_agnostic", "none")
 METRICS = ("loss", "overflow", "utilisation", "softmax_error", "amax", "bound_ratio", "scale")
@@ -173,9 +174,7 @@ def make_train_step(p: Policy, config, *, transients: bool = True):
     model = make_model(config, quantize=p.kind != "none")
     policy, tx = make_policy(p, config), make_optimizer(config)
     d, t = config.data, config.transients
-    geometry = lambda params: models.fp8_attention_geometry(
-        params, num_layers=config.model.num_layers
-    )
+    geometry = lambda params: fp8_attention_geometry(params, num_layers=config.model.num_layers)
     kw = dict(d=config.model.d_model, head_dim=config.model.d_model // config.model.num_heads)
     kw.update(seq_len=d.seq_len - 1, delta=config.policy.delta)
 
@@ -255,7 +254,7 @@ def run_setup(p: Policy, config, donor=None):
     tokens = jnp.zeros((1, config.data.seq_len - 1), jnp.int32)
     params = make_model(config).init(jax.random.key(config.seed + is_donor), tokens, None)["params"]
     pkey = jax.random.split(jax.random.key(config.seed + 7))[0]
-    geometry = models.fp8_attention_geometry(params, num_layers=config.model.num_layers)
+    geometry = fp8_attention_geometry(params, num_layers=config.model.num_layers)
     pstate = policy.init(pkey, *geometry)  # geometry: burn-in (eager: same bits as before)
     frozen = {"lr": learning_rates(config, n, spikes=not is_donor)}
     if not is_donor:
@@ -265,7 +264,7 @@ def run_setup(p: Policy, config, donor=None):
 
         @jax.jit
         def track(state, frozen):  # σ the next step will use vs the exact σ
-            w = models.fp8_attention_geometry(state["params"], num_layers=config.model.num_layers)
+            w = fp8_attention_geometry(state["params"], num_layers=config.model.num_layers)
             exact = fp8.attention_sigma_max(w[0], w[1])
             est = policy.scales(state["policy"], *w)[1]
             est = (est.geometry if isinstance(est, OnlineCalibrationState) else est).sigma

@@ -24,6 +24,7 @@ from experiments import common
 from lowrank_jax import fp8, models
 from lowrank_jax.fp8.bounds import norm_gain_bound
 from lowrank_jax.fp8.diagnostics import attention_logit_report
+from lowrank_jax.models import bert
 
 
 def minilm_scales(config) -> list[dict[str, Any]]:
@@ -51,7 +52,7 @@ def minilm_scales(config) -> list[dict[str, Any]]:
     h, r = mcfg.num_attention_heads, fp8.fp8_max(config.policy.fmt)
     heads = lambda a: a.reshape(*a.shape[:-1], h, a.shape[-1] // h)
     rows = []
-    for i, (x, ln, attn) in enumerate(models.bert_attention_inputs(mcfg, variables, ids, am)):
+    for i, (x, ln, attn) in enumerate(bert.attention_inputs(mcfg, variables, ids, am)):
         q, k = attn["query"], attn["key"]
         gain = norm_gain_bound(ln["scale"], ln["bias"])
         report = _report(config, int((am > 0).sum(axis=1).max()))

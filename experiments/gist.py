@@ -35,6 +35,7 @@ from experiments.common import sweep
 from experiments.common.digits_shift import adapter_loss, xent
 from experiments.common.loop import padded_means
 from lowrank_jax import adapters, data, models, selection
+from lowrank_jax.data.shakespeare import PLAYS
 from lowrank_jax.selection.diagnostics import lora_vs_full_offdiag
 
 __all__ = ["check_config", "run"]
@@ -199,7 +200,7 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
         batch = {"x": spec((config.model.pretrain_batch, d.seq_len + 1), jnp.int32)}
         out.append(common.fit_step(step, state, None, batch, mesh=mesh, name="base char-GPT"))
         variables, batch_loss = {"params": params}, _gpt_loss(model)
-        n_pool = len(data.PLAYS) * d.pool_per_play
+        n_pool = len(PLAYS) * d.pool_per_play
         pool = {"x": spec((n_pool + round(d.distractor_fraction * n_pool), d.seq_len + 1), jnp.int32)}  # fmt: skip
         accuracy = None
     else:

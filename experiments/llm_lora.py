@@ -33,6 +33,8 @@ from absl import logging
 from experiments import common
 from experiments.llm_lora_report import sample, write_report
 from lowrank_jax import adapters, data, models
+from lowrank_jax.adapters.quant import BASE_DTYPES
+from lowrank_jax.models.decoder_config import RopeConfig
 
 VOCAB = 256  # bytes
 KERNELS = r".*_proj/kernel"
@@ -64,8 +66,8 @@ def check_config(config: Any) -> None:
     c.check_positive(config, "adapter.alpha")
     c.check_regexes(config, "adapter.targets")
     for base in (*config.finetune.methods, *config.finetune.bases):
-        if base not in adapters.BASE_DTYPES:
-            raise c.ConfigError(f"base {base!r} is invalid: use one of {adapters.BASE_DTYPES}")
+        if base not in BASE_DTYPES:
+            raise c.ConfigError(f"base {base!r} is invalid: use one of {BASE_DTYPES}")
     if not config.finetune.methods or not config.finetune.learning_rates:
         raise c.ConfigError("config.finetune.methods and .learning_rates must not be empty")
     if any(not lr > 0 for lr in config.finetune.learning_rates):
@@ -126,7 +128,7 @@ def model_config(config: Any) -> models.DecoderConfig:
         num_hidden_layers=m.num_hidden_layers,
         num_attention_heads=m.num_attention_heads,
         num_key_value_heads=m.num_key_value_heads,
-        rope=models.RopeConfig(theta=10000.0),
+        rope=RopeConfig(theta=10000.0),
         max_position_embeddings=config.data.passage_chars,
         dtype=m.dtype,
         remat_policy=m.remat_policy or None,

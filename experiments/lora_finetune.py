@@ -37,6 +37,10 @@ from experiments.common import config_checks, lowering, optimizers
 from experiments.common import lora_finetune_report as report
 from experiments.common.loop import padded_means
 from lowrank_jax import adapters, data, models
+from lowrank_jax.adapters.finetune import classifier_sums, make_classifier_step, trained_parts
+from lowrank_jax.adapters.quant import BASE_DTYPES
+from lowrank_jax.data.records import to_arrays
+from lowrank_jax.data.shakespeare import GENRES
 
 METHODS = ("lora", "full", "head")
 ADAPTER_KINDS = ("lora", "frameft")
@@ -76,10 +80,10 @@ def check_config(config: Any) -> None:
             )
     method = c.check_choice(config, "adapter.method", METHODS)
     base_dtype = config.model.get("base_dtype", "float32")
-    if base_dtype not in adapters.BASE_DTYPES or (base_dtype != "float32" and method != "lora"):
+    if base_dtype not in BASE_DTYPES or (base_dtype != "float32" and method != "lora"):
         raise c.ConfigError(
             f"config.model.base_dtype={base_dtype!r} is invalid: must be one of "
-            f"{adapters.BASE_DTYPES}, and only 'float32' unless adapter.method='lora'"
+            f"{BASE_DTYPES}, and only 'float32' unless adapter.method='lora'"
         )
     if method == "lora":
         kind = c.check_choice(config, "adapter.kind", ADAPTER_KINDS)
@@ -132,7 +136,7 @@ def _load_data(
     encode = None if tokenizer is None else (
         lambda x: models.tokenize(tokenizer, list(x), max_len=config.data.max_len)
     )  # fmt: skip
-    return data.to_arrays(splits, encode=encode), dataset.class_names
+    return to_arrays(splits, encode=encode), dataset.class_names
 
 
 def _build_model(
@@ -210,7 +214,7 @@ def init_state(
         # The frozen kernels in bfloat16 or int8 (adapters and optimizer state stay float32).
         frozen = adapters.low_precision_base(frozen, config.model.get("base_dtype", "float32"))
     tx = _optimizer(config)
-    state["opt_state"] = tx.init(adapters.trained_parts(state))
+    state["opt_state"] = tx.init(trained_parts(state))
     state["step"] = 0
     input_keys = _INPUTS[config.model.name]
 
@@ -229,11 +233,11 @@ def init_state(
 def make_evaluate(logits_fn: Callable[..., jax.Array], mesh: Any, *, batch_size: int):
     """``evaluate(state, frozen, arrays, prefix) -> {"<prefix>/loss", "<prefix>/accuracy"}``.
 
-    Runs the jitted :func:`lowrank_jax.adapters.classifier_sums` over all examples of
+    Runs the jitted :func:`lowrank_jax.adapters.finetune.classifier_sums` over all examples of
     ``arrays`` (``(N, ...)`` host arrays with ``"y"``) in sharded batches of ``batch_size``,
     the last one padded with zero-weight rows (:func:`experiments.common.loop.padded_means`).
     """
-    sums = jax.jit(adapters.classifier_sums(logits_fn))
+    sums = jax.jit(classifier_sums(logits_fn))
 
     def evaluate(state, frozen, arrays, prefix):
         out = padded_means(lambda *b: sums(state, frozen, *b), arrays, batch_size, mesh=mesh)
@@ -254,7 +258,7 @@ _BATCH_SPECS = {
         "y": ((), jnp.int32),
     },
 }
-_NUM_CLASSES = {"digits": 10, "shakespeare_genre": len(data.GENRES)}
+_NUM_CLASSES = {"digits": 10, "shakespeare_genre": len(GENRES)}
 
 
 def _abstract_batch(config: Any, batch_size: int) -> dict[str, jax.ShapeDtypeStruct]:
@@ -292,7 +296,7 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
     fsdp = config.parallel.fsdp
     evaluate = common.Step(
         "eval",
-        jax.jit(adapters.classifier_sums(logits_fn)),
+        jax.jit(classifier_sums(logits_fn)),
         (
             common.placed(state, mesh, fsdp=fsdp),
             common.placed(frozen, mesh, fsdp=fsdp),
@@ -306,7 +310,7 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
         ),
     )
     train_step = common.fit_step(
-        adapters.make_classifier_step(logits_fn, tx), state, frozen, train, mesh=mesh, fsdp=fsdp
+        make_classifier_step(logits_fn, tx), state, frozen, train, mesh=mesh, fsdp=fsdp
     )
     return [train_step, evaluate]
 
@@ -337,7 +341,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
     if method == "lora":
         method = config.adapter.kind  # "lora" or "frameft": what the results table reports
     state, frozen, logits_fn, tx = init_state(config, model, variables, adapter_key)
-    num_trained = adapters.count_params(adapters.trained_parts(state))
+    num_trained = adapters.count_params(trained_parts(state))
     num_total = adapters.count_params(variables)
     logging.info("%s: training %d of %d parameters", method, num_trained, num_total)
     evaluate = make_evaluate(logits_fn, mesh, batch_size=config.eval.batch_size)
@@ -348,7 +352,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
     result = common.fit(
         state,
         frozen,
-        adapters.make_classifier_step(logits_fn, tx),
+        make_classifier_step(logits_fn, tx),
         batches,
         key=train_key,
         num_steps=config.schedule.num_steps,

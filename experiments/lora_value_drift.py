@@ -32,6 +32,7 @@ from experiments.common import lowering, sweep
 from experiments.common.checkpoint_reader import CheckpointSequence, saved_steps
 from lowrank_jax import adapters, data, models
 from lowrank_jax.analysis import value_lora as vl
+from lowrank_jax.models import bert
 
 __all__ = ["check_config", "run"]
 
@@ -202,7 +203,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
         for i in range(0, len(ds.x), h.batch_size)
     ]
     inputs = [  # per chunk, what each layer receives
-        [x for x, _, _ in models.bert_attention_inputs(cfg, variables, ids, m)] for ids, m in chunks
+        [x for x, _, _ in bert.attention_inputs(cfg, variables, ids, m)] for ids, m in chunks
     ]
     top = {}
 

@@ -30,6 +30,8 @@ import optax
 from experiments import common
 from experiments.common import sweep
 from lowrank_jax import adapters, models, optim
+from lowrank_jax.optim.adalora import adalora_orthogonality
+from lowrank_jax.optim.sbvi import sbvi_mean
 
 __all__ = ["check_config", "run", "run_cell", "teacher_student", "validation_split"]
 
@@ -96,7 +98,7 @@ def _mse_loss(model, orth_weight: float = 0.0):
     def loss(ad, variables, batch):
         mse = jnp.mean((fwd(variables, ad, batch["x"]) - batch["y"]) ** 2)
         if orth_weight:
-            mse = mse + orth_weight * optim.adalora_orthogonality(ad)
+            mse = mse + orth_weight * adalora_orthogonality(ad)
         return mse
 
     return loss
@@ -178,7 +180,7 @@ def run_cell(
     (final σ per layer; SBVI: the posterior means), "posterior_sd" (SBVI: final s per layer),
     "params", "opt_state" (floats in the optimizer state)}``; the ranks are SBVI's / AdaLoRA's
     active modes, or LoRA's numeric rank (σ > ``optim.prune_ratio`` σ₁). SBVI is evaluated at its
-    posterior mean (:func:`lowrank_jax.optim.sbvi_mean`).
+    posterior mean (:func:`lowrank_jax.optim.sbvi.sbvi_mean`).
     """
     model, teacher, target, (xtr, ytr), (xte, yte) = teacher_student(config, seed)
     xva, yva = validation_split(config, seed, target, model)
@@ -191,7 +193,7 @@ def run_cell(
     p, state, trace = sweep.train_scan(ad, teacher, train, idx, loss_fn=loss, tx=tx)
     is_sbvi = method.startswith("sbvi")
     if is_sbvi:  # the parameters hold a sample of q(σ); evaluate its mean
-        p = optim.sbvi_mean(p, state)
+        p = sbvi_mean(p, state)
     fwd = adapters.adapt(model.apply)
     pred, pred_va = fwd(teacher, p, xte), fwd(teacher, p, xva)
     names = sorted(p)

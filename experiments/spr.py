@@ -41,6 +41,7 @@ from experiments.common import spr_report as report
 from experiments.common import sweep
 from lowrank_jax import data, prompts
 from lowrank_jax.adapters import count_params
+from lowrank_jax.data.multiview import MULTIPLE_FEATURES_VIEWS
 from lowrank_jax.prompts import training
 from lowrank_jax.prompts.backbone import MISSING_INPUTS
 from lowrank_jax.prompts.methods import (
@@ -83,10 +84,10 @@ def check_config(config: Any) -> None:
             f"config.missing.drop_methods={drop!r} is invalid: distinct names from {METHODS}"
         )
     views = c.get_path(config, "data.views")
-    if len(views) < 2 or any(v not in data.MULTIPLE_FEATURES_VIEWS for v in views):
+    if len(views) < 2 or any(v not in MULTIPLE_FEATURES_VIEWS for v in views):
         raise c.ConfigError(
             f"config.data.views={views!r} is invalid: two or more of "
-            f"{tuple(data.MULTIPLE_FEATURES_VIEWS)}"
+            f"{tuple(MULTIPLE_FEATURES_VIEWS)}"
         )
     c.check_fraction(config, "data.valid_fraction", allow_zero=False)
     c.check_fraction(config, "data.test_fraction", allow_zero=False)
@@ -340,7 +341,7 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
     check_config(config)
     mesh = common.make_mesh() if mesh is None else mesh
     num, spec, key = len(config.data.views), jax.ShapeDtypeStruct, jax.random.key(0)
-    widths = tuple(data.MULTIPLE_FEATURES_VIEWS[v][1] for v in config.data.views)
+    widths = tuple(MULTIPLE_FEATURES_VIEWS[v][1] for v in config.data.views)
     model = _model(config, widths)
     total, d = 2000, config.data  # the UCI Multiple Features digits
 

@@ -73,6 +73,7 @@ import optax
 
 from experiments.bench import common
 from lowrank_jax import adapters
+from lowrank_jax.adapters.paths import named_leaves
 from lowrank_jax.models.layers import PreLNBlock
 
 TARGETS = ("query", "key", "value", "out", "fc1", "fc2")
@@ -259,7 +260,7 @@ def build_jax_methods(
     optimizer = optax.adam(args.lr)
     weight_shapes = [
         tuple(leaf.shape)
-        for path, leaf in adapters.named_leaves(variables).items()
+        for path, leaf in named_leaves(variables).items()
         if path.endswith("kernel")
     ]
     quax_fwd = adapters.adapt(model.apply, backend="quax")

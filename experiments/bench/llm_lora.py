@@ -64,6 +64,9 @@ import optax
 
 from experiments.bench import common
 from lowrank_jax import adapters, models
+from lowrank_jax.adapters.paths import named_leaves
+from lowrank_jax.adapters.quant import BASE_DTYPES
+from lowrank_jax.models.hf_decoder_config import config_from_hf
 
 FROZEN_PATTERN = r"params/model/layers/input_layernorm/scale"
 KERNELS = r".*_proj/kernel"
@@ -193,7 +196,7 @@ def memory(args: argparse.Namespace, layers: int, tokens: Sequence[int]) -> dict
     adapter_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(lora))
     kernel_bytes = sum(
         x.size * x.dtype.itemsize
-        for p, x in adapters.named_leaves(variables).items()
+        for p, x in named_leaves(variables).items()
         if p.endswith("_proj/kernel")
     )
     rows = []
@@ -218,11 +221,11 @@ def base_bytes(args: argparse.Namespace) -> dict[str, Any]:
     model = models.DecoderLM(gemma_like(args, args.layers))
     variables = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
     out = {}
-    for dtype in adapters.BASE_DTYPES:
+    for dtype in BASE_DTYPES:
         base = jax.eval_shape(
             lambda v, d=dtype: adapters.low_precision_base(v, d, patterns=(KERNELS,)), variables
         )
-        kernels = [x for p, x in adapters.named_leaves(base).items() if "_proj/kernel" in p]
+        kernels = [x for p, x in named_leaves(base).items() if "_proj/kernel" in p]
         out[dtype] = {
             "model": adapters.quant.base_bytes(base),
             "kernels": adapters.quant.base_bytes(kernels),
@@ -315,7 +318,7 @@ def hf_parity(families: Sequence[str] = ("llama", "qwen2", "gemma2")) -> float |
             ).logits.numpy()
         with tempfile.TemporaryDirectory() as directory:
             hf.save_pretrained(directory)
-            config = models.config_from_hf(directory, dtype="float32")
+            config = config_from_hf(directory, dtype="float32")
             config, variables = models.load_hf_decoder(directory, config=config)
         ours = np.asarray(models.DecoderLM(config).apply(variables, jnp.asarray(tokens), mask))
         valid = mask.astype(bool)

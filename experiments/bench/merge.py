@@ -100,6 +100,7 @@ def write_checkpoints(directory: str, num: int, *, tiny: bool) -> int:
 def _naive(ckpts: NpzCheckpoints, window: int) -> tuple[dict[str, np.ndarray], float]:
     """Stack all N, Gram by BLAS, eigen-decomposition, θ(α) = coefficients @ X (in memory)."""
     from lowrank_jax import merging
+    from lowrank_jax.merging.extrapolation import extrapolation_weights
 
     first = ckpts[0]
     names = list(first)
@@ -112,7 +113,7 @@ def _naive(ckpts: NpzCheckpoints, window: int) -> tuple[dict[str, np.ndarray], f
     x -= x[0].copy()  # differences to θ_1: the same Gram, well conditioned
     gram = (x @ x.T).astype(np.float64)
     pca = merging.trajectory_pca(gram, window=window)
-    coef = merging.extrapolation_weights(pca, merging.default_alpha(window)).astype(np.float32)
+    coef = extrapolation_weights(pca, merging.default_alpha(window)).astype(np.float32)
     flat = coef @ x  # Σ coef = 1, so θ(α) = θ_1 + Σ_i coef_i (θ_i − θ_1)
     theta1 = ckpts[0]
     out, start = {}, 0

@@ -41,6 +41,7 @@ import optax
 from experiments.bench import common
 from lowrank_jax import adapters, optim
 from lowrank_jax.models.layers import PreLNBlock
+from lowrank_jax.optim.adalora import adalora_orthogonality
 
 PATTERN = r".*(query|key|value|out|fc1|fc2)/kernel"
 MB = 1 << 20
@@ -107,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
         def loss_fn(a, v, xx, yy, orth=orth):
             out = _mse(fwd(v, a, xx), yy)
-            return out + 0.1 * optim.adalora_orthogonality(a) if orth else out
+            return out + 0.1 * adalora_orthogonality(a) if orth else out
 
         def step(a, s, v, xx, yy, tx=tx, loss_fn=loss_fn):
             loss, g = jax.value_and_grad(loss_fn)(a, v, xx, yy)

@@ -20,7 +20,7 @@ from experiments.common.metrics import write_json, write_results_md
 __all__ = ["DIAGNOSTICS", "METRICS", "mean_std", "plot_transfer", "write_report"]
 
 METRICS = ("play_accuracy", "genre_accuracy", "genre_agreement", "norm_inflation", "combined")
-# The spectral-rigidity diagnostics of merging.casa_diagnostics reported (mean over kernels).
+# The spectral-rigidity diagnostics of merging.casa.casa_diagnostics reported (mean over kernels).
 DIAGNOSTICS = (
     "weight_drift",
     "spectrum_drift",

@@ -34,7 +34,8 @@ import numpy as np
 
 from configs import fp8_attention as fp8_config
 from experiments import fp8_attention as exp
-from lowrank_jax import fp8, models
+from lowrank_jax import fp8
+from lowrank_jax.models.fp8_transformer import fp8_attention_geometry
 
 
 def probe(config, model, params, key) -> list[dict[str, jax.Array]]:
@@ -46,7 +47,7 @@ def probe(config, model, params, key) -> list[dict[str, jax.Array]]:
         key, batch_size=32, seq_len=config.data.seq_len, vocab_size=config.data.vocab_size
     )
     _, inter = model.apply({"params": params}, inputs, None, capture_intermediates=True)
-    wq, wk, gains = models.fp8_attention_geometry(params, num_layers=num_layers)
+    wq, wk, gains = fp8_attention_geometry(params, num_layers=num_layers)
     bound = fp8.logit_bound(
         fp8.attention_sigma_max(wq, wk), d=d, head_dim=dh, seq_len=n,
         norm_gain=gains[:, None], delta=config.policy.delta,
@@ -97,7 +98,7 @@ def main(argv=None) -> list[dict]:
     model = exp.make_model(config, quantize=False)
     tokens = jnp.zeros((1, config.data.seq_len - 1), jnp.int32)
     params = model.init(jax.random.key(config.seed), tokens, None)["params"]
-    geometry = models.fp8_attention_geometry(params, num_layers=config.model.num_layers)
+    geometry = fp8_attention_geometry(params, num_layers=config.model.num_layers)
     state = {"params": params, "opt_state": tx.init(params), "step": jnp.int32(0)}
     state["policy"] = policy.init(jax.random.key(0), *geometry)
     frozen = {"lr": jnp.asarray(exp.learning_rates(config, steps, spikes=False))}

@@ -17,6 +17,12 @@ from lowrank_jax.adapters import fused, mixed, quant
 from lowrank_jax.adapters.core import Adapter, group_by_path, map_adapted
 from lowrank_jax.adapters.quax_backend import wrap_kernel
 
+__all__ = [
+    "Backend",
+    "LoraMatmul",
+    "adapt",
+]
+
 Backend = Literal["quax", "linen"]
 LoraMatmul = Literal["factorised", "fused"]
 

@@ -23,6 +23,24 @@ from lowrank_jax.adapters import paths
 from lowrank_jax.adapters.kinds import AdapterKind
 from lowrank_jax.adapters.quant import dequantize
 
+__all__ = [
+    "Adapter",
+    "AdapterSet",
+    "as_sets",
+    "combine",
+    "count_params",
+    "delta",
+    "group_by_path",
+    "init",
+    "map_adapted",
+    "merge",
+    "needs_kernel",
+    "resolve_layout",
+    "split_shape",
+    "split_trainable",
+    "unmerge",
+]
+
 AdapterSet = dict[str, "Adapter"]
 
 

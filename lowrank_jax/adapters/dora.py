@@ -43,7 +43,7 @@ import jax.numpy as jnp
 from lowrank_jax.adapters.core import Adapter, as_sets, delta, map_adapted
 from lowrank_jax.adapters.kinds import LoRA, LoraInit, dropout, lora
 
-__all__ = ["DoRA", "dora_column_norms", "dora", "dora_norms", "unmerge_dora"]
+__all__ = ["DoRA", "dora", "dora_column_norms", "dora_norms", "unmerge_dora"]
 
 
 def dora_column_norms(

@@ -29,6 +29,12 @@ import numpy as np
 
 from lowrank_jax.adapters.kinds import matrix_dims
 
+__all__ = [
+    "FourierFT",
+    "fourier_frequencies",
+    "fourierft",
+]
+
 
 @functools.lru_cache(maxsize=256)
 def _frequencies(n: int, m: int, n_coeff: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

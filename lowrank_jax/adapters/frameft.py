@@ -39,6 +39,13 @@ import numpy as np
 from lowrank_jax.adapters.kinds import matrix_dims
 from lowrank_jax.spectral.frames import BASES, Basis, frame_analysis, frame_basis, frame_synthesis
 
+__all__ = [
+    "FrameFT",
+    "Strategy",
+    "frame_positions",
+    "frameft",
+]
+
 Strategy = Literal["auto", "fft", "gather", "dense"]
 _STRATEGIES = ("auto", "fft", "gather", "dense")
 

@@ -41,6 +41,12 @@ import jax.numpy as jnp
 
 from lowrank_jax.adapters import quant
 
+__all__ = [
+    "apply_fused",
+    "fusable",
+    "lora_matmul",
+]
+
 
 def _merged(w: Any, factors: Sequence[tuple[jax.Array, jax.Array]], scales, shape, dtype):
     w = jnp.reshape(quant.dequantize(w).astype(dtype), shape)

@@ -18,15 +18,15 @@ included).
 
 Which initial model each one gives (``s`` the LoRA scale, all in kernel convention ``W: (n, m)``):
 
-=========  ======================================================  =============================
-method     merged update ``s·A₀B₀``                                 then
-=========  ======================================================  =============================
-LoRA-DA    ``(s/γ) a₀a₀ᵀΔ``, ``Δ`` the normalised natural gradient  keep ``W₀`` (as the paper)
-LoRA-One   ``−(s/γ) [G]_r / σ₁(G)``                                 keep ``W₀`` (as the paper)
-LoRA-GA    ``(s√m/γ) L_{:r} R_{r:2r}ᵀ`` from ``G = L Σ Rᵀ``          ``params = unmerge(params, ad)``
-PiSSA      ``[W₀]_r`` (top-``r`` SVD of the weight)                 ``params = unmerge(params, ad)``
-EVA        ``0`` (``A₀`` = top activation directions, ``B₀ = 0``)   nothing
-=========  ======================================================  =============================
+=========  ========================================================  ===============================
+method     merged update ``s·A₀B₀``                                   then
+=========  ========================================================  ===============================
+LoRA-DA    ``(s/γ) a₀a₀ᵀΔ``, ``Δ`` the normalised natural gradient    keep ``W₀`` (as the paper)
+LoRA-One   ``−(s/γ) [G]_r / σ₁(G)``                                   keep ``W₀`` (as the paper)
+LoRA-GA    ``(s√m/γ) L_{:r} R_{r:2r}ᵀ`` from ``G = L Σ Rᵀ``            ``params = unmerge(params, ad)``
+PiSSA      ``[W₀]_r`` (top-``r`` SVD of the weight)                   ``params = unmerge(params, ad)``
+EVA        ``0`` (``A₀`` = top activation directions, ``B₀ = 0``)     nothing
+=========  ========================================================  ===============================
 
 References:
   P6 LoRA-DA, arXiv 2510.24561 (ICML 2026), algorithm from the authors' code ``zqy0126/LoRA-DA``
@@ -51,7 +51,6 @@ from lowrank_jax.adapters import paths
 from lowrank_jax.adapters.core import Adapter, AdapterSet, resolve_layout, split_shape
 from lowrank_jax.adapters.core import init as init_adapters
 from lowrank_jax.adapters.kfac import (
-    KFACStats,
     LossFn,
     batch_size,
     check_lora_rules,
@@ -60,10 +59,8 @@ from lowrank_jax.adapters.kfac import (
 from lowrank_jax.adapters.kinds import LoRA
 
 __all__ = [
-    "KFACStats",
     "eva",
     "eva_factors",
-    "kfac_statistics",
     "lora_da",
     "lora_da_factors",
     "lora_ga",

@@ -30,6 +30,15 @@ from typing import Any, Literal, Protocol
 import jax
 import jax.numpy as jnp
 
+__all__ = [
+    "AdapterKind",
+    "LoRA",
+    "LoraInit",
+    "dropout",
+    "lora",
+    "matrix_dims",
+]
+
 LoraInit = Literal["kaiming", "gaussian", "pissa"]
 _LORA_INITS = ("kaiming", "gaussian", "pissa")
 

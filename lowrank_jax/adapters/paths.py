@@ -16,6 +16,16 @@ from typing import Any
 
 import jax
 
+__all__ = [
+    "Rules",
+    "check_rules",
+    "is_param_leaf",
+    "key_name",
+    "match_rules",
+    "named_leaves",
+    "path_to_str",
+]
+
 Rules = Sequence[tuple[str, Any]]
 
 

@@ -51,6 +51,13 @@ from lowrank_jax.adapters.dora import DoRA
 from lowrank_jax.adapters.kinds import LoRA
 from lowrank_jax.checkpoint_files import load_safetensors
 
+__all__ = [
+    "CONFIG_NAME",
+    "WEIGHTS_NAME",
+    "load_peft",
+    "save_peft",
+]
+
 WEIGHTS_NAME = "adapter_model.safetensors"
 CONFIG_NAME = "adapter_config.json"
 _PREFIX = peft_layout.PREFIX

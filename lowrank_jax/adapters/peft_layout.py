@@ -16,6 +16,15 @@ import numpy as np
 
 from lowrank_jax.adapters.core import Adapter
 
+__all__ = [
+    "FACTOR_KEYS",
+    "PREFIX",
+    "factors_from_peft",
+    "is_conv",
+    "module_tensors",
+    "parse_tensors",
+]
+
 PREFIX = "base_model.model."
 
 

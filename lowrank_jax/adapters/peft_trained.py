@@ -31,6 +31,12 @@ import numpy as np
 
 from lowrank_jax.adapters import paths
 
+__all__ = [
+    "load_trained",
+    "save_trained",
+    "split_key",
+]
+
 _ROLES = ("base_layer", "modules_to_save", "original_module")
 
 

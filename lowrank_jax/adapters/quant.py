@@ -57,6 +57,23 @@ from jax import lax
 
 from lowrank_jax.adapters import paths
 
+__all__ = [
+    "BASE_DTYPES",
+    "DEFAULT_PATTERNS",
+    "BaseDtype",
+    "QuantizedArray",
+    "base_bytes",
+    "dequantize",
+    "dequantize_base",
+    "has_quantized",
+    "is_quantized",
+    "low_precision_base",
+    "quantize_int8",
+    "quantize_nf4",
+    "quantized_dot_general",
+    "wrap_quantized",
+]
+
 BaseDtype = Literal["float32", "bfloat16", "int8", "nf4"]
 BASE_DTYPES = ("float32", "bfloat16", "int8", "nf4")
 DEFAULT_PATTERNS = (r".*kernel",)

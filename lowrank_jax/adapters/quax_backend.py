@@ -27,6 +27,11 @@ from lowrank_jax.adapters import fused, quant
 from lowrank_jax.adapters.core import Adapter, delta, needs_kernel
 from lowrank_jax.adapters.kinds import LoRA, dropout
 
+__all__ = [
+    "AdaptedArray",
+    "wrap_kernel",
+]
+
 
 class AdaptedArray(quax.ArrayValue):
     """A frozen kernel ``w`` plus adapters, seen by JAX as an array of ``w``'s shape and dtype.

@@ -15,6 +15,11 @@ from jax.sharding import NamedSharding, PartitionSpec
 from lowrank_jax.adapters import paths
 from lowrank_jax.adapters.core import AdapterSet
 
+__all__ = [
+    "partition_specs",
+    "shardings",
+]
+
 
 def _merge_axes(entries: tuple[Any, ...]) -> Any:
     """Mesh axes of a flattened group of dimensions (``None`` if none is partitioned)."""

@@ -27,6 +27,13 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 
+__all__ = [
+    "Spectral",
+    "SpectralInit",
+    "random_stiefel",
+    "spectral",
+]
+
 SpectralInit = Literal["stiefel", "adalora"]
 _INITS = ("stiefel", "adalora")
 

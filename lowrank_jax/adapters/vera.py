@@ -26,6 +26,12 @@ import numpy as np
 
 from lowrank_jax.adapters.kinds import matrix_dims
 
+__all__ = [
+    "VeRA",
+    "vera",
+    "vera_projections",
+]
+
 
 @functools.lru_cache(maxsize=128)
 def _projections(n: int, m: int, r: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

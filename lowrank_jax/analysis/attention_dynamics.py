@@ -433,7 +433,7 @@ def head_matrices(
     r"""One head of a multi-head attention layer as the particle model's ``(Q, K, V)``.
 
     With row-convention kernels ``W_q, W_k, W_v, W_o`` (``(d, d)``, ``y = x W``; e.g.
-    ``lowrank_jax.models.SelfAttention``) and head ``h`` owning columns ``s`` of width
+    ``lowrank_jax.models.layers.SelfAttention``) and head ``h`` owning columns ``s`` of width
     ``k = d / num_heads``: :math:`Q = W_q[:, s]^\top`, :math:`K = W_k[:, s]^\top` (``(k, d)``) and
     the OV circuit :math:`V = (W_v[:, s] W_o[s, :])^\top` (``(d, d)``, rank ``<= k``). Then the
     head's output on tokens ``x`` (biases left out) is

@@ -251,7 +251,7 @@ def embeddings_from_layer(
     ``value_delta`` is added to that layer's value kernel. With ``value_delta = None`` (or zero)
     and ``hidden`` from the unperturbed encoder this equals ``mean_pool(BertEncoder(config).apply
     (...))``, so each head's drift costs a partial forward pass. Runs
-    :class:`~lowrank_jax.models.BertTopClassifier` with an identity head.
+    :class:`~lowrank_jax.models.bert.BertTopClassifier` with an identity head.
 
     Args:
       config: the encoder's architecture.

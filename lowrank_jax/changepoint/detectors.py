@@ -20,7 +20,7 @@ so methods are compared at equal false-alarm rate.
   cell CUSUM crosses ``e^h`` with probability ``≤ e^{−h}``).
 
 All updates are ``O(1)`` in ``t``. :func:`run_detector` scans a stream (optionally given as a source
-array plus an index stream, as the bootstrap produces) and ``vmap``s over streams.
+array plus an index stream, as the bootstrap produces) and maps over streams with ``vmap``.
 
 References: P17 (``papers/specs.md`` §17, baselines of (5)); Page 1954 (CUSUM); Lorden 1971.
 """

@@ -44,7 +44,7 @@ __all__ = ["layer_inputs"]
 
 def _linen_inputs(apply_fn, wanted, params, args, kwargs):
     """Intercepted ``Dense`` inputs, and the wanted kernels seen sliced (inside a scan)."""
-    from lowrank_jax.adapters import named_leaves
+    from lowrank_jax.adapters.paths import named_leaves
 
     outer = {p: jnp.shape(leaf) for p, leaf in named_leaves(params).items() if p in wanted}
     found: dict[str, list[jax.Array]] = {}
@@ -148,8 +148,9 @@ def _ones_like_output(out: Any) -> Any:
 def _stacked_inputs(apply_fn, stacked, params, args, kwargs):
     """``(output, {path: (*L, b, n)})`` for kernels ``(*L, n, m)`` used inside a scan."""
     from lowrank_jax import adapters
+    from lowrank_jax.adapters.paths import named_leaves
 
-    kernels = {p: jnp.shape(leaf) for p, leaf in adapters.named_leaves(params).items()}
+    kernels = {p: jnp.shape(leaf) for p, leaf in named_leaves(params).items()}
     shapes: dict[str, list[tuple[int, ...]]] = {}
     rules = [(re.escape(p), _Recorder(p, shapes, "shapes", 1, 1)) for p in stacked]
     recorders = adapters.init(jax.random.key(0), params, rules)
@@ -184,8 +185,9 @@ def _stacked_inputs(apply_fn, stacked, params, args, kwargs):
 def _adapter_inputs(apply_fn, wanted, params, args, kwargs):
     """Recording adapters: a 2-D kernel's inputs directly, a stacked kernel's through probes."""
     from lowrank_jax import adapters  # (adapters imports nothing from continual)
+    from lowrank_jax.adapters.paths import named_leaves
 
-    leaves = adapters.named_leaves(params)
+    leaves = named_leaves(params)
     present = sorted(wanted & set(leaves))  # the rest: reported missing
     stacked = [p for p in present if jnp.ndim(leaves[p]) > 2]
     flat = [p for p in present if jnp.ndim(leaves[p]) <= 2]

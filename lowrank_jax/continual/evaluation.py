@@ -102,8 +102,8 @@ def evaluate_stream(
 ) -> tuple[list[float], float]:
     """Accuracy of ``method`` on the test sets of tasks ``0..t`` of ``stream`` (row ``t`` of ``R``).
 
-    :func:`~lowrank_jax.continual.evaluate_tasks` on the stream's test splits and task classes,
-    with the task id given to ``predict`` under the task-incremental protocol
+    :func:`~lowrank_jax.continual.evaluation.evaluate_tasks` on the stream's test splits and task
+    classes, with the task id given to ``predict`` under the task-incremental protocol
     (``stream.protocol == "til"``).
 
     Args:
@@ -115,11 +115,12 @@ def evaluate_stream(
 
     Returns:
       ``(accuracies, selection_accuracy)``: ``t + 1`` accuracies and the module-selection
-      accuracy (NaN if the method selects none), as :func:`~lowrank_jax.continual.evaluate_tasks`.
+      accuracy (NaN if the method selects none), as
+      :func:`~lowrank_jax.continual.evaluation.evaluate_tasks`.
 
     Raises:
       ValueError: ``t`` is not a task of the stream, or as
-        :func:`~lowrank_jax.continual.evaluate_tasks`.
+        :func:`~lowrank_jax.continual.evaluation.evaluate_tasks`.
     """
     if isinstance(t, bool) or not isinstance(t, int | np.integer) or not 0 <= t < len(stream.tasks):
         raise ValueError(f"t={t!r} must be a task index in [0, {len(stream.tasks)}).")

@@ -8,8 +8,8 @@ stability parts:
 * **Entropy selection** (:func:`select_module`): each task module ``R_t`` yields logits
   ``z_t(x)``; with ``H_t(x)`` the entropy of ``softmax`` of ``z_t`` restricted to task ``t``'s
   classes, predict with ``t* = argmin_t H_t(x)`` (hard) or weights ``w_t ∝ exp(−H_t/τ)`` (soft).
-* **Class statistics, no exemplars** (:func:`~lowrank_jax.continual.class_statistics`, shared
-  with the class-incremental heads): per-class mean and diagonal variance of the features the
+* **Class statistics, no exemplars** (:func:`~lowrank_jax.continual.statistics.class_statistics`,
+  shared with the class-incremental heads): per-class mean and diagonal variance of the features the
   modules read (here: the model inputs).
 * **Synthetic OOD** — local (:func:`synthesize_local`): inter/extrapolations
   ``μ_a + β(μ_b − μ_a)``, ``β ~ U(β_lo, β_hi)``, of the current task's class means plus Gaussian

@@ -8,7 +8,8 @@ read the consolidated backbone and rewrite only ``state.head``.
 * :func:`refit_head`: SABER's recalibration after recomposition (masked to the task's classes).
 * :func:`align_head`: SLCA's classifier alignment: re-fit the head with *unmasked*
   cross-entropy over every seen class on Gaussian pseudo-features ``f̃ ~ N(μ_c, Σ_c)`` drawn
-  from stored class statistics (:class:`~lowrank_jax.continual.ClassStatistics`; no exemplars).
+  from stored class statistics (:class:`~lowrank_jax.continual.statistics.ClassStatistics`; no
+  exemplars).
 * :func:`prototype_head`: a nearest-class-mean (Euclidean or cosine) or LDA head written as the
   same dense layer, computed in closed form from the statistics.
 * :func:`with_head`: wraps any :class:`~lowrank_jax.continual.ContinualMethod` so that after each
@@ -328,8 +329,8 @@ def align_head(
     r"""SLCA classifier alignment: re-fits a dense head on Gaussian pseudo-features of ``classes``.
 
     Each of ``steps`` Adam steps draws ``m = num_per_class`` features per class,
-    ``f̃ ~ N(μ_c, Σ_c)`` (:func:`~lowrank_jax.continual.sample_class_features`), and minimises the
-    cross-entropy over *all* of ``classes`` (the classes seen so far; others masked)
+    ``f̃ ~ N(μ_c, Σ_c)`` (:func:`~lowrank_jax.continual.statistics.sample_class_features`), and
+    minimises the cross-entropy over *all* of ``classes`` (the classes seen so far; others masked)
 
         ``L(W, b) = −(1/km) Σ_c Σ_i log softmax_{classes}(f̃_{c,i} W + b)_c``,
 
@@ -514,9 +515,9 @@ class HeadState(NamedTuple):
 
     Attributes:
       inner: the wrapped method's own ``extra``.
-      stats: :class:`~lowrank_jax.continual.ClassStatistics` (with covariances) of the head's
-        input features, each class's recorded right after the task that taught it (means moved
-        by :func:`compensate_drift` after later tasks; None before the first task).
+      stats: :class:`~lowrank_jax.continual.statistics.ClassStatistics` (with covariances) of the
+        head's input features, each class's recorded right after the task that taught it (means
+        moved by :func:`compensate_drift` after later tasks; None before the first task).
       task_of: ``(C,)`` the task that taught each class (−1: unseen), None before the first.
     """
 
@@ -574,8 +575,8 @@ def with_head(
     ``end_task`` runs ``method.end_task``, then reads the features of the task's training rows
     under the consolidated model (:func:`head_inputs`, ``task_id = task.index``: GR-LoRA's new
     module), records their per-class mean and covariance
-    (:func:`~lowrank_jax.continual.class_statistics`, shrinkage ``ρ``) and replaces ``state.head``
-    over all classes seen so far by :func:`align_head` (``head="aligned"``, key
+    (:func:`~lowrank_jax.continual.statistics.class_statistics`, shrinkage ``ρ``) and replaces
+    ``state.head`` over all classes seen so far by :func:`align_head` (``head="aligned"``, key
     ``fold_in(key(seed), task.index)``) or :func:`prototype_head` (``head="prototype"``). The
     next task starts its training from that head; ``predict`` is ``method.predict`` (the head
     is the model's head). Statistics of a class are never recomputed (no exemplars); with

@@ -6,9 +6,9 @@ Each task trains a fresh LoRA branch (rank ``r``, scale ``alpha / r``) on the ke
 * :func:`sequential_lora`: merged into the kernels (no protection: the lower bound);
   :func:`joint` is the same method trained once on the union of all tasks (the upper bound);
 * :func:`o_lora`: merged; later ``A`` factors are pushed off earlier ones by
-  ``λ Σ_i ‖A_iᵀ A_t‖²_F`` (:func:`~lowrank_jax.continual.o_lora_penalty`);
+  ``λ Σ_i ‖A_iᵀ A_t‖²_F`` (:func:`~lowrank_jax.continual.baselines.o_lora_penalty`);
 * :func:`inflora`: ``A_t`` fixed to the new task's input directions off the GPM memory
-  (:func:`~lowrank_jax.continual.inflora_down_projection`), only ``B_t`` trained;
+  (:func:`~lowrank_jax.continual.baselines.inflora_down_projection`), only ``B_t`` trained;
 * :func:`gpm_lora`: ``A_t`` trained with
   :func:`lowrank_jax.optim.scale_by_orthogonal_projection` off the GPM memory;
 * :func:`sd_lora`: stored as a unit direction ``ΔW_t/‖ΔW_t‖_F`` whose magnitude stays learnable.

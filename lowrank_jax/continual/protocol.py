@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from lowrank_jax import adapters
+from lowrank_jax.adapters.paths import named_leaves
 from lowrank_jax.optim.projection import SubspaceMemory
 
 __all__ = [
@@ -85,9 +85,10 @@ class ContinualState(NamedTuple):
       memory: ``{path: SubspaceMemory}`` the GPM memory of layer inputs per kernel (InfLoRA,
         GPM-LoRA, GR-LoRA; SABER's shared subspace ``U_s``); empty for methods without one.
       update: ``{path: ΔW_t}`` the last task's own update (before consolidation), a diagnostic.
-      extra: the method's own record (:class:`~lowrank_jax.continual.SaberState`,
-        :class:`~lowrank_jax.continual.GRLoRAState`, :class:`~lowrank_jax.continual.SDLoRAState`,
-        :class:`~lowrank_jax.continual.OLoRAState`, or ``()``).
+      extra: the method's own record (:class:`~lowrank_jax.continual.saber.SaberState`,
+        :class:`~lowrank_jax.continual.gr_lora.GRLoRAState`,
+        :class:`~lowrank_jax.continual.methods.SDLoRAState`,
+        :class:`~lowrank_jax.continual.methods.OLoRAState`, or ``()``).
     """
 
     params: Any
@@ -153,7 +154,7 @@ def kernel_paths(variables: Any, targets: Sequence[str]) -> list[str]:
     """
     if isinstance(targets, str) or not targets:
         raise ValueError(f"targets must be a non-empty sequence of regexes, got {targets!r}.")
-    names = adapters.named_leaves(variables)
+    names = named_leaves(variables)
     out = [n for n in names if any(re.fullmatch(t, n) for t in targets)]
     if not out:
         raise ValueError(f"targets {tuple(targets)!r} match no kernel; the paths are {list(names)}")

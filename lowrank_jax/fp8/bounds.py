@@ -3,7 +3,7 @@
 Attention logits are bilinear forms ``S_ij = x_iᵀ M x_j / √d_h`` with ``M = W^Q W^{K⊤}`` of rank
 ``r ≤ d_h``. After an RMSNorm/LayerNorm with gain ``g`` the tokens satisfy ``‖x‖² ≈ d g²``, so
 deterministically ``|S_ij| ≤ B_wc = σ_max(M) d g² / √d_h``. For isotropic tokens the rank-aware
-concentration of P14 gives
+concentration of P14 gives::
 
     P(max_ij |S_ij| > α B_wc) ≤ 2 n² exp(−d² α² / (γ r)),
 

@@ -9,7 +9,7 @@ reconstruction") means ``sign(Z - tau 1^T) = Y`` for some per-query thresholds `
     d >= sign-rank(Y) - 1.
 
 Forster (2002), in the form of Forster, Krause, Lokam, Mubarakzjanov, Schmitt and Simon (2001):
-for any real ``M`` with ``sign(M) = Y`` (no zero entries),
+for any real ``M`` with ``sign(M) = Y`` (no zero entries)::
 
     sign-rank(Y) >= sqrt(|Q| |E|) * min_ij |M_ij| / ||M||_2.
 

@@ -4,22 +4,22 @@
 products ``ΔW_k = s_k A_k B_k`` (never ``A`` and ``B`` apart), so every type is exact where PEFT
 is and correct where PEFT is not:
 
-==========================  ===================================  =================================
-``combination_type``        ours (per kernel, weights ``w_k``)    PEFT 0.21
-==========================  ===================================  =================================
-``cat``                     ``[w_k s_k A_k]_k [B_k]_k``, rank     the same (exact)
+==========================  =====================================  =================================
+``combination_type``        ours (per kernel, weights ``w_k``)      PEFT 0.21
+==========================  =====================================  =================================
+``cat``                     ``[w_k s_k A_k]_k [B_k]_k``, rank       the same (exact)
                             ``Σ r_k``
-``linear``                  ``Σ w_k ΔW_k``, exact (rank ≤ Σ r_k)   ``(Σ c_k A_k)(Σ c_k B_k)``,
-                                                                 ``c_k = √|w_k s_k|``: cross terms
-                                                                 ``A_i B_j`` (issue #3004)
-``svd``                     ``Σ w_k ΔW_k``, truncated SVD         the same
-``ties`` / ``ties_svd``     TIES (per-kernel trim) of the         ``ties``: on ``A`` and ``B``
-                            products; ``_svd``: truncated         apart; ``ties_svd``: the same
-``dare_linear[_svd]``       DARE of the products                  as ``ties``
-``dare_ties[_svd]``         DARE then TIES sign election          as ``ties``
-``magnitude_prune[_svd]``   top-``density`` entries per kernel,   as ``ties``
+``linear``                  ``Σ w_k ΔW_k``, exact (rank ≤ Σ r_k)    ``(Σ c_k A_k)(Σ c_k B_k)``,
+                                                                    ``c_k = √|w_k s_k|``: cross terms
+                                                                    ``A_i B_j`` (issue #3004)
+``svd``                     ``Σ w_k ΔW_k``, truncated SVD           the same
+``ties`` / ``ties_svd``     TIES (per-kernel trim) of the           ``ties``: on ``A`` and ``B``
+                            products; ``_svd``: truncated           apart; ``ties_svd``: the same
+``dare_linear[_svd]``       DARE of the products                    as ``ties``
+``dare_ties[_svd]``         DARE then TIES sign election            as ``ties``
+``magnitude_prune[_svd]``   top-``density`` entries per kernel,     as ``ties``
                             then weighted sum
-==========================  ===================================  =================================
+==========================  =====================================  =================================
 
 The types without ``_svd`` (and ``linear``) keep the merged update exact: a LoRA of rank
 ``min(n, m)`` (``Σ r_k`` for ``linear`` of LoRAs). The ``_svd`` types and ``svd`` truncate to

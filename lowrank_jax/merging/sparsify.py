@@ -2,8 +2,8 @@
 
 Each function takes the ``K`` task updates of one kernel matrix (any views of the same shape) and
 returns the merged update; :mod:`lowrank_jax.merging.task_vectors` applies them to every kernel
-of a task vector (and :func:`~lowrank_jax.merging.merge_per_kernel` applies any of them). The
-rules, with weights ``w_k``:
+of a task vector (and :func:`~lowrank_jax.merging.task_vectors.merge_per_kernel` applies any of
+them). The rules, with weights ``w_k``:
 
 * TIES (Yadav et al. 2023): trim each update to its ``⌊density · D⌋`` largest-magnitude entries
   (``T_k``); elect a sign per entry, ``γ = sign(Σ_k T_k)`` (``"total"``) or

@@ -27,8 +27,8 @@ from lowrank_jax.merging import trees
 
 __all__ = [
     "Checkpoints",
-    "accumulator_dtype",
     "accumulate",
+    "accumulator_dtype",
     "axpby",
     "cast_like",
     "check_floating",

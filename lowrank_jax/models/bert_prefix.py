@@ -2,7 +2,7 @@
 
 When only the top layers of a pretrained encoder are trained (adapters on them, a head above), the
 layers below never change: their hidden states can be computed once and become the data set that
-:class:`~lowrank_jax.models.BertTopClassifier` reads. :func:`encode_prefix` does that for
+:class:`~lowrank_jax.models.bert.BertTopClassifier` reads. :func:`encode_prefix` does that for
 unpadded token sequences, chunk by chunk; :func:`prefix_encoder` is the one jitted program it runs.
 
 Example::
@@ -34,7 +34,7 @@ def prefix_encoder(
     """The jitted encoder of a split's bottom layers, for sequences without padding.
 
     Args:
-      prefix_config: the first result of :func:`~lowrank_jax.models.split_encoder`.
+      prefix_config: the first result of :func:`~lowrank_jax.models.bert.split_encoder`.
 
     Returns:
       ``encode(prefix_variables, input_ids (b, s) int) -> hidden (b, s, d)``:

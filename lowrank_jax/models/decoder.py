@@ -16,7 +16,7 @@ parameter paths mirror Hugging Face's state-dict keys (L layers stacked on a lea
     params/lm_head/kernel                                   (d, V)     lm_head.weight (untied only)
 
 so adapter rules read `.*q_proj/kernel` and one rule covers all L layers (the kernel is (L, n, m)).
-With x (b, t, d), h query heads, g key/value heads (GQA, h = g·r) of size k, one layer computes
+With x (b, t, d), h query heads, g key/value heads (GQA, h = g·r) of size k, one layer computes::
 
     a = attn(norm_in(x)),   x = x + (norm_post_attn(a) if sandwich_norms else a)
     f = mlp(norm_ff(x)),    x = x + (norm_post_ff(f) if sandwich_norms else f)

@@ -1,8 +1,8 @@
 """The configuration of the decoder family: `DecoderConfig`, `RopeConfig`, RoPE frequencies.
 
 `DecoderConfig` holds the per-family switches of `lowrank_jax.models.DecoderLM` (Llama-3, Qwen2,
-Gemma-2, Gemma-3); `lowrank_jax.models.config_from_hf` builds one from a Hugging Face
-`config.json`. See `lowrank_jax.models.decoder` for the function they describe.
+Gemma-2, Gemma-3); `lowrank_jax.models.hf_decoder_config.config_from_hf` builds one from a Hugging
+Face `config.json`. See `lowrank_jax.models.decoder` for the function they describe.
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ class RopeConfig:
 class DecoderConfig:
     """Architecture and numerics of a decoder LM; defaults are Llama's switches.
 
-    `lowrank_jax.models.config_from_hf` builds one from a Hugging Face `config.json`.
+    `lowrank_jax.models.hf_decoder_config.config_from_hf` builds one from a Hugging Face
+    `config.json`.
 
     Attributes:
       family: `"llama"`, `"qwen2"`, `"gemma2"` or `"gemma3"`: the HF architecture written back

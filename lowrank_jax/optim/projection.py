@@ -52,7 +52,6 @@ import optax
 from lowrank_jax.adapters import paths
 
 __all__ = [
-    "left_singular",
     "OrthogonalProjectionState",
     "SubspaceMemory",
     "captured_energy",
@@ -60,6 +59,7 @@ __all__ = [
     "extend_subspace_memory",
     "fill_memories",
     "init_subspace_memory",
+    "left_singular",
     "project_off",
     "project_onto",
     "scale_by_orthogonal_projection",

@@ -17,9 +17,9 @@ the shared adapter stays interference-free for old tasks; the module is active o
 ``t`` is selected (entropy-based selection in :mod:`lowrank_jax.continual`).
 
 Chain it after the moment estimator, as the projection (see
-:func:`~lowrank_jax.optim.check_projection_order`); the forward wiring of the module beside the
-shared adapter is :func:`lowrank_jax.continual.gr_lora_adapters`, the layer inputs that fill the
-memory come from :func:`lowrank_jax.continual.layer_inputs`.
+:func:`~lowrank_jax.optim.projection.check_projection_order`); the forward wiring of the module
+beside the shared adapter is :func:`lowrank_jax.continual.gr_lora_adapters`, the layer inputs that
+fill the memory come from :func:`lowrank_jax.continual.layer_inputs`.
 
 The updates pytree is a dict with two entries: ``shared`` (the shared adapter, whose targeted
 leaves are projected) and ``module`` (the task module, whose leaf at the same sub-path receives

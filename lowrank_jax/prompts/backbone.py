@@ -3,7 +3,7 @@
 Each modality i (features x_i of width n_i) becomes T_i tokens of width d by one linear map,
 ``tokens_i = reshape(x_i W_i + c_i, (T_i, d))``; the sequence ``[CLS; tokens_0; ...; tokens_{M-1}]``
 plus learned position embeddings goes through ``depth`` pre-LN blocks
-(`lowrank_jax.models.PreLNBlock`), a final LayerNorm, and a linear ``head`` on the CLS token.
+(`lowrank_jax.models.layers.PreLNBlock`), a final LayerNorm, and a linear ``head`` on the CLS token.
 
 A missing modality (``missing[b, i]`` True) is handled with ``jnp.where`` and masks only, so one
 jitted function per ``missing_input`` mode serves every missing pattern. Its features are replaced

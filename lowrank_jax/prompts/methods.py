@@ -18,11 +18,13 @@ so every missing pattern runs through the same jitted code (no Python branch per
   generation), plus modality-common prompts ``C_l`` shared by all missing types. DCP's dynamic
   (input-conditioned) prompts are left out.
 * ``spr_prompts`` (SPR, ICML'26 poster 64804; a reconstruction, specs.md §13 [R], since only the
-  abstract is public): per-type base prompts P_m (L, T, d) refined by
-  GIF  P~ = P + W_o [h_fwd; h_bwd]            (bidirectional GRU along the layer axis L,
-                                               tokens as the batch),
-  LFR  P^ = P~ + W_pw GELU(DWConv_3(P~))      (depthwise kernel-3 conv along the token axis T),
-  CFS  P_out = P^ * g_m,  g_m = 2 sigmoid(W_2 GELU(W_1 [mean_T P^; e_m]))  in (0, 2)^{L x d},
+  abstract is public): per-type base prompts P_m (L, T, d) refined by::
+
+    GIF  P~ = P + W_o [h_fwd; h_bwd]            (bidirectional GRU along the layer axis L,
+                                                 tokens as the batch),
+    LFR  P^ = P~ + W_pw GELU(DWConv_3(P~))      (depthwise kernel-3 conv along the token axis T),
+    CFS  P_out = P^ * g_m,  g_m = 2 sigmoid(W_2 GELU(W_1 [mean_T P^; e_m]))  in (0, 2)^{L x d},
+
   with e_m a learned missing-type embedding. The spec writes sigma; the factor 2 lets the gate
   *boost* channels (the abstract's wording) and makes g = 1 at initialisation. W_o, W_pw and
   W_2 start at zero, so an SPR at initialisation produces exactly its MAP base prompts; each

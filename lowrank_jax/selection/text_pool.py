@@ -19,6 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from lowrank_jax import data
+from lowrank_jax.data.shakespeare import GENRES, PLAYS
 
 __all__ = ["TextPool", "make_shakespeare_pool"]
 
@@ -29,7 +30,7 @@ class TextPool(NamedTuple):
 
     ``pool_kind`` indexes ``POOL_KINDS`` (0 a target-genre passage, 1 a corrupted distractor,
     2 another genre's passage); ``val_subtask`` indexes ``subtasks`` (the target plays' keys in
-    ``data.PLAYS``); ``vocab[c]`` is the character of code ``c``.
+    ``data.shakespeare.PLAYS``); ``vocab[c]`` is the character of code ``c``.
     """
 
     pretrain_x: np.ndarray
@@ -65,7 +66,7 @@ def make_shakespeare_pool(
     Args:
       seed: seed of the split, the distractors and their corruption.
       seq_len: characters a model reads; passages are ``seq_len + 1`` long.
-      target_genre: one of ``data.GENRES``.
+      target_genre: one of ``data.shakespeare.GENRES``.
       pretrain_per_play, pool_per_play, val_per_play, test_per_play: passages per play.
       distractor_fraction: distractors per clean pool passage, in [0, 1].
       corrupt_fraction: chance that a distractor's character is replaced, in [0, 1].
@@ -104,8 +105,8 @@ def make_shakespeare_pool(
                         ("corrupt_fraction", corrupt_fraction)):  # fmt: skip
         if not 0.0 <= value <= 1.0:
             raise ValueError(f"{name}={value!r} is invalid: a fraction in [0, 1]")
-    if target_genre not in data.GENRES:
-        raise ValueError(f"target_genre={target_genre!r} is invalid: one of {data.GENRES}")
+    if target_genre not in GENRES:
+        raise ValueError(f"target_genre={target_genre!r} is invalid: one of {GENRES}")
     per = pretrain_per_play + pool_per_play + val_per_play + test_per_play
     ds = data.load_shakespeare(label="play", passage_chars=seq_len + 1, max_passages_per_play=per)
     vocab = sorted(set("".join(ds.x)))
@@ -114,7 +115,7 @@ def make_shakespeare_pool(
     rng = np.random.default_rng([seed, 11])
     parts: dict[str, list] = {"pre": [], "pool": [], "val": [], "test": []}
     pool_target, val_sub = [], []
-    targets = [k for k in ds.class_names if data.PLAYS[k][0] == target_genre]
+    targets = [k for k in ds.class_names if PLAYS[k][0] == target_genre]
     for play, key in enumerate(ds.class_names):
         idx = rng.permutation(np.flatnonzero(ds.y == play))
         cut = np.cumsum([pretrain_per_play, pool_per_play, val_per_play])

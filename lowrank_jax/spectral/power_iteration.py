@@ -28,11 +28,11 @@ import jax.numpy as jnp
 
 __all__ = [
     "PowerIterationState",
+    "attention_group_power_iteration",
+    "attention_power_iteration",
+    "init_attention_power_iteration",
     "init_power_iteration",
     "product_power_iteration",
-    "init_attention_power_iteration",
-    "attention_power_iteration",
-    "attention_group_power_iteration",
 ]
 
 _TINY = 1e-30

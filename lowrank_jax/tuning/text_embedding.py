@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lowrank_jax import models
+from lowrank_jax.models.bert import sentence_embedding
 from lowrank_jax.tuning.bo import CandidateEmbedding
 from lowrank_jax.tuning.lora_space import standardize_features
 
@@ -89,7 +90,7 @@ def encode_texts(
     @jax.jit
     def forward(variables, ids, mask):  # weights as an argument, not folded as constants
         hidden = encoder.apply(variables, ids, mask)
-        return models.sentence_embedding(hidden, mask), hidden
+        return sentence_embedding(hidden, mask), hidden
 
     t_max = max(lengths)
     sentence, tokens = [], []

@@ -8,6 +8,7 @@ import optax
 import pytest
 
 from lowrank_jax import adapters, models
+from lowrank_jax.adapters.finetune import classifier_sums, make_classifier_step, trained_parts
 
 NUM_CLASSES, LR = 3, 0.1
 X = jnp.asarray(np.random.default_rng(0).normal(size=(6, 5)), jnp.float32)
@@ -38,26 +39,26 @@ def _loss(trained, frozen, logits_fn):
 
 def test_trained_parts_are_params_and_adapters_only(setup):
     state, _, _ = setup
-    parts = adapters.trained_parts({**state, "opt_state": ()})
+    parts = trained_parts({**state, "opt_state": ()})
     assert list(parts) == ["params", "adapters"]
-    assert adapters.trained_parts({"params": 1, "step": 0}) == {"params": 1}
+    assert trained_parts({"params": 1, "step": 0}) == {"params": 1}
     with pytest.raises(ValueError, match="none of"):
-        adapters.trained_parts({"opt_state": (), "step": 0})
+        trained_parts({"opt_state": (), "step": 0})
 
 
 def test_step_is_sgd_on_the_cross_entropy_of_the_trained_parts(setup):
     state, frozen, logits_fn = setup
     tx = optax.sgd(LR)
-    state = {**state, "opt_state": tx.init(adapters.trained_parts(state))}
-    step = jax.jit(adapters.make_classifier_step(logits_fn, tx))
+    state = {**state, "opt_state": tx.init(trained_parts(state))}
+    step = jax.jit(make_classifier_step(logits_fn, tx))
     new, metrics = step(state, frozen, {"x": X, "y": Y}, jax.random.key(2))
-    trained = adapters.trained_parts(state)
+    trained = trained_parts(state)
     loss, grads = jax.value_and_grad(_loss)(trained, frozen, logits_fn)
     np.testing.assert_allclose(metrics["loss"], loss, rtol=1e-6)
     logits = logits_fn(trained, frozen, {"x": X}, train=False, key=None)
     np.testing.assert_allclose(metrics["accuracy"], np.mean(np.argmax(logits, -1) == Y))
     expected = jax.tree.map(lambda p, g: p - LR * g, trained, grads)
-    got = adapters.trained_parts(new)
+    got = trained_parts(new)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
     assert new["step"] == 0  # the loop counts steps
@@ -66,7 +67,7 @@ def test_step_is_sgd_on_the_cross_entropy_of_the_trained_parts(setup):
 
 def test_sums_over_padded_chunks_are_the_mean_loss_and_accuracy(setup):
     state, frozen, logits_fn = setup
-    sums = jax.jit(adapters.classifier_sums(logits_fn))
+    sums = jax.jit(classifier_sums(logits_fn))
     logits = logits_fn(state, frozen, {"x": X}, train=False, key=None)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, Y)
     full = sums(state, frozen, {"x": X, "y": Y}, jnp.ones(6))

@@ -11,6 +11,13 @@ import pytest
 
 from lowrank_jax import adapters as A
 from lowrank_jax import spectral
+from lowrank_jax.adapters.frameft import frame_positions
+from lowrank_jax.spectral.frames import (
+    real_tight_fusion_frame,
+    realify,
+    spectral_tetris,
+    tight_fusion_frame_exists,
+)
 
 ATOL = 1e-5  # float32 FFTs and matmuls of width <= 64
 
@@ -38,22 +45,22 @@ def test_frame_l2_is_a_realified_dft():
     n = 8
     phi = spectral.frame_basis(2 * n, l=2)
     dft = np.exp(2j * np.pi * np.outer(np.arange(n), np.arange(n)) / n) / math.sqrt(n)
-    np.testing.assert_allclose(phi, spectral.realify(dft), atol=1e-12)
+    np.testing.assert_allclose(phi, realify(dft), atol=1e-12)
 
 
 @pytest.mark.parametrize(("k", "l", "n"), [(5, 2, 7), (4, 3, 7), (6, 4, 10)])
 def test_spectral_tetris_gives_a_tight_fusion_frame(k, l, n):  # noqa: E741
-    t = spectral.spectral_tetris(l=l, n=n)
+    t = spectral_tetris(l=l, n=n)
     np.testing.assert_allclose(t @ t.T, (n / l) * np.eye(l), atol=1e-12)
     np.testing.assert_allclose(np.sum(t**2, axis=0), np.ones(n), atol=1e-12)
-    assert spectral.tight_fusion_frame_exists(k=k, l=l, n=n)
+    assert tight_fusion_frame_exists(k=k, l=l, n=n)
     f = spectral.tight_fusion_frame(k=k, l=l, n=n)  # (k, l, n)
     # Σ_k P_{W_k} = (k l / n) I: a tight fusion frame; the stack is Parseval.
     projectors = sum(
         np.linalg.pinv(fk) @ fk for fk in f
     )  # orthogonal projector onto the row space of each F_k
     np.testing.assert_allclose(projectors, (k * l / n) * np.eye(n), atol=1e-10)
-    real = spectral.real_tight_fusion_frame(k=k, l=l, n=n).reshape(-1, 2 * n)
+    real = real_tight_fusion_frame(k=k, l=l, n=n).reshape(-1, 2 * n)
     np.testing.assert_allclose(real.T @ real, np.eye(2 * n), atol=1e-12)
 
 
@@ -64,7 +71,7 @@ def test_frame_errors_say_what_to_do():
         spectral.tight_fusion_frame(k=3, l=2, n=5)
     with pytest.raises(ValueError, match="basis must be one of"):
         spectral.frame_basis(8, basis="dct")
-    assert not spectral.tight_fusion_frame_exists(k=3, l=2, n=5)
+    assert not tight_fusion_frame_exists(k=3, l=2, n=5)
 
 
 @pytest.mark.parametrize(("dim", "l"), [(16, 2), (24, 4), (64, 8)])
@@ -86,7 +93,7 @@ def test_fft_analysis_and_synthesis_match_the_basis(dim, l):  # noqa: E741
 
 def _reference_delta(kind, coeffs, n, m):
     """float64 NumPy ΔW = (scale/√(nm)) Φ_inᵀ S Φ_out."""
-    rows, cols = A.frame_positions(
+    rows, cols = frame_positions(
         n, m, n_coeff=kind.n_coeff, seed=kind.entry_seed, num_blocks=kind.num_blocks
     )
     s = np.zeros((n, m))
@@ -169,8 +176,8 @@ def test_frameft_shares_positions_and_bases_across_layers():
     kind = A.frameft(50, l=4)
     f1 = kind.init_factors(jax.random.key(0), jnp.zeros((16, 16)))
     f2 = kind.init_factors(jax.random.key(1), jnp.zeros((16, 16)))
-    r1 = A.frame_positions(16, 16, n_coeff=50)
-    r2 = A.frame_positions(16, 16, n_coeff=50)
+    r1 = frame_positions(16, 16, n_coeff=50)
+    r2 = frame_positions(16, 16, n_coeff=50)
     assert r1[0] is r2[0]  # one cached copy per shape
     assert len(set(zip(*r1, strict=True))) == 50  # distinct positions
     assert not np.allclose(f1["coeffs"], f2["coeffs"])
@@ -216,7 +223,7 @@ def test_frame_basis_is_the_parseval_tight_fusion_frame_at_frameft_widths(dim, l
     np.testing.assert_allclose(stack.conj().T @ stack, np.eye(n), atol=1e-10)
     # ... and it is exactly the basis the adapter uses (a bug in the row order (k, r, re/im)
     # or in the realification would keep Φ orthogonal but break this).
-    real = spectral.real_tight_fusion_frame(k=k, l=sub, n=n).reshape(dim, dim)
+    real = real_tight_fusion_frame(k=k, l=sub, n=n).reshape(dim, dim)
     np.testing.assert_array_equal(spectral.frame_basis(dim, l=l), real)
 
 

@@ -18,6 +18,8 @@ import pytest
 from experiments.bench import common
 from lowrank_jax import adapters as A
 from lowrank_jax.adapters import quant
+from lowrank_jax.adapters.paths import named_leaves
+from lowrank_jax.adapters.quant import dequantize, dequantize_base, quantize_int8, quantize_nf4
 from tests.adapters.models import Block, perturb, plain_function, plain_params
 
 X = jnp.linspace(-1.0, 1.0, 24).reshape(3, 8)
@@ -140,11 +142,11 @@ def _upcast(params):
 
 def test_int8_quantisation_is_absmax_per_channel():
     w = np.asarray(jax.random.normal(jax.random.key(0), (16, 5)), np.float64)
-    q = A.quantize_int8(jnp.asarray(w, jnp.float32))
+    q = quantize_int8(jnp.asarray(w, jnp.float32))
     assert q.qvalue.dtype == jnp.int8 and q.scale.shape == (1, 5)
     scale = np.abs(w).max(axis=0, keepdims=True) / 127.5  # qwix's symmetric int8: ±127.5
     np.testing.assert_allclose(q.scale, scale, rtol=1e-6)
-    err = np.abs(np.asarray(A.dequantize(q), np.float64) - w)
+    err = np.abs(np.asarray(dequantize(q), np.float64) - w)
     assert np.all(err <= scale / 2 * (1 + 1e-5) + 1e-7)
     assert np.all(np.abs(np.asarray(q.qvalue, np.int32)).max(axis=0) >= 127)
 
@@ -159,18 +161,18 @@ NF4_LEVELS = np.array([
 
 def test_nf4_quantisation_is_blockwise_absmax_to_the_nearest_level():
     w = np.asarray(jax.random.normal(jax.random.key(0), (2, 64, 5)), np.float64)  # stacked
-    q = A.quantize_nf4(jnp.asarray(w, jnp.float32), block_size=16)
+    q = quantize_nf4(jnp.asarray(w, jnp.float32), block_size=16)
     assert q.qvalue.dtype == jnp.uint4 and q.qtype == "nf4" and q.scale.shape == (2, 4, 5)
     scale = np.abs(w).reshape(2, 4, 16, 5).max(axis=2)  # per layer, block of rows, column
     np.testing.assert_allclose(q.scale, scale, rtol=1e-6)
     s = np.repeat(scale, 16, axis=1)
     nearest = np.abs(w[..., None] / s[..., None] - NF4_LEVELS).argmin(axis=-1)
     np.testing.assert_array_equal(np.asarray(q.qvalue, np.int32), nearest)
-    err = np.abs(np.asarray(A.dequantize(q), np.float64) - w)
+    err = np.abs(np.asarray(dequantize(q), np.float64) - w)
     assert np.all(err <= s * np.diff(NF4_LEVELS).max() / 2 * (1 + 1e-5) + 1e-7)
     assert quant.base_bytes(q) == w.size // 2 + 4 * w.size // 16
     with pytest.raises(ValueError, match="block_size=24"):
-        A.quantize_nf4(jnp.asarray(w), block_size=24)
+        quantize_nf4(jnp.asarray(w), block_size=24)
 
 
 @pytest.mark.parametrize(
@@ -200,7 +202,7 @@ def test_low_precision_base_matches_its_float32_reference(block, base_dtype, lor
 
 def test_low_precision_bytes_merge_and_init(block):
     model, variables, ad = block
-    kernels = sum(v.nbytes for p, v in A.named_leaves(variables).items() if p.endswith("kernel"))
+    kernels = sum(v.nbytes for p, v in named_leaves(variables).items() if p.endswith("kernel"))
     rest = quant.base_bytes(variables) - kernels
     bf16, int8 = (
         A.low_precision_base(variables, "bfloat16"),
@@ -208,17 +210,17 @@ def test_low_precision_bytes_merge_and_init(block):
     )
     assert quant.base_bytes(bf16) == rest + kernels // 2
     assert quant.base_bytes(int8) < rest + kernels // 4 + 4 * 64
-    assert sorted(A.named_leaves(int8)) == sorted(A.named_leaves(variables))  # paths unchanged
+    assert sorted(named_leaves(int8)) == sorted(named_leaves(variables))  # paths unchanged
     for low in (bf16, int8):
         merged = A.merge(low, ad)  # dequantises; float32 factors promote the kernels
-        for path, leaf in A.named_leaves(merged).items():
+        for path, leaf in named_leaves(merged).items():
             if path.endswith("kernel"):
                 assert leaf.dtype == jnp.float32, path
         np.testing.assert_allclose(
             model.apply(merged, X), A.adapt(model.apply)(low, ad, X), atol=F32_ATOL
         )
         np.testing.assert_allclose(
-            model.apply(A.dequantize_base(merged), X), model.apply(A.merge(_upcast(low), ad), X)
+            model.apply(dequantize_base(merged), X), model.apply(A.merge(_upcast(low), ad), X)
         )
     # init reads the dequantised kernel (PiSSA uses W's SVD).
     rules = [(r".*fc1/kernel", A.lora(2, init="pissa"))]

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from lowrank_jax import adapters as A
+from lowrank_jax.adapters.kfac import kfac_statistics
 
 N_IN, N_OUT, N_EX = 8, 6, 64
 PATH = "w/kernel"
@@ -56,7 +57,7 @@ KW = dict(apply_fn=apply_fn, loss_fn=loss_fn)
 
 def test_kfac_statistics_match_per_example_reference():
     params, batch = _problem()
-    st = A.kfac_statistics(params, [(PATH, A.lora(2))], batch, chunk_size=5, **KW)[PATH]
+    st = kfac_statistics(params, [(PATH, A.lora(2))], batch, chunk_size=5, **KW)[PATH]
     g, z, f = _reference_stats(params, batch)
     np.testing.assert_allclose(st.grad, g, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(st.z, z, rtol=1e-5, atol=1e-5)
@@ -203,4 +204,4 @@ def test_initialiser_errors():
     with pytest.raises(ValueError, match="2·rank"):
         A.lora_ga(jax.random.key(0), params, [(PATH, A.lora(4))], batch, **KW)
     with pytest.raises(ValueError, match="num_examples"):
-        A.kfac_statistics(params, [(PATH, A.lora(2))], batch, num_examples=0, **KW)
+        kfac_statistics(params, [(PATH, A.lora(2))], batch, num_examples=0, **KW)

@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 from lowrank_jax import adapters as A
+from lowrank_jax.adapters.fourierft import fourier_frequencies
+from lowrank_jax.adapters.vera import vera_projections
 
 N_IN, N_OUT = 12, 10
 ATOL = 1e-5
@@ -71,7 +73,7 @@ def test_spectral_errors():
 def test_fourierft_is_the_real_part_of_a_sparse_inverse_dft():
     kind = A.fourierft(25, scale=3.0)
     f = kind.init_factors(jax.random.key(0), jnp.zeros((N_IN, N_OUT)))
-    k, ell = A.fourier_frequencies(N_IN, N_OUT, n_coeff=25)
+    k, ell = fourier_frequencies(N_IN, N_OUT, n_coeff=25)
     spec = np.zeros((N_IN, N_OUT), complex)
     spec[k, ell] = np.asarray(f["coeffs"], np.float64)
     a, b = np.arange(N_IN)[:, None], np.arange(N_OUT)[None, :]
@@ -97,12 +99,12 @@ def test_vera_formula_shared_projections_and_zero_start():
     with pytest.raises(ValueError, match="matrix view"):
         kind.materialize(f, shape=None)
     f = {**f, "b": jnp.linspace(-1.0, 1.0, N_OUT)}
-    a, b = A.vera_projections(N_IN, N_OUT, rank=6)
+    a, b = vera_projections(N_IN, N_OUT, rank=6)
     assert a.shape == (6, N_IN) and b.shape == (N_OUT, 6)
     assert np.abs(a).max() <= math.sqrt(6 / N_IN) and np.abs(b).max() <= 1.0  # Kaiming bounds
     ref = (a.T * 0.3) @ b.T * np.linspace(-1.0, 1.0, N_OUT)
     _check_kind(kind, f, ref)
-    assert A.vera_projections(N_IN, N_OUT, rank=6)[0] is a  # one shared copy per shape
+    assert vera_projections(N_IN, N_OUT, rank=6)[0] is a  # one shared copy per shape
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from lowrank_jax import adapters as A
+from lowrank_jax.adapters.paths import named_leaves
 from tests.adapters.models import perturb, perturb_torch
 
 pytestmark = pytest.mark.skipif(
@@ -139,7 +140,7 @@ def test_peft_adapter_loads_exactly(tmp_path, targets, bias, saved):
     lora, trained = A.load_peft(tmp_path, PARAMS, module_path=module_path, with_trained=True)
     assert sorted(lora) == sorted(module_path(t) for t in targets)
     assert lora["c1/kernel"].in_ndim == 2 and lora["c1/kernel"].factors["a"].shape == (18, 2)
-    got = {p for p, v in A.named_leaves(trained).items() if v is not None}
+    got = {p for p, v in named_leaves(trained).items() if v is not None}
     want = {f"{m}/{leaf}" for m in saved or () for leaf in PARAMS[m]}
     want |= {f"{m}/bias" for m in targets if bias != "none" and "bias" in PARAMS[m]}
     if bias == "all":
@@ -170,8 +171,8 @@ def test_our_adapter_loads_in_peft_and_back(tmp_path):
     for path, ad in lora.items():
         for f in ("a", "b"):
             np.testing.assert_allclose(back[path].factors[f], ad.factors[f], rtol=1e-6)
-    for path, value in A.named_leaves(trained).items():
-        np.testing.assert_array_equal(A.named_leaves(back_trained)[path], value)
+    for path, value in named_leaves(trained).items():
+        np.testing.assert_array_equal(named_leaves(back_trained)[path], value)
 
 
 @pytest.mark.parametrize("direction", ["peft_to_ours", "ours_to_peft"])

@@ -194,7 +194,7 @@ def test_bad_inputs_raise_clear_errors():
 
 
 def test_head_matrices_reproduce_a_real_attention_head():
-    from lowrank_jax.models import SelfAttention
+    from lowrank_jax.models.layers import SelfAttention
 
     d, heads = 8, 2
     x = jax.random.normal(jax.random.key(4), (1, 5, d))

@@ -22,6 +22,7 @@ from lowrank_jax.analysis.value_lora import (
     scale_transition,
     top_direction_flip,
 )
+from lowrank_jax.models import bert
 
 D, HEADS = 16, 4
 
@@ -125,7 +126,7 @@ def test_embeddings_from_layer_match_the_full_encoder_and_zero_adapter_gives_zer
         lambda p: models.mean_pool(models.BertEncoder(cfg).apply({"params": p}, ids, mask), mask)
     )
     full = encode(params)
-    inputs = [x for x, _, _ in models.bert_attention_inputs(cfg, variables, ids, mask)]
+    inputs = [x for x, _, _ in bert.attention_inputs(cfg, variables, ids, mask)]
     dw = 0.3 * jax.random.normal(jax.random.key(6), (D, D))
     for layer in (1,):  # the partial path (layer 0 would re-run the whole encoder)
         top = jax.jit(

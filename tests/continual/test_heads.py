@@ -8,6 +8,18 @@ import optax
 import pytest
 
 from lowrank_jax import continual, data, models
+from lowrank_jax.continual.heads import (
+    HeadState,
+    align_head,
+    compensate_drift,
+    prototype_head,
+    refit_head,
+)
+from lowrank_jax.continual.statistics import (
+    class_statistics,
+    covariance_factors,
+    sample_class_features,
+)
 
 
 def _gaussian_stats(seed=0, c=3, d=4, n=400):
@@ -17,7 +29,7 @@ def _gaussian_stats(seed=0, c=3, d=4, n=400):
     x = np.concatenate(
         [rng.normal(size=(n, d)) @ mix[k] + 3 * rng.normal(size=d) for k in range(c)]
     )
-    return x, y, continual.class_statistics(x, y, c, shrinkage=0.2, covariance=True)
+    return x, y, class_statistics(x, y, c, shrinkage=0.2, covariance=True)
 
 
 def test_class_statistics_covariance_definition():
@@ -29,7 +41,7 @@ def test_class_statistics_covariance_definition():
         np.testing.assert_allclose(stats.cov[c], want, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(np.diag(stats.cov[c]), stats.var[c], rtol=1e-6)
     # the diagonal-only record (GR-LoRA's) is unchanged by the covariance option
-    diag = continual.class_statistics(x, y, 3, shrinkage=0.2)
+    diag = class_statistics(x, y, 3, shrinkage=0.2)
     assert diag.cov is None
     np.testing.assert_array_equal(diag.var, stats.var)
 
@@ -39,10 +51,10 @@ def test_pseudo_features_reproduce_stored_means_and_covariances():
     ``se(mean_i) = sqrt(Σ_ii / m)``, ``se(cov_ij) = sqrt((Σ_ii Σ_jj + Σ_ij²) / m)``."""
     _, _, stats = _gaussian_stats()
     m = 40_000
-    f, labels = continual.sample_class_features(
+    f, labels = sample_class_features(
         jax.random.key(0),
         stats.mean,
-        continual.covariance_factors(stats.cov),
+        covariance_factors(stats.cov),
         np.array([0, 2]),
         num_per_class=m,
     )
@@ -64,7 +76,7 @@ def test_prototype_heads_equal_float64_numpy_references():
     f = rng.normal(size=(200, 4)) * 4 + x.mean(0)
     mu = stats.mean[seen].astype(np.float64)
     dist = np.sum((f[:, None] - mu[None]) ** 2, -1)  # (N, k)
-    euclid = continual.prototype_head(head, stats, seen, metric="euclidean")
+    euclid = prototype_head(head, stats, seen, metric="euclidean")
     z = (f @ euclid["kernel"] + euclid["bias"])[:, seen]
     np.testing.assert_array_equal(seen[z.argmax(1)], seen[dist.argmin(1)])
     # the logits are −‖f − μ_c‖²/(2σ²) up to a per-row constant (σ² = count-weighted mean var)
@@ -73,11 +85,11 @@ def test_prototype_heads_equal_float64_numpy_references():
     np.testing.assert_allclose(z - z[:, :1], want - want[:, :1], rtol=1e-4, atol=1e-3)
     np.testing.assert_array_equal(euclid["kernel"][:, 2], head["kernel"][:, 2])
     assert euclid["bias"][2] == head["bias"][2]
-    cos = continual.prototype_head(head, stats, seen, metric="cosine")
+    cos = prototype_head(head, stats, seen, metric="cosine")
     cosine = (f @ mu.T) / np.linalg.norm(f, axis=1, keepdims=True) / np.linalg.norm(mu, axis=1)
     zc = (f @ cos["kernel"])[:, seen]
     np.testing.assert_array_equal(zc.argmax(1), cosine.argmax(1))
-    lda = continual.prototype_head(head, stats, seen, metric="lda", ridge=0.1)
+    lda = prototype_head(head, stats, seen, metric="lda", ridge=0.1)
     pooled = stats.cov[seen].astype(np.float64).mean(0)  # equal counts
     pooled += 0.1 * np.trace(pooled) / 4 * np.eye(4)
     w = np.linalg.solve(pooled, mu.T)
@@ -90,7 +102,7 @@ def test_compensate_drift_follows_a_translation_exactly():
     old = rng.normal(size=(50, 6))
     shift = rng.normal(size=6)
     mean = rng.normal(size=(4, 6)).astype(np.float32)
-    moved = continual.compensate_drift(mean, old, old + shift, np.array([1, 3]), bandwidth=0.3)
+    moved = compensate_drift(mean, old, old + shift, np.array([1, 3]), bandwidth=0.3)
     np.testing.assert_allclose(moved[[1, 3]], mean[[1, 3]] + shift, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(moved[[0, 2]], mean[[0, 2]])
 
@@ -102,12 +114,12 @@ def test_bad_heads_and_options_fail_with_a_message():
         continual.with_head(method, head="cosine")
     _, _, stats = _gaussian_stats()
     with pytest.raises(TypeError, match="dense head"):
-        continual.prototype_head({"w": np.zeros((4, 3))}, stats, [0])
+        prototype_head({"w": np.zeros((4, 3))}, stats, [0])
     head = {"kernel": np.zeros((4, 3)), "bias": np.zeros(3)}
     with pytest.raises(ValueError, match="metric"):
-        continual.prototype_head(head, stats, [0], metric="knn")
+        prototype_head(head, stats, [0], metric="knn")
     with pytest.raises(ValueError, match="covariance=True"):
-        continual.align_head(
+        align_head(
             jax.random.key(0),
             head,
             stats._replace(cov=None),
@@ -191,7 +203,7 @@ def test_aligned_head_keeps_old_classes_better_than_masked():
         x_old[:50],
     )
     np.testing.assert_allclose(feats, np.asarray(inputs["params/head/kernel"]), rtol=0, atol=1e-6)
-    assert isinstance(state.extra, continual.HeadState)
+    assert isinstance(state.extra, HeadState)
     np.testing.assert_array_equal(state.extra.task_of, [0] * 5 + [1] * 5)
 
 
@@ -219,7 +231,7 @@ def test_refit_head_equals_adam_through_the_frozen_model():
     }
     head0 = {"kernel": rng.normal(size=(5, 4)).astype(np.float32), "bias": np.zeros(4, np.float32)}
     kw = dict(num_classes=4, steps=25, learning_rate=0.05, batch_size=32, seed=[1, 2])
-    got = continual.refit_head(_mlp_apply, {"params": params}, head0, x, y, np.arange(3), **kw)
+    got = refit_head(_mlp_apply, {"params": params}, head0, x, y, np.arange(3), **kw)
 
     tx, head = optax.adam(0.05), jax.tree.map(jax.numpy.asarray, head0)
     opt_state, draws = tx.init(head), np.random.default_rng([1, 2])
@@ -238,8 +250,6 @@ def test_refit_head_equals_adam_through_the_frozen_model():
         np.testing.assert_allclose(got[k], head[k], rtol=1e-4, atol=1e-5)
     assert np.abs(got["kernel"] - head0["kernel"]).max() > 1e-2  # it did move
     with pytest.raises(ValueError, match="not an affine function"):
-        continual.refit_head(
-            _squared_head_apply, {"params": params}, head0, x, y, np.arange(3), **kw
-        )
+        refit_head(_squared_head_apply, {"params": params}, head0, x, y, np.arange(3), **kw)
     with pytest.raises(ValueError, match="one label each"):
-        continual.refit_head(_mlp_apply, {"params": params}, head0, x[:0], y[:0], [0], **kw)
+        refit_head(_mlp_apply, {"params": params}, head0, x[:0], y[:0], [0], **kw)

@@ -9,6 +9,10 @@ import optax
 import pytest
 
 from lowrank_jax import adapters, continual, data, models, optim
+from lowrank_jax.adapters.paths import named_leaves
+from lowrank_jax.continual.gr_lora import module_adapters
+from lowrank_jax.continual.protocol import get_path
+from lowrank_jax.optim.projection import check_projection_order
 
 TARGETS = (r"params/dense_\d+/kernel",)
 KW = dict(targets=TARGETS, rank=4, alpha=8.0, learning_rate=3e-3, grad_clip=1.0)
@@ -94,7 +98,7 @@ def test_every_method_runs_from_a_users_loop_and_its_state_is_a_pytree(stream, t
     # the kernels hold W0 plus every consolidated update (merged methods: the sum of ΔW_t)
     k = "params/dense_0/kernel"
     assert set(state.kernels) == {"params/dense_0/kernel", "params/dense_1/kernel"}
-    moved = np.asarray(continual.get_path(state.params, k)) - np.asarray(state.kernels[k])
+    moved = np.asarray(get_path(state.params, k)) - np.asarray(state.kernels[k])
     assert np.abs(moved).max() > 0
 
 
@@ -140,7 +144,7 @@ def test_sd_lora_kernel_is_base_plus_scaled_unit_directions(trained):
     assert dirs.shape[0] == 2 == mags.shape[0]
     np.testing.assert_allclose(np.linalg.norm(dirs.reshape(2, -1), axis=1), 1.0, rtol=1e-5)
     ref = np.asarray(state.kernels[k], np.float64) + np.einsum("t,tnm->nm", mags, dirs)
-    np.testing.assert_allclose(continual.get_path(state.params, k), ref, atol=1e-5)
+    np.testing.assert_allclose(get_path(state.params, k), ref, atol=1e-5)
 
 
 def test_o_lora_penalty_is_zero_first_then_measures_overlap(stream):
@@ -175,7 +179,7 @@ def test_gr_lora_wiring_is_a_beside_shared_a_reading_shared_b():
     h = jax.nn.relu(x @ p["dense_0"]["kernel"] + p["dense_0"]["bias"] + x @ (a + a_mod) @ b)
     np.testing.assert_allclose(out, h @ p["head"]["kernel"] + p["head"]["bias"], atol=1e-5)
     with pytest.raises(ValueError, match="no shared adapter"):
-        continual.module_adapters(module, {})
+        module_adapters(module, {})
 
 
 def test_layer_inputs_for_nnx_and_plain_functions():
@@ -206,7 +210,7 @@ def test_layer_inputs_for_nnx_and_plain_functions():
 
     net = Net(nnx.Rngs(0))
     graphdef, state = nnx.split(net)
-    names = [p for p in adapters.named_leaves(state) if "kernel" in p]
+    names = [p for p in named_leaves(state) if "kernel" in p]
     _, inputs = continual.layer_inputs(lambda s, a: nnx.merge(graphdef, s)(a), names, state, x)
     first = [n for n in names if "first" in n][0]
     second = [n for n in names if "second" in n][0]
@@ -250,15 +254,15 @@ def test_projection_before_adam_is_detected():
     params = {"a": jnp.ones((4, 2))}
     memory = {"a": optim.init_subspace_memory(4)}
     good = optax.chain(optax.scale_by_adam(), optim.scale_by_orthogonal_projection(memory))
-    optim.check_projection_order(good.init(params))
+    check_projection_order(good.init(params))
     bad = optax.chain(optim.scale_by_orthogonal_projection(memory), optax.adam(1e-3))
     with pytest.raises(ValueError, match="chained before ScaleByAdamState"):
-        optim.check_projection_order(bad.init(params))
+        check_projection_order(bad.init(params))
     masked = optax.chain(
         optax.masked(optim.scale_by_orthogonal_projection(memory), {"a": True}), optax.rmsprop(1.0)
     )
     with pytest.raises(ValueError, match="Chain the projection after"):
-        optim.check_projection_order(masked.init(params))
+        check_projection_order(masked.init(params))
 
 
 def test_factories_reject_bad_hyper_parameters():

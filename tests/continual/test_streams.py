@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from lowrank_jax import continual, data
+from lowrank_jax.continual.streams import class_incremental_stream, training_arrays
 
 
 def test_long_stream_shapes_and_shared_subspace():
@@ -87,10 +88,10 @@ def test_class_incremental_builders_partition_the_classes():
 
 def test_class_incremental_stream_holds_out_a_fixed_test_split():
     pool = _pool(num_classes=6, per_class=10)
-    a = continual.class_incremental_stream(
+    a = class_incremental_stream(
         pool.x, pool.y, num_classes=6, num_tasks=2, classes_per_task=2, test_per_class=3, seed=0
     )
-    b = continual.class_incremental_stream(
+    b = class_incremental_stream(
         pool.x, pool.y, num_classes=6, num_tasks=3, classes_per_task=2, test_per_class=3, seed=1
     )
     assert len(np.concatenate(a.task_classes)) == 4  # two classes left out
@@ -104,7 +105,7 @@ def test_class_incremental_stream_holds_out_a_fixed_test_split():
     train_b = {r.tobytes() for t in b.tasks for r in t["train"]["x"]}
     assert test_a <= test_b and not (test_b & train_b)
     with pytest.raises(ValueError, match="test_per_class"):
-        continual.class_incremental_stream(
+        class_incremental_stream(
             pool.x, pool.y, num_classes=6, num_tasks=1, classes_per_task=2, test_per_class=10,
             seed=0,
         )  # fmt: skip
@@ -115,14 +116,14 @@ def test_training_arrays_masks(protocol):
     train, test = _pool(), _pool(per_class=3, seed=1)
     stream = continual.digits_cil(train, test, num_tasks=2, seed=0)
     stream = continual.TaskStream(stream.tasks, stream.task_classes, 10, protocol, None, 0)
-    one = continual.training_arrays(stream, [1])
+    one = training_arrays(stream, [1])
     np.testing.assert_array_equal(one["x"], stream.tasks[1]["train"]["x"])
     np.testing.assert_array_equal(one["mask"][0], np.isin(np.arange(10), stream.task_classes[1]))
-    both = continual.training_arrays(stream, [0, 1])
+    both = training_arrays(stream, [0, 1])
     assert len(both["y"]) == 120 and both["mask"].shape == (120, 10)
     n0 = len(stream.tasks[0]["train"]["y"])
     assert both["mask"][n0:].all() == (protocol == "cil")
     # every row's label is inside its mask
     assert both["mask"][np.arange(120), both["y"]].all()
     with pytest.raises(ValueError, match="indices"):
-        continual.training_arrays(stream, [2])
+        training_arrays(stream, [2])

@@ -7,16 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from lowrank_jax.data import (
-    FASHION_MNIST_CLASS_NAMES,
-    load_digits,
-    load_fashion_mnist,
-    load_kg,
-    load_mnist,
-    load_shakespeare,
-    read_idx,
-)
-from lowrank_jax.data.images import FASHION_MNIST_DIR
+from lowrank_jax.data import load_digits, load_fashion_mnist, load_kg, load_mnist, load_shakespeare
+from lowrank_jax.data.images import FASHION_MNIST_CLASS_NAMES, FASHION_MNIST_DIR, read_idx
 
 
 @pytest.fixture(scope="module")

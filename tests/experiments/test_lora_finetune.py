@@ -9,6 +9,8 @@ import pytest
 from configs import lora_finetune as lora_config
 from experiments import common, lora_finetune
 from lowrank_jax import adapters
+from lowrank_jax.adapters.finetune import trained_parts
+from lowrank_jax.adapters.paths import named_leaves
 
 # all-MiniLM-L6-v2: 6 layers, d = 384, MLP width 1536; 3 genres.
 D, FF, LAYERS, RANK, CLASSES = 384, 1536, 6, 8, 3
@@ -24,7 +26,7 @@ def minilm():
 
 
 def _leaves_by_path(tree):
-    return set(adapters.named_leaves(tree))
+    return set(named_leaves(tree))
 
 
 @pytest.mark.parametrize(
@@ -34,7 +36,7 @@ def test_each_method_trains_what_it_says(minilm, method, trained):
     model, variables = minilm
     config = lora_config.get_config(f"smoke,method={method}")
     state, frozen, _, _ = lora_finetune.init_state(config, model, variables, jax.random.key(1))
-    assert adapters.count_params(adapters.trained_parts(state)) == trained
+    assert adapters.count_params(trained_parts(state)) == trained
     params = _leaves_by_path(state["params"])
     if method == "full":
         assert frozen is None and len(params) == len(_leaves_by_path(variables))

@@ -8,7 +8,8 @@ import pytest
 
 from configs import lora_finetune as lora_config
 from experiments import common, lora_finetune
-from lowrank_jax import adapters
+from lowrank_jax.adapters.paths import named_leaves
+from lowrank_jax.adapters.quant import dequantize
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +28,8 @@ def test_int8_base_is_quantised_and_starts_near_the_pretrained_model(minilm):
     state, frozen, logits_fn, _ = lora_finetune.init_state(
         config, model, variables, jax.random.key(1)
     )
-    kernels = {p: v for p, v in adapters.named_leaves(frozen).items() if p.endswith("kernel")}
-    assert kernels and all(adapters.dequantize(v) is not v for v in kernels.values())
+    kernels = {p: v for p, v in named_leaves(frozen).items() if p.endswith("kernel")}
+    assert kernels and all(dequantize(v) is not v for v in kernels.values())
     assert {str(v.dtype) for v in jax.tree.leaves((state["adapters"], state["opt_state"]))} <= {
         "float32",
         "int32",

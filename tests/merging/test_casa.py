@@ -10,6 +10,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import connected_components
 
 from lowrank_jax import adapters, merging
+from lowrank_jax.merging.casa import casa_diagnostics
 
 
 def reference_casa(
@@ -260,7 +261,7 @@ def test_casa_over_pytrees_and_its_errors():
             np.asarray(adapters.delta(ads[path], ad.matrix)),
             atol=1e-5,
         )
-    diag = merging.casa_diagnostics(src, tgt, ads)
+    diag = casa_diagnostics(src, tgt, ads)
     assert set(diag) == set(ads) and 0.0 <= diag["x/kernel"]["high_fraction"] <= 1.0
     # mismatched trees: the message names the first differing path
     with pytest.raises(ValueError, match="'x/kernel'"):
@@ -268,7 +269,7 @@ def test_casa_over_pytrees_and_its_errors():
     with pytest.raises(ValueError, match="'x/kernel'"):
         merging.casa(src, {**tgt, "x": {"kernel": jnp.zeros((8, 10))}}, ads, rank=2)
     with pytest.raises(ValueError, match="'x/kernel'"):
-        merging.casa_diagnostics({"y": src["y"]}, {"y": tgt["y"]}, ads)
+        casa_diagnostics({"y": src["y"]}, {"y": tgt["y"]}, ads)
     with pytest.raises(ValueError, match="rank"):
         merging.casa(src, tgt, ads, rank=9)
     with pytest.raises(ValueError, match="arbitrate_q"):

@@ -8,6 +8,13 @@ import numpy as np
 import pytest
 
 from lowrank_jax import adapters, merging
+from lowrank_jax.merging.mergekit import (
+    della_delta,
+    della_keep_probabilities,
+    model_stock_delta,
+    slerp_delta,
+)
+from lowrank_jax.merging.task_vectors import task_vector_matrices
 
 RNG = np.random.default_rng(0)
 
@@ -36,11 +43,11 @@ def test_slerp_of_unit_vectors_stays_on_the_sphere_at_angle_t_theta():
     y = RNG.normal(size=(4, 3))
     x, y = x / np.linalg.norm(x), y / np.linalg.norm(y)
     theta = np.arccos(np.sum(x * y))
-    z = np.asarray(merging.slerp_delta(jnp.asarray(x), jnp.asarray(y), t=0.25), np.float64)
+    z = np.asarray(slerp_delta(jnp.asarray(x), jnp.asarray(y), t=0.25), np.float64)
     assert abs(np.linalg.norm(z) - 1) < 1e-5
     assert abs(np.arccos(np.clip(np.sum(z * x), -1, 1)) - 0.25 * theta) < 1e-3
     # nearly colinear: linear interpolation, as mergekit
-    near = np.asarray(merging.slerp_delta(jnp.asarray(x), jnp.asarray(2 * x), t=0.5))
+    near = np.asarray(slerp_delta(jnp.asarray(x), jnp.asarray(2 * x), t=0.5))
     np.testing.assert_allclose(near, 1.5 * x, atol=1e-6)
 
 
@@ -57,10 +64,10 @@ def test_model_stock_matches_paper_for_two_and_mergekit_mean_for_three():
     got3 = adapters.delta(merging.merge_model_stock(tvs)["w"], (6, 5))
     np.testing.assert_allclose(np.asarray(got3).ravel(), t3 * sum(d) / 3, atol=1e-5)
     # identical fine-tunes: cos = 1, t = 1, the merge is the fine-tune itself
-    same = merging.model_stock_delta(jnp.stack([tvs[0]["w"]] * 2))
+    same = model_stock_delta(jnp.stack([tvs[0]["w"]] * 2))
     np.testing.assert_allclose(np.asarray(same), np.asarray(tvs[0]["w"]), atol=1e-5)
     with pytest.raises(ValueError, match="at least 2"):
-        merging.model_stock_delta(tvs[0]["w"][None])
+        model_stock_delta(tvs[0]["w"][None])
 
 
 @pytest.mark.parametrize(("density", "gamma"), [(0.5, 0.1), (0.9, 0.2), (0.3, 0.0)])
@@ -104,7 +111,7 @@ def test_della_matches_definition_with_given_masks():
     deltas = RNG.normal(size=(3, 9, 4))
     keep = RNG.random(size=deltas.shape) < 0.5
     weights, density, eps, lam = [1.0, 0.5, 2.0], 0.5, 0.2, 0.8
-    got = merging.della_delta(
+    got = della_delta(
         jnp.asarray(deltas, jnp.float32), jnp.asarray(keep), density=density, epsilon=eps,
         weights=weights, scale=lam,
     )  # fmt: skip
@@ -114,7 +121,7 @@ def test_della_matches_definition_with_given_masks():
 
 def test_della_keeps_large_entries_more_often_and_is_unbiased():
     delta = jnp.asarray(RNG.normal(size=(11, 3)), jnp.float32)
-    probs = np.asarray(merging.della_keep_probabilities(delta, density=0.5, epsilon=0.2))
+    probs = np.asarray(della_keep_probabilities(delta, density=0.5, epsilon=0.2))
     np.testing.assert_allclose(probs.mean(0), 0.5, atol=1e-6)  # mean keep rate is the density
     mags = np.abs(np.asarray(delta))
     for j in range(3):  # within a column, larger magnitude -> larger keep probability
@@ -125,7 +132,7 @@ def test_della_keeps_large_entries_more_often_and_is_unbiased():
     # one task vector: no sign conflict, so the merge is the rescaled MagPrune, E = delta
     def draw(key):
         keep = jax.random.bernoulli(key, jnp.asarray(probs))[None]
-        return merging.della_delta(delta[None], keep, density=0.5, epsilon=0.2)
+        return della_delta(delta[None], keep, density=0.5, epsilon=0.2)
 
     samples = jax.vmap(draw)(jax.random.split(jax.random.key(0), 4000))
     mean, std = samples.mean(0), samples.std(0) / np.sqrt(4000)
@@ -146,13 +153,13 @@ def test_merge_della_on_stacked_lora_uses_one_mask_per_layer_and_is_seeded():
         np.asarray(one["w"].factors["a"]), np.asarray(two["w"].factors["a"])
     )
     assert one["w"].factors["a"].shape[0] == 2  # stacked layers kept
-    views = merging.task_vector_matrices(tvs)["w"][0]
+    views = task_vector_matrices(tvs)["w"][0]
     for layer in range(2):
         key = jax.random.fold_in(jax.random.fold_in(jax.random.key(1), 0), layer)
         d = views[:, layer]
-        probs = jax.vmap(lambda x: merging.della_keep_probabilities(x, density=0.5, epsilon=0.1))(d)
+        probs = jax.vmap(lambda x: della_keep_probabilities(x, density=0.5, epsilon=0.1))(d)
         keep = jax.random.bernoulli(key, probs)
-        want = merging.della_delta(d, keep, density=0.5, epsilon=0.1)
+        want = della_delta(d, keep, density=0.5, epsilon=0.1)
         got = adapters.delta(one["w"], (2, 6, 5))[layer]
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
 
@@ -169,5 +176,5 @@ def test_bad_arguments_raise():
 
 def test_model_stock_of_exactly_opposed_updates_is_zero_not_nan():
     d = jax.random.normal(jax.random.key(0), (4, 3))
-    out = merging.model_stock_delta(jnp.stack([d, -d]))
+    out = model_stock_delta(jnp.stack([d, -d]))
     np.testing.assert_array_equal(np.asarray(out), 0.0)

@@ -17,6 +17,15 @@ import numpy as np
 import pytest
 
 from lowrank_jax import adapters, merging
+from lowrank_jax.merging.sparsify import (
+    dare_delta,
+    dare_masks,
+    dare_ties_delta,
+    lowrank_factors,
+    magnitude_prune_delta,
+    ties_delta,
+)
+from lowrank_jax.merging.task_vectors import task_vector_matrices
 
 torch = pytest.importorskip("torch")
 peft = pytest.importorskip("peft")
@@ -102,12 +111,12 @@ def test_dare_equals_peft_dare_linear_svd_with_its_masks(monkeypatch):
         svd_rank=rank,
     )
     assert len(drawn) == 2 * len(DIMS)  # one mask per (layer, adapter), in module order
-    views = merging.task_vector_matrices([ours["t1"], ours["t2"]])
+    views = task_vector_matrices([ours["t1"], ours["t2"]])
     for i, layer in enumerate(DIMS):
         deltas = views[f"{layer}/kernel"][0][:, 0]  # (2, n, m)
         keep = jnp.asarray(np.stack(drawn[2 * i : 2 * i + 2]))
-        merged = merging.dare_delta(deltas, keep, density=density, weights=weights)
-        a, b = merging.lowrank_factors(merged, rank=rank)
+        merged = dare_delta(deltas, keep, density=density, weights=weights)
+        a, b = lowrank_factors(merged, rank=rank)
         np.testing.assert_allclose(np.asarray(a @ b), _peft_delta(model, "m", layer), atol=2e-5)
     # and our own masks keep the same expected fraction
     ours_merged = merging.merge_dare([ours["t1"], ours["t2"]], jax.random.key(0), density=density)
@@ -128,8 +137,8 @@ def test_peft_factorwise_merges_differ_only_by_merging_factors(combination):
         a_stack = jnp.stack([ours[n][path].factors["a"].T for n in ("t1", "t2")])  # (2, r, in)
         b_stack = jnp.stack([ours[n][path].factors["b"].T for n in ("t1", "t2")])  # (2, out, r)
         if combination == "ties":
-            a_m = merging.ties_delta(a_stack, density=density, weights=root * np.sign(weights))
-            b_m = merging.ties_delta(b_stack, density=density, weights=root)
+            a_m = ties_delta(a_stack, density=density, weights=root * np.sign(weights))
+            b_m = ties_delta(b_stack, density=density, weights=root)
         else:
             a_m = jnp.tensordot(jnp.asarray(root * np.sign(weights)), a_stack, 1)
             b_m = jnp.tensordot(jnp.asarray(root), b_stack, 1)
@@ -223,23 +232,23 @@ def test_dare_ties_equals_peft_dare_ties_svd_with_its_masks(monkeypatch):
         ["t1", "t2"], weights, "m", combination_type="dare_ties_svd", density=density,
         svd_rank=rank,
     )  # fmt: skip
-    views = merging.task_vector_matrices([ours["t1"], ours["t2"]])
+    views = task_vector_matrices([ours["t1"], ours["t2"]])
     for i, layer in enumerate(DIMS):
         deltas = views[f"{layer}/kernel"][0][:, 0]
         keep = jnp.asarray(np.stack(drawn[2 * i : 2 * i + 2]))
-        merged = merging.dare_ties_delta(deltas, keep, density=density, weights=weights)
-        a, b = merging.lowrank_factors(merged, rank=rank)
+        merged = dare_ties_delta(deltas, keep, density=density, weights=weights)
+        a, b = lowrank_factors(merged, rank=rank)
         np.testing.assert_allclose(np.asarray(a @ b), _peft_delta(model, "m", layer), atol=2e-5)
 
 
 def _per_kernel_rule(base, deltas, masks, density, weights):
     if base == "ties":
-        return merging.ties_delta(deltas, density=density, weights=weights)
+        return ties_delta(deltas, density=density, weights=weights)
     if base == "magnitude_prune":
-        return merging.magnitude_prune_delta(deltas, density=density, weights=weights)
+        return magnitude_prune_delta(deltas, density=density, weights=weights)
     if base == "dare_linear":
-        return merging.dare_delta(deltas, masks, density=density, weights=weights)
-    return merging.dare_ties_delta(deltas, masks, density=density, weights=weights)
+        return dare_delta(deltas, masks, density=density, weights=weights)
+    return dare_ties_delta(deltas, masks, density=density, weights=weights)
 
 
 @pytest.mark.parametrize(
@@ -252,16 +261,16 @@ def test_add_weighted_adapter_types_follow_their_per_kernel_rule(combination):
     merged = merging.add_weighted_adapter(
         [ours["t1"], ours["t2"]], weights, combination_type=combination, density=density, key=key
     )
-    views = merging.task_vector_matrices([ours["t1"], ours["t2"]])
+    views = task_vector_matrices([ours["t1"], ours["t2"]])
     for i, (layer, (n, m)) in enumerate(DIMS.items()):
         deltas = views[f"{layer}/kernel"][0][:, 0]
-        masks = merging.dare_masks(
+        masks = dare_masks(
             jax.random.fold_in(jax.random.fold_in(key, i), 0), deltas.shape, density=density
         )
         base = combination.removesuffix("_svd")
         expected = np.asarray(_per_kernel_rule(base, deltas, masks, density, weights))
         if combination.endswith("_svd"):  # truncated to the adapters' rank
-            a, b = merging.lowrank_factors(jnp.asarray(expected), rank=RANK)
+            a, b = lowrank_factors(jnp.asarray(expected), rank=RANK)
             expected = np.asarray(a @ b)
             assert merged[f"{layer}/kernel"].kind.rank == RANK
         else:  # exact
@@ -333,13 +342,11 @@ def test_svd_merges_work_on_conv_kernels(shape, in_ndim, combination):
     exact = {
         "svd": lambda: jnp.tensordot(jnp.asarray(weights), deltas, 1),
         "cat": lambda: jnp.tensordot(jnp.asarray(weights), deltas, 1),
-        "ties_svd": lambda: merging.ties_delta(deltas, density=0.5, weights=weights),
-        "magnitude_prune_svd": lambda: merging.magnitude_prune_delta(
-            deltas, density=0.5, weights=weights
-        ),
+        "ties_svd": lambda: ties_delta(deltas, density=0.5, weights=weights),
+        "magnitude_prune_svd": lambda: magnitude_prune_delta(deltas, density=0.5, weights=weights),
     }[combination]()
     if combination != "cat":
-        a, b = merging.lowrank_factors(exact, rank=2)
+        a, b = lowrank_factors(exact, rank=2)
         exact = a @ b
     got = adapters.delta(merged["conv/kernel"], shape)
     np.testing.assert_allclose(np.asarray(got).reshape(n, m), np.asarray(exact), atol=1e-5)

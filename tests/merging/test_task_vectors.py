@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from lowrank_jax import adapters, merging
+from lowrank_jax.merging.sparsify import dare_delta, dare_masks, ties_delta
+from lowrank_jax.merging.task_vectors import trim_task_vectors
 
 PARAMS = {
     "l1": {"kernel": jnp.zeros((6, 5))},
@@ -67,7 +69,7 @@ def test_ties_follows_its_definition(majority, density):
     rng = np.random.default_rng(0)
     deltas = rng.normal(size=(3, 7, 9))
     weights = (1.0, 0.5, 2.0)
-    got = merging.ties_delta(
+    got = ties_delta(
         jnp.asarray(deltas, jnp.float32), density=density, weights=weights, majority=majority
     )
     want = ties_reference(deltas, density, weights, majority)
@@ -129,8 +131,8 @@ def test_merge_ties_trims_the_whole_task_vector_as_the_paper(majority, density):
 def test_trim_task_vectors_keeps_the_stated_counts():
     tvs = [{p: jnp.asarray(x, jnp.float32) for p, x in tv.items()} for tv in _dense_task_vectors(1)]
     total = sum(x.size for x in tvs[0].values())
-    glob = merging.trim_task_vectors(tvs, density=0.3)
-    per = merging.trim_task_vectors(tvs, density=0.3, trim="per_kernel")
+    glob = trim_task_vectors(tvs, density=0.3)
+    per = trim_task_vectors(tvs, density=0.3, trim="per_kernel")
     for k in range(3):
         kept = sum(int(jnp.sum(v[k] != 0)) for v in glob.values())
         assert kept == int(0.3 * total)
@@ -148,7 +150,7 @@ def test_trim_task_vectors_keeps_the_stated_counts():
     # the large kernel takes more than its share globally
     assert int(jnp.sum(glob["big/kernel"] != 0)) > int(jnp.sum(per["big/kernel"] != 0))
     with pytest.raises(ValueError, match="trim"):
-        merging.trim_task_vectors(tvs, density=0.3, trim="per_layer")
+        trim_task_vectors(tvs, density=0.3, trim="per_layer")
 
 
 def test_ties_steps_are_visible():
@@ -157,7 +159,7 @@ def test_ties_steps_are_visible():
     d[0, 0, 0], d[1, 0, 0] = 3.0, -1.0  # elected +: mean of agreeing = 3
     d[0, 1, 1], d[1, 1, 1] = 2.0, 4.0  # both +: disjoint mean 3
     d[0, 0, 1] = 0.1  # trimmed away at density 0.5 (keeps 2 of 4 per task)
-    got = np.asarray(merging.ties_delta(jnp.asarray(d, jnp.float32), density=0.5))
+    got = np.asarray(ties_delta(jnp.asarray(d, jnp.float32), density=0.5))
     np.testing.assert_allclose(got, [[3.0, 0.0], [0.0, 3.0]], atol=1e-7)
 
 
@@ -165,7 +167,7 @@ def test_dare_follows_its_definition_with_injected_masks():
     rng = np.random.default_rng(1)
     deltas = rng.normal(size=(2, 5, 6))
     keep = rng.random(size=deltas.shape) < 0.4
-    got = merging.dare_delta(
+    got = dare_delta(
         jnp.asarray(deltas, jnp.float32), jnp.asarray(keep), density=0.4, weights=(1.0, -0.5)
     )
     want = (np.array([1.0, -0.5])[:, None, None] * np.where(keep, deltas, 0) / 0.4).sum(0)
@@ -176,8 +178,8 @@ def test_dare_is_unbiased_and_keeps_density():
     rng = np.random.default_rng(2)
     deltas = jnp.asarray(rng.normal(size=(2, 4, 5)), jnp.float32)
     keys = jax.random.split(jax.random.key(0), 4000)
-    masks = jax.vmap(lambda k: merging.dare_masks(k, deltas.shape, density=0.3))(keys)
-    merged = jax.vmap(lambda mk: merging.dare_delta(deltas, mk, density=0.3))(masks)
+    masks = jax.vmap(lambda k: dare_masks(k, deltas.shape, density=0.3))(keys)
+    merged = jax.vmap(lambda mk: dare_delta(deltas, mk, density=0.3))(masks)
     np.testing.assert_allclose(float(masks.mean()), 0.3, atol=0.005)
     # E[merge] = Σ Δ_k; per-entry std of the mean <= sqrt((1-p)/p) |Δ| sqrt(2) / sqrt(4000)
     stderr = np.sqrt(0.7 / 0.3 * 2 / 4000) * float(jnp.max(jnp.abs(deltas)))

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from lowrank_jax import merging
+from lowrank_jax.merging.averaging import expo, window_matrix
+from lowrank_jax.merging.streaming import weighted_sum, weighted_sums
 
 RTOL = 1e-5  # float32 accumulation against float64 references
 ATOL = 1e-6
@@ -62,7 +64,7 @@ def test_lawa_ema_expo_weighted_sums_match_definitions():
         _flat(merging.ema(iter(ckpts), decay=beta)), ref(e), rtol=RTOL, atol=ATOL
     )
     np.testing.assert_allclose(
-        _flat(merging.expo(ckpts[-2], ckpts[-1], alpha=1.5)),
+        _flat(expo(ckpts[-2], ckpts[-1], alpha=1.5)),
         ref(thetas[-1] + 1.5 * (thetas[-1] - thetas[-2])),
         rtol=RTOL,
         atol=ATOL,
@@ -73,14 +75,14 @@ def test_lawa_ema_expo_weighted_sums_match_definitions():
         "params/bias": w2,
         "head": np.ones(n) / n,
     }
-    a, b, c = merging.weighted_sums(iter(ckpts), [w1, w2, per_leaf])
+    a, b, c = weighted_sums(iter(ckpts), [w1, w2, per_leaf])
     np.testing.assert_allclose(_flat(a), ref(w1 @ thetas), rtol=RTOL, atol=1e-5)
     np.testing.assert_allclose(_flat(b), ref(w2 @ thetas), rtol=RTOL, atol=1e-5)
     expected = np.concatenate([thetas.mean(0)[10:15], (w2 @ thetas)[6:10], (w1 @ thetas)[:6]])
     np.testing.assert_allclose(_flat(c), expected, rtol=RTOL, atol=1e-5)
     # The sliding window merges M_W ... M_N.
     merges = [_flat(m) for m in merging.window_merges(iter(ckpts), window=3)]
-    a = merging.window_matrix(n, window=3)
+    a = window_matrix(n, window=3)
     assert a.shape == (n - 2, n)
     np.testing.assert_allclose(
         np.stack(merges), np.stack([ref(r) for r in a @ thetas]), rtol=RTOL, atol=ATOL
@@ -243,8 +245,8 @@ def _mismatched():
         lambda c: merging.lawa(c, window=2),
         lambda c: merging.lawa(iter(c)),
         lambda c: merging.ema(c, decay=0.5),
-        lambda c: merging.expo(c[0], c[2], alpha=1.0),
-        lambda c: merging.weighted_sum(c, np.ones(3) / 3),
+        lambda c: expo(c[0], c[2], alpha=1.0),
+        lambda c: weighted_sum(c, np.ones(3) / 3),
         lambda c: list(merging.window_merges(c, window=2)),
         lambda c: merging.sketch_trajectory(c, key=jax.random.key(0)),
         lambda c: merging.extra_merge(c, window=2, key=jax.random.key(0)),

@@ -21,6 +21,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from lowrank_jax import adapters, models
+from lowrank_jax.adapters.paths import named_leaves
 
 CONFIG = models.DecoderConfig(
     family="qwen2",
@@ -87,7 +88,7 @@ eight_lora, eight_losses = train(
     put(lora, lora_sh), put(variables, var_sh), put(tokens, batch_sh), put(mask, batch_sh), sharded
 )
 
-flat = lambda t: {k: np.asarray(v).tolist() for k, v in adapters.named_leaves(t).items()}
+flat = lambda t: {k: np.asarray(v).tolist() for k, v in named_leaves(t).items()}
 q, o = "params/model/layers/self_attn/q_proj/kernel", "params/model/layers/self_attn/o_proj/kernel"
 kernel = variables["params"]["model"]["layers"]["self_attn"]
 print(

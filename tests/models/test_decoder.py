@@ -15,6 +15,9 @@ import numpy as np
 import pytest
 
 from lowrank_jax import models
+from lowrank_jax.models.decoder import init_cache
+from lowrank_jax.models.decoder_config import RopeConfig
+from lowrank_jax.models.hf_decoder_config import config_from_hf, config_to_hf
 
 # One tiny Gemma-3-like config with every switch on (sliding and full layers, local RoPE base,
 # q/k norms, sandwich norms, soft-caps, tied embeddings) and a Llama-like one.
@@ -29,8 +32,8 @@ GEMMA = models.DecoderConfig(
     head_dim=8,
     hidden_act="gelu_pytorch_tanh",
     norm_offset=1.0,
-    rope=models.RopeConfig(theta=1e6, rope_type="linear", factor=2.0),
-    local_rope=models.RopeConfig(theta=1e4),
+    rope=RopeConfig(theta=1e6, rope_type="linear", factor=2.0),
+    local_rope=RopeConfig(theta=1e4),
     qk_norm=True,
     sandwich_norms=True,
     embed_scale=True,
@@ -49,7 +52,7 @@ LLAMA = models.DecoderConfig(
     num_hidden_layers=2,
     num_attention_heads=4,
     num_key_value_heads=1,
-    rope=models.RopeConfig(theta=5e5, rope_type="llama3", factor=8.0, high_freq_factor=4.0,
+    rope=RopeConfig(theta=5e5, rope_type="llama3", factor=8.0, high_freq_factor=4.0,
                            original_max_position_embeddings=8),
     dtype="float32",
 )  # fmt: skip
@@ -88,7 +91,7 @@ def test_cache_prefill_and_decode_equal_full_forward(gemma_vars):
     apply, variables = jax.jit(models.DecoderLM(GEMMA).apply), gemma_vars
     tokens, mask = _batch()
     full = apply(variables, tokens, mask)
-    cache = models.init_cache(GEMMA, 2, 12)
+    cache = init_cache(GEMMA, 2, 12)
     logits, cache = apply(variables, tokens[:, :5], mask[:, :5], cache=cache)
     steps = [logits]
     for i in range(5, 9):
@@ -175,12 +178,12 @@ def test_config_validation():
     with pytest.raises(ValueError, match="remat_policy"):
         LLAMA.replace(remat_policy="full")
     with pytest.raises(ValueError, match="rope_type"):
-        models.RopeConfig(rope_type="yarn")
+        RopeConfig(rope_type="yarn")
 
 
 def test_config_from_hf_round_trip_and_errors():
     for config in (GEMMA, LLAMA):
-        back = models.config_from_hf(models.config_to_hf(config), dtype="float32")
+        back = config_from_hf(config_to_hf(config), dtype="float32")
         assert back == config.replace(
             max_position_embeddings=back.max_position_embeddings,
             sliding_window=back.sliding_window,
@@ -189,20 +192,20 @@ def test_config_from_hf_round_trip_and_errors():
             head_dim=config.dims_per_head,
         )
         assert back.types == config.types
-    hf = models.config_to_hf(LLAMA)
+    hf = config_to_hf(LLAMA)
     with pytest.raises(ValueError, match="model_type='mistral'"):
-        models.config_from_hf({**hf, "model_type": "mistral"})
+        config_from_hf({**hf, "model_type": "mistral"})
     with pytest.raises(ValueError, match="does not know.*'moe_experts'"):
-        models.config_from_hf({**hf, "moe_experts": 8})
-    models.config_from_hf({**hf, "moe_experts": 8}, ignore_keys=("moe_experts",))
+        config_from_hf({**hf, "moe_experts": 8})
+    config_from_hf({**hf, "moe_experts": 8}, ignore_keys=("moe_experts",))
     with pytest.raises(ValueError, match="yarn"):
-        models.config_from_hf({**hf, "rope_parameters": {"rope_type": "yarn", "factor": 4.0}})
+        config_from_hf({**hf, "rope_parameters": {"rope_type": "yarn", "factor": 4.0}})
     with pytest.raises(ValueError, match="has no.*attn_logit_softcapping"):
-        models.config_from_hf({**hf, "attn_logit_softcapping": 50.0})
+        config_from_hf({**hf, "attn_logit_softcapping": 50.0})
     with pytest.raises(ValueError, match="attention_dropout"):
-        models.config_from_hf({**hf, "attention_dropout": 0.1})
+        config_from_hf({**hf, "attention_dropout": 0.1})
     with pytest.raises(ValueError, match="cannot express"):
-        models.config_to_hf(LLAMA.replace(qk_norm=True))
+        config_to_hf(LLAMA.replace(qk_norm=True))
 
 
 def test_module_names():
@@ -268,8 +271,9 @@ _SHARDED_LOAD = textwrap.dedent(
     import jax, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     from lowrank_jax import models
+    from lowrank_jax.models.hf_decoder_config import config_from_hf
     directory = sys.argv[1]
-    config = models.config_from_hf(directory, dtype="float32")
+    config = config_from_hf(directory, dtype="float32")
     mesh = Mesh(np.array(jax.devices()).reshape(4, 2), ("fsdp", "tp"))
     def sharding(path):
         if path.endswith("kernel") and "/layers/" in path:  # (L, n, m): n over fsdp, m over tp

@@ -21,6 +21,8 @@ import pytest
 
 from lowrank_jax import continual, models
 from lowrank_jax.continual import _src
+from lowrank_jax.continual.protocol import kernel_paths
+from lowrank_jax.models.decoder import init_cache
 
 L = 2
 CONFIG = models.DecoderConfig(
@@ -162,7 +164,7 @@ def test_unrolled_layers_are_the_same_function(variables):
         unrolled_logits(flat, x), scanned_logits(variables, x), atol=1e-5, rtol=0
     )
     # ... with a KV cache too (the unrolled layers' caches stacked as the scan's)
-    cache = models.init_cache(CONFIG, 3, 8)
+    cache = init_cache(CONFIG, 3, 8)
     got, got_cache = UNROLLED_LM.apply(flat, x, cache=cache)
     want, want_cache = SCANNED_LM.apply(variables, x, cache=cache)
     np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
@@ -171,12 +173,12 @@ def test_unrolled_layers_are_the_same_function(variables):
     with pytest.raises(ValueError, match="stacked layout"):  # the HF layout is the stack's
         models.save_hf_decoder("unused", UNROLLED_LM.config, flat)
     # Layer inputs recorded inside the scan (probe cotangents) == per-layer linen interception.
-    stacked_paths = continual.kernel_paths(variables, STACKED)
+    stacked_paths = kernel_paths(variables, STACKED)
     _, inside = jax.jit(lambda v, x: continual.layer_inputs(scanned_logits, stacked_paths, v, x))(
         variables, x
     )
     _, per_layer = continual.layer_inputs(
-        unrolled_logits, continual.kernel_paths(flat, UNROLLED), flat, x, capture="linen"
+        unrolled_logits, kernel_paths(flat, UNROLLED), flat, x, capture="linen"
     )
     got = restack(per_layer)
     assert set(got) == set(inside)
@@ -236,7 +238,7 @@ def test_capture_inside_the_scan_lowers_for_tpu_and_gpu():
     config = dataclasses.replace(CONFIG, dtype="bfloat16", remat_policy="nothing_saveable")
     model = models.DecoderLM(config)
     variables = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 6), jnp.int32))
-    paths = continual.kernel_paths(variables, STACKED)
+    paths = kernel_paths(variables, STACKED)
 
     def capture(v, x):
         return continual.layer_inputs(lambda v, x: model.apply(v, x)[:, -1], paths, v, x)[1]

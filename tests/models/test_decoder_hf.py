@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from lowrank_jax import adapters, models
+from lowrank_jax.models.hf_decoder_config import config_from_hf
 
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
@@ -125,7 +126,7 @@ def family(request, tmp_path_factory):
             p.copy_(torch.randn_like(p) * (0.02 if "embed_tokens" in key else 0.3))
     directory = tmp_path_factory.mktemp(name)
     hf.save_pretrained(directory)
-    config = models.config_from_hf(directory, dtype="float32")
+    config = config_from_hf(directory, dtype="float32")
     config, variables = models.load_hf_decoder(directory, config=config)
     return name, hf, directory, config, variables
 

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 from lowrank_jax import adapters, models
+from lowrank_jax.adapters.paths import named_leaves
+from lowrank_jax.adapters.quant import dequantize_base
 
 CONFIG = models.DecoderConfig(
     family="gemma2",
@@ -91,7 +93,7 @@ def test_lora_step_forms_no_copy_of_the_base():
 
     grads = jax.jit(jax.grad(lora_loss))(lora, variables)
     assert jax.tree.map(jnp.shape, grads) == jax.tree.map(jnp.shape, lora)
-    kernels = sum(x.nbytes for p, x in adapters.named_leaves(variables).items() if "_proj" in p)
+    kernels = sum(x.nbytes for p, x in named_leaves(variables).items() if "_proj" in p)
     emb = variables["params"]["model"]["embed_tokens"]["embedding"]
     extra = temp_bytes(lora_loss, lora) - temp_bytes(frozen_loss, emb)
     assert extra < 0.5 * kernels, (extra, kernels)  # measured: ~0.16 (a merged W + BA: > 1)
@@ -104,7 +106,7 @@ def test_qlora_nf4_base_on_the_scanned_stack(setup):
     nf4 = adapters.low_precision_base(
         variables, "nf4", patterns=(r".*_proj/kernel",), block_size=16
     )
-    upcast = jax.jit(adapters.dequantize_base)(nf4)
+    upcast = jax.jit(dequantize_base)(nf4)
     fwd = adapters.adapt(model.apply)
 
     def loss(ad, base):
@@ -117,7 +119,7 @@ def test_qlora_nf4_base_on_the_scanned_stack(setup):
     for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4)
     # 4-bit codes plus one float32 scale per 16 entries.
-    quantised = [x for p, x in adapters.named_leaves(nf4).items() if "_proj" in p]
+    quantised = [x for p, x in named_leaves(nf4).items() if "_proj" in p]
     entries = sum(x.qvalue.size for x in quantised)
     assert adapters.quant.base_bytes(quantised) == entries // 2 + 4 * entries // 16
 

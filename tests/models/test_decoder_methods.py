@@ -13,6 +13,9 @@ import optax
 import pytest
 
 from lowrank_jax import adapters, continual, merging, models
+from lowrank_jax.adapters.paths import named_leaves
+from lowrank_jax.merging.sparsify import ties_delta
+from lowrank_jax.merging.task_vectors import trim_task_vectors
 
 CONFIG = models.DecoderConfig(
     vocab_size=32,
@@ -77,7 +80,7 @@ def test_sequential_lora_on_the_scanned_decoder(decoder):
         merged, _ = method.predict(state, x)
         np.testing.assert_allclose(merged, adapted, atol=1e-5, rtol=0)
     # Only the targeted kernels (and the head) changed.
-    before, after = adapters.named_leaves(variables), adapters.named_leaves(state.params)
+    before, after = named_leaves(variables), named_leaves(state.params)
     for path, leaf in after.items():
         changed = not np.array_equal(leaf, before[path])
         assert changed == path.endswith("_proj/kernel"), path
@@ -96,19 +99,19 @@ def test_ties_merge_of_two_stacked_loras(decoder):
     # rank None: the exact merged update; per-kernel trimming (PEFT's) ranks each layer alone.
     merged = merging.merge_ties(loras, density=0.5, trim="per_kernel")
     path = "params/model/layers/self_attn/q_proj/kernel"
-    kernel = adapters.named_leaves(variables)[path]
+    kernel = named_leaves(variables)[path]
     assert merged[path].factors["a"].shape[0] == 2  # still stacked (L, n, r)
     deltas = jnp.stack([adapters.delta(lora[path], kernel.shape) for lora in loras])  # (K, L, n, m)
     for layer in range(2):  # TIES per layer, as PEFT and mergekit trim per matrix
-        expected = merging.ties_delta(deltas[:, layer], density=0.5)
+        expected = ties_delta(deltas[:, layer], density=0.5)
         got = adapters.delta(merged[path], kernel.shape)[layer]
         np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
     # The default (the TIES paper) trims each task vector over all its kernels and layers at once,
     # then elects signs per entry: TIES on the globally trimmed views with no further trimming.
     merged = merging.merge_ties(loras, density=0.5)
-    trimmed = merging.trim_task_vectors(loras, density=0.5)[path]  # (K, L, n, m)
+    trimmed = trim_task_vectors(loras, density=0.5)[path]  # (K, L, n, m)
     for layer in range(2):
-        expected = merging.ties_delta(trimmed[:, layer], density=1.0)
+        expected = ties_delta(trimmed[:, layer], density=1.0)
         got = adapters.delta(merged[path], kernel.shape)[layer]
         np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
     tokens = jax.random.randint(jax.random.key(3), (2, 6), 0, 32)

@@ -13,6 +13,7 @@ from jax.sharding import AbstractMesh
 from jax.sharding import PartitionSpec as P
 
 from lowrank_jax import adapters, models
+from lowrank_jax.adapters.paths import named_leaves
 
 CONFIG = models.DecoderConfig(
     vocab_size=64,
@@ -34,7 +35,7 @@ def _shapes(config):
 def test_specs_follow_the_layout_and_drop_axes_that_do_not_divide():
     variables = _shapes(CONFIG)
     specs = models.decoder_partition_specs(variables, mesh=AbstractMesh((2, 4), ("fsdp", "tp")))
-    flat = adapters.named_leaves(specs, is_leaf=lambda s: isinstance(s, P))
+    flat = named_leaves(specs, is_leaf=lambda s: isinstance(s, P))
     layer = "params/model/layers/"
     assert flat["params/model/embed_tokens/embedding"] == P("tp", "fsdp")
     assert flat[layer + "self_attn/q_proj/kernel"] == P(None, "fsdp", "tp")  # (2, 32, 24)
@@ -47,9 +48,9 @@ def test_specs_follow_the_layout_and_drop_axes_that_do_not_divide():
     assert flat[layer + "input_layernorm/scale"] == P()
     assert flat["params/model/norm/scale"] == P()
     # Without a mesh the rules apply as written; with tp=None only FSDP remains.
-    loose = adapters.named_leaves(models.decoder_partition_specs(variables), is_leaf=lambda s: isinstance(s, P))  # fmt: skip
+    loose = named_leaves(models.decoder_partition_specs(variables), is_leaf=lambda s: isinstance(s, P))  # fmt: skip
     assert loose[layer + "self_attn/k_proj/kernel"] == P(None, "fsdp", "tp")
-    fsdp_only = adapters.named_leaves(models.decoder_partition_specs(variables, tp=None), is_leaf=lambda s: isinstance(s, P))  # fmt: skip
+    fsdp_only = named_leaves(models.decoder_partition_specs(variables, tp=None), is_leaf=lambda s: isinstance(s, P))  # fmt: skip
     assert fsdp_only[layer + "mlp/down_proj/kernel"] == P(None, None, "fsdp")
     with pytest.raises(ValueError, match="tp=..."):
         models.decoder_partition_specs(variables, mesh=AbstractMesh((8,), ("data",)))

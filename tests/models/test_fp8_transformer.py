@@ -6,13 +6,14 @@ import numpy as np
 
 from lowrank_jax import fp8, models
 from lowrank_jax.fp8.bounds import norm_gain_bound
+from lowrank_jax.models.fp8_transformer import Fp8SelfAttention, fp8_attention_geometry
 
 
 def test_fp8_attention_exact_without_quantisation_and_close_with_it():
-    model = models.Fp8SelfAttention(num_heads=2)
+    model = Fp8SelfAttention(num_heads=2)
     x = jax.random.normal(jax.random.key(0), (2, 8, 16))
     variables = model.init(jax.random.key(1), x, None)
-    exact = models.Fp8SelfAttention(num_heads=2, quantize=False)
+    exact = Fp8SelfAttention(num_heads=2, quantize=False)
     y0, stats0 = exact.apply(variables, x, jnp.ones(2))
     assert float(jnp.max(stats0["softmax_error"])) == 0.0
     y1, stats1 = model.apply(variables, x, None)  # current scaling
@@ -31,7 +32,7 @@ def test_geometry_readout_feeds_a_policy():
     )
     tokens = jnp.zeros((1, 8), jnp.int32)
     params = model.init(jax.random.key(0), tokens, None)["params"]
-    wq, wk, gains = models.fp8_attention_geometry(params, num_layers=2)
+    wq, wk, gains = fp8_attention_geometry(params, num_layers=2)
     assert wq.shape == wk.shape == (2, 16, 2, 8) and gains.shape == (2,)
     ln = params["block_1_ln_attention"]
     assert float(gains[1]) == float(norm_gain_bound(ln["scale"], ln["bias"]))

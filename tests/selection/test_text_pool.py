@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from lowrank_jax import data, selection
+from lowrank_jax.data.shakespeare import PLAYS
 
 _SIZES = dict(seq_len=24, pretrain_per_play=3, pool_per_play=4, val_per_play=2, test_per_play=2)
 
@@ -33,7 +34,7 @@ def test_splits_are_disjoint_passages_of_the_folio_and_targets_are_the_genre():
     every = [s for split in splits for s in split]
     assert all(s in play_of for s in every)  # decoding gives back the loader's passages
     assert not Counter(every) - Counter(ds.x)  # no passage in two splits (or twice in one)
-    histories = tuple(k for k in ds.class_names if data.PLAYS[k][0] == "history")
+    histories = tuple(k for k in ds.class_names if PLAYS[k][0] == "history")
     assert p.subtasks == histories
     # Validation passages come from their subtask's play; test passages from target plays.
     val_plays = [play_of[s] for s in splits[2]]
@@ -65,7 +66,7 @@ def test_the_seed_reshuffles_and_other_genres_can_be_the_target():
     assert a.vocab == b.vocab and not np.array_equal(a.pool_x, b.pool_x)
     np.testing.assert_array_equal(a.pool_x, _pool.__wrapped__(0, **_SIZES).pool_x)
     t = _pool(target_genre="tragedy")
-    assert len(t.subtasks) == 11 and all(data.PLAYS[k][0] == "tragedy" for k in t.subtasks)
+    assert len(t.subtasks) == 11 and all(PLAYS[k][0] == "tragedy" for k in t.subtasks)
 
 
 @pytest.mark.parametrize(

@@ -9,10 +9,9 @@ from lowrank_jax.spectral import (
     attention_group_power_iteration,
     attention_power_iteration,
     init_attention_power_iteration,
-    init_power_iteration,
-    product_power_iteration,
     randomized_svd,
 )
+from lowrank_jax.spectral.power_iteration import init_power_iteration, product_power_iteration
 
 
 def _top_sv(a, b):
