@@ -270,6 +270,6 @@ def layer_inputs(
     if missing:
         raise ValueError(
             f"kernels {missing} were never used in a matmul by apply_fn; check the paths (linen: "
-            "'params/<module>/kernel'; see lowrank_jax.adapters.named_leaves(params))."
+            "'params/<module>/kernel'; see lowrank_jax.adapters.paths.named_leaves(params))."
         )
     return out, {k: jnp.concatenate(v, axis=0) for k, v in found.items()}
