@@ -77,10 +77,10 @@ __all__ = [
     "NonFiniteError",
     "ResumableIterator",
     "fit",
+    "fit_options",
     "fit_step",
     "on_start",
     "padded_means",
-    "fit_options",
     "train_options",
     "training_started",
 ]
