@@ -208,8 +208,9 @@ def test_method_on_the_stack_equals_it_on_unrolled_layers(name, variables, monke
     got = restack({k: v for k, v in trained_u.items() if k != "alpha"})
     if "alpha" in trained_u:  # SD-LoRA's magnitudes: (T,) per layer, (T, L) on the stack
         got["alpha"] = restack(trained_u["alpha"], axis=1)
-    close(got, trained)  # the last task's factors (and head)
-    # (GPM's last columns come from small singular values: 1e-7 input noise moves them ~1e-5)
+    # (GPM's last columns come from small singular values: 1e-7 input noise moves them ~1e-5,
+    # and the last task's factors, trained in the projected subspace, by 1.4e-5 on one host)
+    close(got, trained, atol=1e-4 if name == "gpm_lora" else 1e-5)  # last task's factors, head
     close(restack(projectors(unrolled.memory)), projectors(scanned.memory), atol=1e-4)
     if scanned.memory:  # filled per layer: one size per layer
         sizes = np.asarray(scanned.memory["params/model/layers/self_attn/q_proj/kernel"].size)
