@@ -30,7 +30,9 @@ sys.path.insert(0, str(REPO))
 from tests.tiers import TIERS  # noqa: E402  (the tier names, in the order of the guide)
 
 
-def run_tier(tier: str, workers: int) -> tuple[float, int, dict[str, float], int]:
+def run_tier(
+    tier: str, workers: int, logs: pathlib.Path | None
+) -> tuple[float, int, dict[str, float], int]:
     """``(wall seconds, tests run, seconds per test id, pytest's exit code)`` of one tier."""
     cmd = [sys.executable, "-m", "pytest", "-m", tier, "-q", "--durations=0", "-vv", "tests"]
     if workers > 1:
@@ -39,6 +41,9 @@ def run_tier(tier: str, workers: int) -> tuple[float, int, dict[str, float], int
     start = time.perf_counter()
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     wall = time.perf_counter() - start
+    if logs is not None:
+        logs.mkdir(parents=True, exist_ok=True)
+        (logs / f"{tier}.log").write_text(done.stdout + done.stderr)
     per_test: dict[str, float] = collections.defaultdict(float)
     for line in done.stdout.splitlines():
         if match := _LINE.match(line):
@@ -80,12 +85,13 @@ def main() -> None:
     parser.add_argument("--tiers", default=",".join(TIERS), help="comma-separated tiers to run")
     parser.add_argument("--workers", type=int, default=2, help="pytest-xdist workers")
     parser.add_argument("--check", action="store_true", help="print the table, write nothing")
+    parser.add_argument("--logs", type=pathlib.Path, help="keep each tier's pytest output here")
     args = parser.parse_args()
     tiers = [t for t in args.tiers.split(",") if t]
     unknown = sorted(set(tiers) - set(TIERS))
     if unknown:
         parser.error(f"unknown tiers {unknown}: choose from {', '.join(TIERS)}")
-    results = {tier: run_tier(tier, args.workers) for tier in tiers}
+    results = {tier: run_tier(tier, args.workers, args.logs) for tier in tiers}
     text = table(results, args.workers)
     print(text)
     failed = [tier for tier, r in results.items() if r[3] not in (0, 5)]
