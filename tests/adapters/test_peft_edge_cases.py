@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from lowrank_jax import adapters as A
+from lowrank_jax.adapters.paths import named_leaves
 from tests.adapters.models import perturb
 
 HAVE_PEFT = all(importlib.util.find_spec(m) is not None for m in ("torch", "peft"))
@@ -376,7 +377,7 @@ def test_modules_to_save_naming_a_parent_module_loads_and_saves_as_peft_does(tmp
     lora, trained = A.load_peft(
         tmp_path / "theirs", POOLED, module_path=module_path, with_trained=True
     )
-    assert A.named_leaves(trained)["pooler/dense/bias"] is not None
+    assert named_leaves(trained)["pooler/dense/bias"] is not None
     ours = A.adapt(_pooled_forward)(A.combine(trained, POOLED), lora, X)
     np.testing.assert_allclose(ours, outputs(model), atol=1e-5)
     # And back: saved as the module that holds the trained leaves, which PEFT loads alike.
