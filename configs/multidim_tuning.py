@@ -14,7 +14,7 @@ excess risk (true risk of α̂ − that of the class's oracle α*, tuned on the 
 ``oracle_budget`` evaluations) against N. ``chicago`` — a real fused-lasso family: the true
 β of an instance is a standardised window of 41 weekly means (from the first Monday of March) of
 one Chicago 'L' station's daily entries in one year (``lowrank_jax.data.load_chicago``,
-``lowrank_jax.tuning.signals.weekly_windows``: 20 stations × 2001–2015 = 300 signals), observed
+``lowrank_jax.tuning.signal_banks.weekly_windows``: 20 stations × 2001–2015 = 300 signals), observed
 through the same Gaussian design and noise as ``fused``
 (``tuning.synthetic.sample_signal_instances``; fresh instances share the 300 signals, not the design
 or noise); the holidays (Memorial Day, July 4, Labor Day, Thanksgiving) fall in the same weeks every

@@ -220,7 +220,7 @@ def _train_lora(config, model, body, arrays, seed, workdir, name):
 
 
 def _merged(body, delivered):
-    return adapters.merge({"params": body}, delivered)["params"]
+    return adapters.fold({"params": body}, delivered)["params"]
 
 
 def _rank(delivered) -> int:

@@ -29,7 +29,7 @@ from lowrank_jax import changepoint as cp
 from lowrank_jax import data
 from lowrank_jax.changepoint import peers, synthetic
 from lowrank_jax.changepoint.calibration import block_bootstrap_indices, quantile_threshold
-from lowrank_jax.changepoint.detectors import entrywise_cusum, page_cusum_totals
+from lowrank_jax.changepoint.detectors import entrywise_cusum, totals_cusum
 
 METHODS = ("lowrank", "lowrank_fixed", "frobenius", "cusum_totals", "cusum_entrywise")
 NULL_BATCH = 200  # null streams sampled at once (memory: 200 x T x p x L counts)
@@ -75,12 +75,12 @@ def make_detectors(
     kw = dict(num_scales=m.num_scales, alpha=m.alpha_stat, rate_bound=rate_bound)
     scan = dict(rank=rank, power_iters=m.power_iters, **kw)
     return {
-        "lowrank": cp.lowrank_detector(
+        "lowrank": cp.lowrank_scan(
             mean, estimator="svt", max_rank=max_rank, svt_scale=svt_scale, **scan
         ),
-        "lowrank_fixed": cp.lowrank_detector(mean, estimator="rank", **scan),
+        "lowrank_fixed": cp.lowrank_scan(mean, estimator="rank", **scan),
         "frobenius": cp.frobenius_scan(mean, **kw),
-        "cusum_totals": page_cusum_totals(mean.sum(), rel_change=m.cusum_total_change),
+        "cusum_totals": totals_cusum(mean.sum(), rel_change=m.cusum_total_change),
         "cusum_entrywise": entrywise_cusum(mean, rel_change=m.cusum_cell_change),
     }
 
@@ -109,10 +109,10 @@ def _scan_detector(det):
 
 
 def cusum_totals_refit(rel_change: float):
-    """Traceable factory ``stretch -> page_cusum_totals(mean total)`` for ``refit``."""
+    """Traceable factory ``stretch -> totals_cusum(mean total)`` for ``refit``."""
 
     def refit(stretch):
-        return page_cusum_totals(stretch.sum((1, 2)).mean(), rel_change=rel_change)
+        return totals_cusum(stretch.sum((1, 2)).mean(), rel_change=rel_change)
 
     return refit
 

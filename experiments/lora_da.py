@@ -32,7 +32,7 @@ from lowrank_jax import adapters
 __all__ = ["check_config", "initializers", "run", "run_cell"]
 
 COMMAND = "python -m experiments.train --config=configs/lora_da.py"
-_UNMERGE = {"pissa", "lora_ga"}  # initialisers that move W: train on the residual base
+_UNFOLD = {"pissa", "lora_ga"}  # initialisers that move W: train on the residual base
 
 
 def check_config(config: Any) -> None:
@@ -142,7 +142,7 @@ def run_cell(config: Any, name: str, init_fn, rank: int, seed: int) -> dict[str,
     ad = make()
     jax.block_until_ready(ad)
     init_s = time.perf_counter() - t0
-    base = adapters.unmerge(variables, ad) if name in _UNMERGE else variables
+    base = adapters.unfold(variables, ad) if name in _UNFOLD else variables
     steps = config.schedule.num_steps
     idx = sweep.batch_indices(seed, len(tr[1]), config.data.batch_size, steps)
     kw = dict(loss_fn=digits_shift.adapter_loss(model), tx=sweep.adam(config.optim.learning_rate))

@@ -28,7 +28,7 @@ from experiments.common import sweep
 from lowrank_jax import tuning
 from lowrank_jax.tuning.lasso import fused_lasso, prepare_instances
 from lowrank_jax.tuning.lasso_tuners import TuneResult, instance_losses
-from lowrank_jax.tuning.signals import weekly_windows
+from lowrank_jax.tuning.signal_banks import weekly_windows
 from lowrank_jax.tuning.synthetic import (
     sample_fused_instances,
     sample_row_instances,

@@ -7,7 +7,7 @@ of 64×128 tokens and a squared-error loss against a fixed random target, and ti
 
 * ``full``: full fine-tuning (every parameter trains);
 * ``merge``: LoRA by merge-at-apply, ``W + s·A·B`` formed inside every forward
-  (``model.apply(adapters.merge(variables, ad), x)``), so autodiff forms ``∂L/∂W'`` (m×n);
+  (``model.apply(adapters.fold(variables, ad), x)``), so autodiff forms ``∂L/∂W'`` (m×n);
 * ``lora-quax`` / ``lora-linen``: the factorised path ``adapters.adapt(model.apply, backend=...)``,
   ``x·W + s·(x·A)·B``, with no weight-shaped gradient;
 * ``lora-fused``: ``adapters.adapt(model.apply, lora_matmul="fused")``: one matmul
@@ -269,7 +269,7 @@ def build_jax_methods(
     fused_loss = lambda a, v, x, y: _mse(fused_fwd(v, a, x), y)
     losses = {
         "full": (lambda p, _, x, y: _mse(model.apply(p, x), y), variables, None),
-        "merge": (lambda a, v, x, y: _mse(model.apply(adapters.merge(v, a), x), y), ad, variables),
+        "merge": (lambda a, v, x, y: _mse(model.apply(adapters.fold(v, a), x), y), ad, variables),
         "lora-quax": (lambda a, v, x, y: _mse(quax_fwd(v, a, x), y), ad, variables),
         "lora-linen": (lambda a, v, x, y: _mse(linen_fwd(v, a, x), y), ad, variables),
         "lora-fused": (fused_loss, ad, variables),

@@ -5,7 +5,7 @@ is row ``t mod 4096`` of a sampled block, since the cost does not depend on the 
 ``t`` every detector is first advanced to ``t`` (untimed), then the next ``--steps`` observations
 are timed, all methods interleaved in rounds (``experiments.bench.common.run_rounds``):
 
-* ``lowrank``: :func:`lowrank_jax.changepoint.lowrank_detector`, the default (adaptive SVT window
+* ``lowrank``: :func:`lowrank_jax.changepoint.lowrank_scan`, the default (adaptive SVT window
   estimates, rank 2 in ``b``, at most 4 directions per window, J = 5, one subspace step), a
   ``lax.scan`` fed one observation per step (``chunk=1``, the online latency) and 16 per step
   (``chunk=16``, the same per-observation work batched);
@@ -75,9 +75,9 @@ def main(argv=None) -> dict:
     block = synthetic.sample_streams(key, lam, num_streams=1, length=BLOCK)[0]
     source = jnp.asarray(block)
     totals = block.sum((1, 2)).astype(np.float64)
-    dets = {"lowrank": cp.lowrank_detector(lam, rank=2, num_scales=5)}
+    dets = {"lowrank": cp.lowrank_scan(lam, rank=2, num_scales=5)}
     if args.profile:
-        dets["lowrank_fixed"] = cp.lowrank_detector(lam, rank=2, num_scales=5, estimator="rank")
+        dets["lowrank_fixed"] = cp.lowrank_scan(lam, rank=2, num_scales=5, estimator="rank")
         dets["frobenius"] = cp.frobenius_scan(lam, num_scales=5)
     runs = [("lowrank", 1), *((name, 16) for name in dets)]  # (detector, chunk)
     cost = peers.ruptures_poisson_cost()

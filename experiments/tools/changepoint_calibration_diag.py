@@ -16,7 +16,7 @@ T = 500, ρ = 0) unless said otherwise; ``--sigma`` is the log-normal noise of t
   null streams, and the false-alarm rate the bootstrap threshold gives on the fresh streams, with
   the detectors built from the true Λ or from the training stretch's mean.
 * ``cusum``: the Poisson Page-CUSUM on the totals with its rate estimated on the training stretch
-  (scalar streams in NumPy, checked against the library's ``page_cusum_totals`` first): false-alarm
+  (scalar streams in NumPy, checked against the library's ``totals_cusum`` first): false-alarm
   rates over ``--R`` training stretches of the in-sample bootstrap against the bootstrap that
   re-estimates the rate on each resampled stretch (what ``calibrate_threshold(refit=...)`` does).
 * ``refit``: the same comparison through the library (``calibrate_threshold`` with and without
@@ -41,7 +41,7 @@ import numpy as np
 from lowrank_jax import changepoint as cp
 from lowrank_jax.changepoint import lowrank, synthetic
 from lowrank_jax.changepoint.calibration import quantile_threshold
-from lowrank_jax.changepoint.detectors import page_cusum_totals
+from lowrank_jax.changepoint.detectors import totals_cusum
 from lowrank_jax.changepoint.lowrank import initial_basis, lowrank_statistics
 
 P = NUM_CELLS = 30
@@ -71,9 +71,9 @@ def bootstrap(args: argparse.Namespace) -> None:
 
     def detectors(mean):
         every = {
-            "lowrank": cp.lowrank_detector(mean, rank=2, num_scales=NUM_SCALES, alpha=ALPHA),
+            "lowrank": cp.lowrank_scan(mean, rank=2, num_scales=NUM_SCALES, alpha=ALPHA),
             "frobenius": cp.frobenius_scan(mean, num_scales=NUM_SCALES, alpha=ALPHA),
-            "cusum_totals": page_cusum_totals(mean.sum(), rel_change=0.05),
+            "cusum_totals": totals_cusum(mean.sum(), rel_change=0.05),
         }
         return {name: every[name] for name in args.dets.split(",")}
 
@@ -157,7 +157,7 @@ def cusum(args: argparse.Namespace) -> None:
         return (starts[:, :, None] + np.arange(block)).reshape(num, -1)[:, :length]
 
     x0 = totals((1, 64))
-    detector = page_cusum_totals(args.mean_total, rel_change=delta)
+    detector = totals_cusum(args.mean_total, rel_change=delta)
     library = np.asarray(cp.run_detector(detector, x0[0].astype(np.int32)[:, None, None]))
     ours = cusum_max(x0, args.mean_total, delta)
     if not np.allclose(library.max(), ours, rtol=1e-4):
@@ -204,7 +204,7 @@ def refit(args: argparse.Namespace) -> None:
     rng = np.random.default_rng(4)
 
     def refitted(stretch):
-        return page_cusum_totals(stretch.sum((1, 2)).mean(), rel_change=delta)
+        return totals_cusum(stretch.sum((1, 2)).mean(), rel_change=delta)
 
     out = []
     for r in range(reps):

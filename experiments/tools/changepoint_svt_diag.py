@@ -5,7 +5,7 @@
     python -m experiments.tools.changepoint_svt_diag ranks 1.0 0.5         # ranks SVT picks
 
 What they diagnose (issue 31; the numbers are quoted on the P17 page, docs/papers/p17_changepoint.md,
-and in ``lowrank_jax.changepoint.lowrank_detector``'s docstring). The setting is the default of
+and in ``lowrank_jax.changepoint.lowrank_scan``'s docstring). The setting is the default of
 ``configs/changepoint.py``: p = L = 30, rank 2, mean 2, σ = 0.2, J = 5 scales, T = 500, τ = 200,
 α = 0.05.
 
@@ -123,12 +123,10 @@ def detect(scales: list[float], fraction: float = 1.0) -> None:
         return np.asarray(cp.run_detector(detector, flat, index=index, chunk=16))
 
     detectors = {
-        "fixed rank 2": cp.lowrank_detector(mean, rank=2, estimator="rank"),
+        "fixed rank 2": cp.lowrank_scan(mean, rank=2, estimator="rank"),
         "Frobenius": cp.frobenius_scan(mean),
     }
-    detectors.update(
-        {f"SVT c_tau={c}": cp.lowrank_detector(mean, rank=2, svt_scale=c) for c in scales}
-    )
+    detectors.update({f"SVT c_tau={c}": cp.lowrank_scan(mean, rank=2, svt_scale=c) for c in scales})
     for name, detector in detectors.items():
         threshold = np.quantile(scores(detector, null).max(1), 0.95)
         found = [

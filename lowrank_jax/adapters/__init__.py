@@ -1,4 +1,4 @@
-"""Adapters over any parameter pytree: target rules, LoRA, factorised application, merging, PEFT."""
+"""Adapters over any parameter pytree: target rules, LoRA, factorised application, folding, PEFT."""
 
 from lowrank_jax.adapters.adapt import adapt
 from lowrank_jax.adapters.core import (
@@ -7,12 +7,12 @@ from lowrank_jax.adapters.core import (
     combine,
     count_params,
     delta,
+    fold,
     init,
-    merge,
     split_trainable,
-    unmerge,
+    unfold,
 )
-from lowrank_jax.adapters.dora import DoRA, dora, dora_norms, unmerge_dora
+from lowrank_jax.adapters.dora import DoRA, dora, dora_norms, unfold_dora
 from lowrank_jax.adapters.fourierft import FourierFT, fourierft
 from lowrank_jax.adapters.frameft import FrameFT, frameft
 from lowrank_jax.adapters.initializers import eva, lora_da, lora_ga, lora_one, pissa
@@ -21,7 +21,7 @@ from lowrank_jax.adapters.mixed import stack_adapters
 from lowrank_jax.adapters.peft import load_peft, save_peft
 from lowrank_jax.adapters.quant import low_precision_base
 from lowrank_jax.adapters.sharding import partition_specs, shardings
-from lowrank_jax.adapters.spectral import Spectral, spectral
+from lowrank_jax.adapters.singular import Spectral, spectral
 from lowrank_jax.adapters.vera import VeRA, vera
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "dora",
     "dora_norms",
     "eva",
+    "fold",
     "fourierft",
     "frameft",
     "init",
@@ -50,7 +51,6 @@ __all__ = [
     "lora_ga",
     "lora_one",
     "low_precision_base",
-    "merge",
     "partition_specs",
     "pissa",
     "save_peft",
@@ -58,7 +58,7 @@ __all__ = [
     "spectral",
     "split_trainable",
     "stack_adapters",
-    "unmerge",
-    "unmerge_dora",
+    "unfold",
+    "unfold_dora",
     "vera",
 ]

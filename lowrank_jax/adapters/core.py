@@ -1,4 +1,4 @@
-"""The adapter pytree: ``init``, ``merge``, ``unmerge`` and friends.
+"""The adapter pytree: ``init``, ``fold``, ``unfold`` and friends.
 
 An *adapter set* is a flat ``dict`` from a kernel's path (see :mod:`lowrank_jax.adapters.paths`) to
 an :class:`Adapter` record that holds that kernel's trainable factors and, as static metadata, its
@@ -30,15 +30,15 @@ __all__ = [
     "combine",
     "count_params",
     "delta",
+    "fold",
     "group_by_path",
     "init",
     "map_adapted",
-    "merge",
     "needs_kernel",
     "resolve_layout",
     "split_shape",
     "split_trainable",
-    "unmerge",
+    "unfold",
 ]
 
 AdapterSet = dict[str, "Adapter"]
@@ -175,7 +175,7 @@ def needs_kernel(adapter: Adapter) -> bool:
 
 
 def delta(adapter: Adapter, kernel_shape: Sequence[int], kernel: Any = None) -> jax.Array:
-    """The full update ``ΔW`` in the kernel's shape (for merging and export, never in training).
+    """The full update ``ΔW`` in the kernel's shape (for folding and export, never in training).
 
     Args:
       adapter: one kernel's adapter.
@@ -241,12 +241,12 @@ def map_adapted(params: Any, adapters: Any, fn: Callable[[str, Any, list[Adapter
 
 def _apply_to_kernels(params: Any, adapters: Any, sign: float) -> Any:
     def update(path, leaf, ads):
-        leaf = dequantize(leaf)  # an int8 base merges into float32 kernels
+        leaf = dequantize(leaf)  # an int8 base folds into float32 kernels
         if sign < 0 and any(needs_kernel(a) for a in ads):
             raise ValueError(
-                f"{path!r} carries a DoRA adapter, whose merge cannot be undone from the merged "
-                "kernel alone; use adapters.unmerge_dora(params, adapters, norms) with norms = "
-                "adapters.dora_norms(params_before_merge, adapters)."
+                f"{path!r} carries a DoRA adapter, whose fold cannot be undone from the folded "
+                "kernel alone; use adapters.unfold_dora(params, adapters, norms) with norms = "
+                "adapters.dora_norms(params_before_fold, adapters)."
             )
         total = sum(delta(a, leaf.shape, leaf) for a in ads)
         dtype = jnp.result_type(leaf.dtype, total.dtype)  # bf16 base + f32 factors: float32
@@ -255,7 +255,7 @@ def _apply_to_kernels(params: Any, adapters: Any, sign: float) -> Any:
     return map_adapted(params, adapters, update)
 
 
-def merge(params: Any, adapters: Any) -> Any:
+def fold(params: Any, adapters: Any) -> Any:
     """Folds the adapters into the kernels: ``W ← W + ΔW`` (for inference and export).
 
     Args:
@@ -266,19 +266,19 @@ def merge(params: Any, adapters: Any) -> Any:
       ``params`` with every adapted kernel replaced by ``W + ΔW``, in the kernel's dtype promoted
       with the factors' (a bfloat16 base with float32 factors gives float32); an int8 kernel
       (:mod:`lowrank_jax.adapters.quant`) is dequantised first. Every ``ΔW`` is taken from the
-      unmerged kernel; a DoRA adapter's is ``(W + s·A B)·diag(c) − W``.
+      unfolded kernel; a DoRA adapter's is ``(W + s·A B)·diag(c) − W``.
     """
     return _apply_to_kernels(params, adapters, 1.0)
 
 
-def unmerge(params: Any, adapters: Any) -> Any:
-    """The inverse of :func:`merge`, ``W ← W − ΔW`` (exact up to float rounding).
+def unfold(params: Any, adapters: Any) -> Any:
+    """The inverse of :func:`fold`, ``W ← W − ΔW`` (exact up to float rounding).
 
     Also turns a data-aware initialisation (PiSSA, ...) into a residual base: after
-    ``params = unmerge(params, adapters)`` the adapted model starts at the original function.
+    ``params = unfold(params, adapters)`` the adapted model starts at the original function.
 
     Raises:
-      ValueError: a kernel carries a DoRA adapter (use :func:`lowrank_jax.adapters.unmerge_dora`).
+      ValueError: a kernel carries a DoRA adapter (use :func:`lowrank_jax.adapters.unfold_dora`).
     """
     return _apply_to_kernels(params, adapters, -1.0)
 

@@ -20,9 +20,9 @@ on the dropped-out input, as PEFT does, when dropout is active). The squared col
 a fused column reduction of ``W``, the ``(r, m)`` product ``AᵀW`` (one rank-``r`` pass over the
 frozen kernel, like ``r`` extra tokens) and the ``(r, r)`` Gram ``AᵀA``: memory ``O(r·(n + m))``.
 
-Merging folds ``W ← (W + s·A B)·diag(c)``. It cannot be undone from the merged kernel alone (every
-column of ``W'`` has norm ``|mag_j|`` whatever ``W`` was; PEFT caches the norms at merge time), so
-:func:`unmerge_dora` takes the norms :func:`dora_norms` computed from the unmerged parameters.
+Folding gives ``W ← (W + s·A B)·diag(c)``. It cannot be undone from the folded kernel alone (every
+column of ``W'`` has norm ``|mag_j|`` whatever ``W`` was; PEFT caches the norms at fold time), so
+:func:`unfold_dora` takes the norms :func:`dora_norms` computed from the unfolded parameters.
 
 References:
   Liu et al. 2024, "DoRA: Weight-Decomposed Low-Rank Adaptation" (ICML), Eq. (5) and §4.3; PEFT's
@@ -43,7 +43,7 @@ import jax.numpy as jnp
 from lowrank_jax.adapters.core import Adapter, as_sets, delta, map_adapted
 from lowrank_jax.adapters.kinds import LoRA, LoraInit, dropout, lora
 
-__all__ = ["DoRA", "dora", "dora_column_norms", "dora_norms", "unmerge_dora"]
+__all__ = ["DoRA", "dora", "dora_column_norms", "dora_norms", "unfold_dora"]
 
 
 def dora_column_norms(
@@ -77,7 +77,7 @@ class DoRA:
     Factors ``{"a": (n, r), "b": (r, m), "m": (m,)}``; ``a``, ``b`` are a :class:`LoRA`'s (same
     initialisation, scale and dropout), ``m`` the magnitude. Unlike the additive kinds it needs the
     frozen kernel: ``apply_delta`` and ``materialize`` take ``kernel=`` (the ``(n, m)`` matrix view)
-    and ``adapt``/``merge`` pass it (``needs_kernel``).
+    and ``adapt``/``fold`` pass it (``needs_kernel``).
 
     Attributes:
       lora: the direction's LoRA spec (rank, alpha, rsLoRA, dropout, init, axis layout, dtype).
@@ -115,7 +115,7 @@ class DoRA:
         if kernel is None:
             raise ValueError(
                 "DoRA needs the frozen kernel (kernel=, its (n, m) matrix view); apply it with "
-                "adapters.adapt(..., backend='quax') and merge it with adapters.merge."
+                "adapters.adapt(..., backend='quax') and fold it with adapters.fold."
             )
         a, b, mag = factors["a"], factors["b"], factors["m"]
         norms = jax.lax.stop_gradient(dora_column_norms(kernel, a, b, scale=self.scale))
@@ -171,7 +171,7 @@ class DoRA:
         shape: tuple[int, int] | None = None,
         kernel: jax.Array | None = None,
     ) -> jax.Array:
-        """``ΔW = W' − W = (W + s·A B)·diag(c) − W`` (merging and export only)."""
+        """``ΔW = W' − W = (W + s·A B)·diag(c) − W`` (folding and export only)."""
         c = self._factor(factors, kernel)
         w = kernel.astype(c.dtype)
         return (w + self.lora.materialize(factors)) * c - w
@@ -236,13 +236,13 @@ def _stacked_norms(adapter: Adapter, kernel: jax.Array) -> jax.Array:
 
 
 def dora_norms(params: Any, adapters: Any) -> dict[str, jax.Array]:
-    """The column norms ``‖W + s·A B‖_col`` of every DoRA adapter, from the *unmerged* params.
+    """The column norms ``‖W + s·A B‖_col`` of every DoRA adapter, from the *unfolded* params.
 
-    Take them before :func:`lowrank_jax.adapters.merge` to undo it later with
-    :func:`unmerge_dora` (PEFT caches the same norms when it merges).
+    Take them before :func:`lowrank_jax.adapters.fold` to undo it later with
+    :func:`unfold_dora` (PEFT caches the same norms when it folds).
 
     Args:
-      params: the parameter pytree the adapters were made for (not merged).
+      params: the parameter pytree the adapters were made for (not folded).
       adapters: one adapter set, a list of sets or ``{name: set}``; only one DoRA adapter per kernel.
 
     Returns:
@@ -255,7 +255,7 @@ def dora_norms(params: Any, adapters: Any) -> dict[str, jax.Array]:
     seen = [p for p, _ in found]
     twice = sorted({p for p in seen if seen.count(p) > 1})
     if twice:
-        raise ValueError(f"{twice} carry several DoRA adapters; merge and unmerge them one by one.")
+        raise ValueError(f"{twice} carry several DoRA adapters; fold and unfold them one by one.")
     by_path = dict(found)
     out: dict[str, jax.Array] = {}
 
@@ -268,17 +268,17 @@ def dora_norms(params: Any, adapters: Any) -> dict[str, jax.Array]:
     return out
 
 
-def unmerge_dora(params: Any, adapters: Any, norms: dict[str, jax.Array]) -> Any:
-    """Undoes :func:`lowrank_jax.adapters.merge` of DoRA adapters: ``W = W'·diag(1/c) − s·A B``.
+def unfold_dora(params: Any, adapters: Any, norms: dict[str, jax.Array]) -> Any:
+    """Undoes :func:`lowrank_jax.adapters.fold` of DoRA adapters: ``W = W'·diag(1/c) − s·A B``.
 
     Args:
-      params: merged parameters (``W' = (W + s·A B)·diag(c)`` at each DoRA kernel).
-      adapters: the adapter set(s) that were merged (other kinds are subtracted as in
-        :func:`lowrank_jax.adapters.unmerge`).
-      norms: :func:`dora_norms` of the params before merging, ``c = mag / norms``.
+      params: folded parameters (``W' = (W + s·A B)·diag(c)`` at each DoRA kernel).
+      adapters: the adapter set(s) that were folded (other kinds are subtracted as in
+        :func:`lowrank_jax.adapters.unfold`).
+      norms: :func:`dora_norms` of the params before folding, ``c = mag / norms``.
 
     Returns:
-      The unmerged parameters (exact up to float rounding).
+      The unfolded parameters (exact up to float rounding).
 
     Raises:
       ValueError: a DoRA kernel has no entry in ``norms`` (or a wrong shape).
@@ -292,7 +292,7 @@ def unmerge_dora(params: Any, adapters: Any, norms: dict[str, jax.Array]) -> Any
 
     def update(path, leaf, ads):
         out = leaf
-        # merge gives W' = (W + s·A B)·diag(c) + Σ others: the others come off before the division
+        # fold gives W' = (W + s·A B)·diag(c) + Σ others: the others come off before the division
         for ad in sorted(ads, key=lambda ad: isinstance(ad.kind, DoRA)):
             if not isinstance(ad.kind, DoRA):
                 d = delta(ad, leaf.shape)

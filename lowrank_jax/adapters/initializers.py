@@ -19,12 +19,12 @@ included).
 Which initial model each one gives (``s`` the LoRA scale, all in kernel convention ``W: (n, m)``):
 
 =========  ========================================================  ===============================
-method     merged update ``s·A₀B₀``                                   then
+method     folded update ``s·A₀B₀``                                   then
 =========  ========================================================  ===============================
 LoRA-DA    ``(s/γ) a₀a₀ᵀΔ``, ``Δ`` the normalised natural gradient    keep ``W₀`` (as the paper)
 LoRA-One   ``−(s/γ) [G]_r / σ₁(G)``                                   keep ``W₀`` (as the paper)
-LoRA-GA    ``(s√m/γ) L_{:r} R_{r:2r}ᵀ`` from ``G = L Σ Rᵀ``            ``params = unmerge(params, ad)``
-PiSSA      ``[W₀]_r`` (top-``r`` SVD of the weight)                   ``params = unmerge(params, ad)``
+LoRA-GA    ``(s√m/γ) L_{:r} R_{r:2r}ᵀ`` from ``G = L Σ Rᵀ``            ``params = unfold(params, ad)``
+PiSSA      ``[W₀]_r`` (top-``r`` SVD of the weight)                   ``params = unfold(params, ad)``
 EVA        ``0`` (``A₀`` = top activation directions, ``B₀ = 0``)     nothing
 =========  ========================================================  ===============================
 
@@ -234,7 +234,7 @@ def lora_da(
     ``G`` comes from the first ``S_g`` examples, ``Z`` and ``F`` from the first ``S_f`` (both capped
     at the batch size); see ``initializers.lora_da_factors`` for the maths. As in the authors' code the base
     weights are *not* modified, so the initial model is ``W₀ + s A₀B₀``, a small step along the
-    natural gradient restricted to the chosen subspace; do not unmerge.
+    natural gradient restricted to the chosen subspace; do not unfold.
 
     Args:
       key: unused (the initialisation is deterministic); kept for the ``init`` interface.
@@ -316,7 +316,7 @@ def lora_one(
     gamma: float = 1024.0,
     chunk_size: int = 16,
 ) -> AdapterSet:
-    """LoRA-One initialisation: ``s·A₀B₀ = −(s/γ)[G]_r/σ₁(G)``, ``W₀`` unchanged (do not unmerge).
+    """LoRA-One initialisation: ``s·A₀B₀ = −(s/γ)[G]_r/σ₁(G)``, ``W₀`` unchanged (do not unfold).
 
     See ``initializers.lora_one_factors``; ``G`` is the mean gradient over the first ``S_g`` examples.
     """
@@ -339,10 +339,10 @@ def lora_ga(
     gamma: float = 1024.0,
     chunk_size: int = 16,
 ) -> AdapterSet:
-    """LoRA-GA initialisation: ``s·A₀B₀ = s·(√m/γ) L_{:r} R_{r:2r}ᵀ``; then ``unmerge``.
+    """LoRA-GA initialisation: ``s·A₀B₀ = s·(√m/γ) L_{:r} R_{r:2r}ᵀ``; then ``unfold``.
 
     LoRA-GA subtracts the initial update from the base weight (``W₀ ← W₀ − s A₀B₀``) so training
-    starts at the base model: follow with ``params = adapters.unmerge(params, ad)``. See
+    starts at the base model: follow with ``params = adapters.unfold(params, ad)``. See
     ``initializers.lora_ga_factors``.
     """
     del key
@@ -355,7 +355,7 @@ def lora_ga(
 def pissa(
     key: jax.Array, params: Any, rules: paths.Rules, batch: Any = None, **_: Any
 ) -> AdapterSet:
-    """PiSSA initialisation (``lora(init="pissa")``): ``s·A₀B₀ = [W₀]_r``; then ``unmerge``.
+    """PiSSA initialisation (``lora(init="pissa")``): ``s·A₀B₀ = [W₀]_r``; then ``unfold``.
 
     ``batch`` and keyword arguments are accepted and ignored so that every initialiser can be
     called the same way.

@@ -9,7 +9,7 @@ Every kind works on the *matrix view* of a kernel: a kernel of shape ``(*stack, 
   ``(..., n)``, computed factorised (``ΔW`` is never formed);
 * ``apply_delta_transposed(factors, y, *, shape) -> (..., n)``: ``y @ ΔWᵀ`` (tied embeddings,
   ``x @ W.T``);
-* ``materialize(factors, *, shape) -> (n, m)``: ``ΔW`` itself, for merging and export only;
+* ``materialize(factors, *, shape) -> (n, m)``: ``ΔW`` itself, for folding and export only;
 * ``factor_specs(in_spec, out_spec)``: each factor's partitioning given the mesh axes of the
   kernel's input and output dimensions (for ``jax.sharding``);
 
@@ -118,7 +118,7 @@ class LoRA:
     * ``"gaussian"``: ``A ~ N(0, 1/r²)``, ``B = 0`` (PEFT's ``init_lora_weights="gaussian"``).
     * ``"pissa"``: ``A = U_r sqrt(S_r / s)``, ``B = sqrt(S_r / s) V_rᵀ`` from the top-``r`` SVD
       ``W = U S Vᵀ``, so ``s · A B`` is the principal part of ``W``. Follow with
-      ``params = unmerge(params, adapters)`` to train on the residual ``W - s A B`` and start at the
+      ``params = unfold(params, adapters)`` to train on the residual ``W - s A B`` and start at the
       base model's function.
 
     Attributes:

@@ -60,7 +60,7 @@ class AdapterBank:
     The factors are ``inner``'s with a leading adapter axis ``(size, ...)``; after
     :func:`select_adapters` they also hold ``ids`` ``(batch,)`` and ``batch`` is set, and
     ``apply_delta`` applies adapter ``ids[i]`` to example ``i`` of ``x`` (``(batch · t, n)``,
-    examples contiguous). A bank has no single update, so ``materialize`` (merging) raises.
+    examples contiguous). A bank has no single update, so ``materialize`` (folding) raises.
 
     Attributes:
       inner: the kind of every adapter in the bank.
@@ -138,7 +138,7 @@ class AdapterBank:
         self, factors: dict[str, jax.Array], *, shape: tuple[int, int] | None = None
     ) -> jax.Array:
         raise ValueError(
-            "an adapter bank has one update per adapter, not one ΔW: merge one adapter set "
+            "an adapter bank has one update per adapter, not one ΔW: fold one adapter set "
             "(before stack_adapters), or apply the bank with adapter_ids."
         )
 

@@ -5,10 +5,10 @@ PyTorch PEFT stores, for each adapted ``nn.Linear`` named ``<module>``, the tens
 ``(out, r)``, with ``ΔW_torch = (lora_alpha / r) · B_peft A_peft`` of shape ``(out, in)``. Our kernels
 are ``(in, out)`` and our factors ``a: (n, r)``, ``b: (r, m)``, so ``A_peft = aᵀ`` and ``B_peft = bᵀ``.
 Module names come from a user-supplied map (for the MiniLM BERT of :mod:`lowrank_jax.models`, its
-``peft_module_name`` / ``flax_path_from_peft``). A kernel stacked on a layer axis (``nn.scan``,
+``bert_module_name`` / ``bert_path_from_module``). A kernel stacked on a layer axis (``nn.scan``,
 ``(L, n, m)``) is L PyTorch modules: the map then takes the layer index too
 (``module_name(path, layer)``, and ``module_path(name) -> (path, layer)``), as
-``models.hf_module_name`` / ``models.path_from_hf_module`` do for the decoder family, and the
+``models.decoder_module_name`` / ``models.decoder_path_from_module`` do for the decoder family, and the
 per-layer factors are stacked back on the layer axis. No pickle is read or written.
 
 Besides ``nn.Linear`` LoRA, the format covers (both ways):
@@ -201,7 +201,7 @@ def save_peft(
       module_name: maps our kernel path to the PyTorch module name, e.g. ``params/encoder/layer_0/
         attention/query/kernel`` -> ``encoder.layer.0.attention.self.query``. For adapters
         stacked on a layer axis it is called as ``module_name(path, layer)`` for each layer
-        index, e.g. ``models.hf_module_name`` (``model.layers.<layer>.self_attn.q_proj``).
+        index, e.g. ``models.decoder_module_name`` (``model.layers.<layer>.self_attn.q_proj``).
       base_model: ``base_model_name_or_path`` recorded in the config (for MiniLM:
         ``models.MINILM_NAME``).
       task_type: PEFT task type (``None``, ``"SEQ_CLS"``, ...).
@@ -286,7 +286,7 @@ def _save_one(
             raise ValueError(
                 f"{path!r} is stacked (nn.scan) with factor shape {f['a'].shape}: PEFT export needs "
                 "one stacked layer axis and a module_name(path, layer) that names each layer's "
-                "module (e.g. models.hf_module_name), or unstacked layers."
+                "module (e.g. models.decoder_module_name), or unstacked layers."
             )
         layout = None
         if path.endswith("/embedding"):
@@ -455,9 +455,9 @@ def load_peft(
       params: the parameter pytree to adapt (kernel shapes are checked against the tensors).
       module_path: maps a PyTorch module name to our path of the module's kernel (an embedding's
         ``embedding``, a LayerNorm's ``scale``): the inverse of ``save_peft``'s ``module_name``
-        (for MiniLM: ``models.flax_path_from_peft``). It may return ``(path, layer)`` for one
+        (for MiniLM: ``models.bert_path_from_module``). It may return ``(path, layer)`` for one
         layer of a kernel stacked on a layer axis (``(path, None)``: a whole kernel), e.g.
-        ``models.path_from_hf_module``; the layers' factors are stacked on that axis, and layers
+        ``models.decoder_path_from_module``; the layers' factors are stacked on that axis, and layers
         PEFT did not adapt get zero factors.
       dtype: dtype of the factors (default: as stored).
       rules: only needed for kernels that are not 2-D and not convolutions, to give their
@@ -483,7 +483,7 @@ def load_peft(
         layers of one stacked kernel with different ranks or alphas.
 
     Example:
-      >>> lora = load_peft("out/", variables, module_path=models.flax_path_from_peft)  # doctest: +SKIP
+      >>> lora = load_peft("out/", variables, module_path=models.bert_path_from_module)  # doctest: +SKIP
     """
     config = _read_config(directory)
     file = os.path.join(directory, WEIGHTS_NAME)

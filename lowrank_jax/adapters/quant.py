@@ -12,7 +12,7 @@ Adapters train in float32 while the frozen base they sit on is stored in less me
   a quarter of the bytes plus ``4·m``). The factorised forward never dequantises a kernel: the
   scale is constant along the contracted axis, so ``x·(Q·diag(s)) = (x·Q)·diag(s)`` is one
   int8-weight matmul followed by a per-channel rescale of the output (**float32 output**).
-  :func:`lowrank_jax.adapters.merge` dequantises (``W ≈ Q·diag(s)``) and returns float32 kernels.
+  :func:`lowrank_jax.adapters.fold` dequantises (``W ≈ Q·diag(s)``) and returns float32 kernels.
 * ``"nf4"`` (QLoRA's base): every selected kernel ``(..., n, m)`` becomes a ``qwix.QArray`` of
   4-bit NormalFloat codes (``uint4``: 16 levels ``q_k``, the quantiles of a standard normal scaled
   to [-1, 1]) with one float32 absmax scale per block of ``block_size`` (default 64) consecutive

@@ -4,8 +4,8 @@
 ``A ∈ R^{r×n}``, ``B ∈ R^{m×r}`` and trainable ``d ∈ R^r`` (init ``d_initial = 0.1``) and
 ``b ∈ R^m`` (init 0, so the adapted model starts at the base model). ``A`` and ``B`` are not in the
 trainable tree: they are regenerated deterministically from ``projection_seed`` and the shape
-(Kaiming-uniform with gain ``√2``, as PEFT's ``_kaiming_init``) and memoised, so all layers of one
-shape share one copy. Trainable parameters per kernel: ``r + m``.
+(Kaiming-uniform with gain ``√2``, as PEFT's ``_kaiming_init``), so all layers of one shape share
+the same matrices. Trainable parameters per kernel: ``r + m``.
 
 References:
   Kopiczko, Blankevoort, Asano 2024, "VeRA: Vector-based Random Matrix Adaptation" (ICLR), and
@@ -16,7 +16,6 @@ References:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any
 
@@ -33,7 +32,6 @@ __all__ = [
 ]
 
 
-@functools.lru_cache(maxsize=128)
 def _projections(n: int, m: int, r: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     g = np.random.default_rng(seed)
     a = g.uniform(-math.sqrt(6.0 / n), math.sqrt(6.0 / n), (r, n))

@@ -18,7 +18,7 @@ from lowrank_jax.changepoint.calibration import calibrate_svt_scale, calibrate_t
 from lowrank_jax.changepoint.detectors import (
     first_alarm,
     frobenius_scan,
-    lowrank_detector,
+    lowrank_scan,
     run_detector,
 )
 
@@ -27,6 +27,6 @@ __all__ = [
     "calibrate_threshold",
     "first_alarm",
     "frobenius_scan",
-    "lowrank_detector",
+    "lowrank_scan",
     "run_detector",
 ]

@@ -140,7 +140,7 @@ def calibrate_threshold(
       chunk: observations per scan step (:func:`run_detector`).
       refit: optional factory ``stretch (n, p, L) int32 -> Detector`` that builds ``detector``
         from a training stretch, written in ``jnp`` (it is traced; e.g.
-        ``lambda s: page_cusum_totals(s.sum((1, 2)).mean(), rel_change=0.05)``). When given,
+        ``lambda s: totals_cusum(s.sum((1, 2)).mean(), rel_change=0.05)``). When given,
         bootstrap stream ``b`` is monitored by ``refit(train[I_b])`` for its own block-bootstrap
         resample ``I_b`` of length ``n`` (Gandy & Kvaløy's re-estimating bootstrap) instead of
         by ``detector``, so the threshold includes the plug-ins' estimation error.
@@ -218,7 +218,7 @@ def calibrate_svt_scale(
       rate_bound: ``λ̄`` (default: the largest cell mean of ``train``), as the detector's.
 
     Returns:
-      ``c_τ`` to pass as ``lowrank_detector(..., svt_scale=c_τ)``.
+      ``c_τ`` to pass as ``lowrank_scan(..., svt_scale=c_τ)``.
 
     Raises:
       ValueError: a stretch shorter than ``2^J`` or than ``block_len``, or a bad level.

@@ -6,11 +6,11 @@ scalar that is compared with a threshold ``h`` (alarm at the first ``t`` with ``
 Every detector's ``h`` is calibrated the same way (:mod:`lowrank_jax.changepoint.calibration`),
 so methods are compared at equal false-alarm rate.
 
-* :func:`lowrank_detector`: ``score_t = max_w D_{t,w} / b_{t,w}`` of
+* :func:`lowrank_scan`: ``score_t = max_w D_{t,w} / b_{t,w}`` of
   :mod:`lowrank_jax.changepoint.lowrank` (``h`` plays the role of the constant ``C``), window
   estimates by adaptive SVT (default) or a fixed rank.
 * :func:`frobenius_scan`: the same multi-scale scan without truncation (non-low-rank).
-* :func:`page_cusum_totals`: two-sided Poisson Page-CUSUM on the total count ``Σ_ij Y_t,ij`` with
+* :func:`totals_cusum`: two-sided Poisson Page-CUSUM on the total count ``Σ_ij Y_t,ij`` with
   known pre-change rate ``μ₀`` and a relative change ``±δ``:
   ``S⁺_t = max(0, S⁺_{t-1} + x_t log(1+δ) − μ₀ δ)``, ``S⁻_t = max(0, S⁻_{t-1} + x_t log(1−δ) + μ₀ δ)``,
   ``score = max(S⁺, S⁻)``.
@@ -44,9 +44,9 @@ __all__ = [
     "entrywise_cusum",
     "first_alarm",
     "frobenius_scan",
-    "lowrank_detector",
-    "page_cusum_totals",
+    "lowrank_scan",
     "run_detector",
+    "totals_cusum",
 ]
 
 
@@ -58,7 +58,7 @@ class Detector(NamedTuple):
     update: Callable[[Any, jax.Array], tuple[Any, jax.Array]]
 
 
-def lowrank_detector(
+def lowrank_scan(
     train_mean: jax.typing.ArrayLike,
     *,
     rank: int | None,
@@ -150,7 +150,7 @@ def lowrank_detector(
 
 def frobenius_scan(train_mean: jax.typing.ArrayLike, **kw: Any) -> Detector:
     """The multi-scale scan without low-rank truncation (``rank=None``), same threshold shape."""
-    return lowrank_detector(train_mean, rank=None, **kw)
+    return lowrank_scan(train_mean, rank=None, **kw)
 
 
 def _check_change(rel_change: float) -> float:
@@ -165,7 +165,7 @@ def _cusum_step(s_up, s_down, x, rate, delta):
     return s_up, s_down
 
 
-def page_cusum_totals(rate: float, *, rel_change: float = 0.1) -> Detector:
+def totals_cusum(rate: float, *, rel_change: float = 0.1) -> Detector:
     """Two-sided Poisson Page-CUSUM on the totals ``Σ Y_t`` with known pre-change rate ``μ₀``.
 
     Args:

@@ -39,7 +39,7 @@ noise, and a change outside ``Λ``'s span enters the recent estimate as soon as 
 ``τ_S`` is the matrix-Bernstein scale of ``‖Ȳ_S − Λ‖_op`` with the ``ℓ_t`` of ``b_{t,w}``; the
 spec leaves the constant ``c_τ`` (``SVT.scale``) open: it is best calibrated on the training
 stretch (:func:`~lowrank_jax.changepoint.calibration.calibrate_svt_scale`), and
-:func:`~lowrank_jax.changepoint.detectors.lowrank_detector` defaults to 0.5. Hard rather than
+:func:`~lowrank_jax.changepoint.detectors.lowrank_scan` defaults to 0.5. Hard rather than
 soft thresholding: it leaves the kept singular values unbiased (a soft threshold shrinks the
 recent and past estimates by different ``τ``, a bias of order ``τ_w`` in every ``D_{t,w}``).
 ``fixed rank`` (``svt=None``) is the rank-``r`` truncation, and ``rank=None`` no truncation (the

@@ -13,7 +13,7 @@ import optax
 from lowrank_jax import adapters
 from lowrank_jax.continual.capture import layer_inputs
 from lowrank_jax.continual.protocol import ContinualState, get_path, kernel_paths, set_path
-from lowrank_jax.optim.projection import init_subspace_memory
+from lowrank_jax.optim.subspace_memory import init_subspace_memory
 
 
 def drop_path(tree: Any, path: str) -> Any:

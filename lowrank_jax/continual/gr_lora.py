@@ -45,12 +45,12 @@ from lowrank_jax.continual.protocol import (
     set_path,
 )
 from lowrank_jax.continual.statistics import ClassStatistics, class_statistics
-from lowrank_jax.optim.projection import (
+from lowrank_jax.optim.recycling import scale_by_gradient_recycling
+from lowrank_jax.optim.subspace_memory import (
     extend_subspace_memory,
     project_off,
     project_onto,
 )
-from lowrank_jax.optim.recycling import scale_by_gradient_recycling
 
 __all__ = [
     "GRLoRAState",

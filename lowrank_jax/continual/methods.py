@@ -53,7 +53,7 @@ from lowrank_jax.continual.protocol import (
     get_path,
     set_path,
 )
-from lowrank_jax.optim.projection import (
+from lowrank_jax.optim.subspace_memory import (
     extend_subspace_memory,
     project_off,
     scale_by_orthogonal_projection,

@@ -44,7 +44,7 @@ import numpy as np
 import optax
 
 from lowrank_jax.adapters.paths import named_leaves
-from lowrank_jax.optim.projection import SubspaceMemory
+from lowrank_jax.optim.subspace_memory import SubspaceMemory
 
 __all__ = [
     "ContinualMethod",

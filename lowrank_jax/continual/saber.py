@@ -67,7 +67,7 @@ from lowrank_jax.continual.protocol import (
     ContinualMethod,
     set_path,
 )
-from lowrank_jax.optim.projection import (
+from lowrank_jax.optim.subspace_memory import (
     SubspaceMemory,
     extend_subspace_memory,
     init_subspace_memory,

@@ -27,6 +27,7 @@ Optimization via Flow Model Fine-Tuning", arXiv 2602.16796 (2026); Rockafellar &
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -171,7 +172,19 @@ def pseudo_reward(r: jax.Array, eta: jax.Array, *, beta: float, tail: str) -> ja
     return -jnp.maximum(eta - r, 0.0) / beta
 
 
-@functools.cache
+@dataclasses.dataclass(frozen=True)
+class _LogTilt:
+    reward: Callable[[jax.Array], jax.Array]
+    beta: float
+    tail: str | None
+
+    def __call__(self, x: jax.Array, args: dict[str, jax.Array]) -> jax.Array:
+        r = self.reward(x)
+        if self.tail is not None:
+            r = pseudo_reward(r, args["eta"], beta=self.beta, tail=self.tail)
+        return r / args["alpha"]
+
+
 def reward_log_tilt(
     reward: Callable[[jax.Array], jax.Array], *, beta: float, tail: str | None
 ) -> Callable[[jax.Array, dict[str, jax.Array]], jax.Array]:
@@ -181,9 +194,9 @@ def reward_log_tilt(
     ``"right"``, TFFT) or ``r̃ = reward(x)`` (``tail=None``, expected-reward fine-tuning; ``eta``
     is then unused). Its gradient is ``α⁻¹β⁻¹·1[r ≷ η]·∇r`` for TFFT, ``α⁻¹·∇r`` otherwise.
 
-    One function object per ``(reward, beta, tail)`` (cached), so a jitted trainer that takes it
-    as a static argument compiles once per method; ``η`` and ``α`` are traced arguments. ``reward``
-    must be hashable (a function, not a lambda made anew in a loop: each new one is a new entry).
+    The result is a value, equal for equal ``(reward, beta, tail)``, so a jitted trainer that
+    takes it as a static argument compiles once per method; ``η`` and ``α`` are traced arguments.
+    ``reward`` is compared by identity: pass one function, not a lambda made anew in a loop.
     """
     if tail is not None:
         if tail not in TAILS:
@@ -191,14 +204,7 @@ def reward_log_tilt(
                 f"tail={tail!r} is invalid: use 'left' or 'right' (TFFT) or None (expected reward)"
             )
         _check(beta, tail)
-
-    def log_tilt(x: jax.Array, args: dict[str, jax.Array]) -> jax.Array:
-        r = reward(x)
-        if tail is not None:
-            r = pseudo_reward(r, args["eta"], beta=beta, tail=tail)
-        return r / args["alpha"]
-
-    return log_tilt
+    return _LogTilt(reward, beta, tail)
 
 
 def quantile_pseudo_reward(r: jax.Array, *, beta: float, tail: str) -> jax.Array:

@@ -467,7 +467,7 @@ def casa(
 
     Returns:
       ``{path: Adapter}`` of kind ``LoRA(rank, alpha=rank)`` for the target; use it with
-      ``adapters.merge(target_params, out)`` or the adapted forward.
+      ``adapters.fold(target_params, out)`` or the adapted forward.
 
     Raises:
       ValueError: the two parameter trees differ, or an adapted path is missing from them (the
@@ -476,7 +476,7 @@ def casa(
 
     Example:
       >>> moved = casa(source_vars, target_vars, lora_set, rank=16)
-      >>> logits = model.apply(adapters.merge(target_vars, moved), x)
+      >>> logits = model.apply(adapters.fold(target_vars, moved), x)
     """
     _check_hparams(rotation_threshold, q_threshold, arbitrate_q, energy)
     out = {}

@@ -141,7 +141,7 @@ def add_weighted_adapter(
 
     Returns:
       ``{path: Adapter}`` of kind ``LoRA(rank, alpha=rank)`` (scale 1), for
-      :func:`lowrank_jax.adapters.merge`, the adapted forward or
+      :func:`lowrank_jax.adapters.fold`, the adapted forward or
       :func:`~lowrank_jax.adapters.save_peft`.
 
     Raises:

@@ -430,7 +430,7 @@ def merge_task_arithmetic(
 
     Returns:
       ``{path: Adapter}`` of kind ``LoRA(rank, alpha=rank)`` (scale 1), ready for
-      :func:`lowrank_jax.adapters.merge` or the adapted forward.
+      :func:`lowrank_jax.adapters.fold` or the adapted forward.
 
     Raises:
       ValueError: the task vectors have different paths or shapes (naming the first differing

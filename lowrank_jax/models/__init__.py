@@ -19,11 +19,11 @@ from lowrank_jax.models.decoder_config import DecoderConfig
 from lowrank_jax.models.decoder_sharding import decoder_partition_specs
 from lowrank_jax.models.fp8_transformer import Fp8Transformer
 from lowrank_jax.models.gpt import CharGPT
-from lowrank_jax.models.hf_bert import flax_path_from_peft, peft_module_name
+from lowrank_jax.models.hf_bert import bert_module_name, bert_path_from_module
 from lowrank_jax.models.hf_decoder import (
-    hf_module_name,
+    decoder_module_name,
+    decoder_path_from_module,
     load_hf_decoder,
-    path_from_hf_module,
     save_hf_decoder,
 )
 from lowrank_jax.models.hf_decoder_config import config_from_hf
@@ -44,18 +44,18 @@ __all__ = [
     "DecoderLM",
     "Fp8Transformer",
     "ViT",
+    "bert_module_name",
+    "bert_path_from_module",
     "classifier_variables",
     "config_from_hf",
+    "decoder_module_name",
     "decoder_partition_specs",
-    "flax_path_from_peft",
+    "decoder_path_from_module",
     "generate",
-    "hf_module_name",
     "load_hf_decoder",
     "load_minilm",
     "mean_pool",
     "minilm_dir",
-    "path_from_hf_module",
-    "peft_module_name",
     "save_hf_decoder",
     "tokenize",
 ]

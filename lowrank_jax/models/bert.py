@@ -6,7 +6,7 @@ the pretrained all-MiniLM-L6-v2.
 
 Its parameter paths, the HuggingFace `BertModel` state-dict keys they come from, and the HF/PEFT
 module names of the projections are in `lowrank_jax.models.hf_bert` (`convert_bert_weights`,
-`peft_module_name`, `flax_path_from_peft`).
+`bert_module_name`, `bert_path_from_module`).
 
 References:
   Devlin et al., "BERT: Pre-training of Deep Bidirectional Transformers for Language

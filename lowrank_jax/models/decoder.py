@@ -38,9 +38,9 @@ state: `DecoderLM.__call__(tokens, mask, cache=cache)` returns `(logits, new_cac
 LoRA on the stack: rules take the stacked kernels with `lora(r, in_ndim=1, out_ndim=1)` (the
 leading axis is the layer), so the factors are stacked too (`a` (L, n, r), `b` (L, r, m)), and
 `adapters.adapt(model.apply)` (quax backend) runs under the same `nn.scan`, which slices the frozen
-kernel and the factors per layer: the base is never copied or merged (`tests/models/
+kernel and the factors per layer: the base is never copied or folded (`tests/models/
 test_decoder_lora.py` checks the compiled step's memory). `adapters.save_peft(dir, lora,
-module_name=hf_module_name)` writes one PEFT module per layer (`model.layers.{i}.self_attn.q_proj`)::
+module_name=decoder_module_name)` writes one PEFT module per layer (`model.layers.{i}.self_attn.q_proj`)::
 
     rules = [(r".*_proj/kernel", adapters.lora(8, alpha=16.0, in_ndim=1, out_ndim=1))]
     lora = adapters.init(key, variables, rules)

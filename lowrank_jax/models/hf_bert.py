@@ -20,7 +20,7 @@ Parameter paths of `BertEncoder` and the HuggingFace `BertModel` state-dict keys
 
 `BertClassifier` nests the encoder under `bert` (`params/bert/encoder/layer_0/...`), which maps
 to the HF names with a `bert.` prefix, as in `BertForSequenceClassification`.
-`peft_module_name` / `flax_path_from_peft` translate the kernel paths of the `nn.Dense`
+`bert_module_name` / `bert_path_from_module` translate the kernel paths of the `nn.Dense`
 projections (six per layer: query, key, value, out, fc1, fc2; and the pooler) to HF/PEFT module
 names and back; PEFT's adapter keys are `base_model.model.<module name>.lora_A.weight` etc.
 
@@ -38,7 +38,7 @@ import numpy as np
 
 from lowrank_jax.models.bert import BertConfig, BertEncoder
 
-__all__ = ["convert_bert_weights", "flax_path_from_peft", "peft_module_name"]
+__all__ = ["bert_module_name", "bert_path_from_module", "convert_bert_weights"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -83,7 +83,7 @@ _NAME_RE = re.compile(
 )
 
 
-def peft_module_name(path: str) -> str:
+def bert_module_name(path: str) -> str:
     """HuggingFace/PEFT module name of one of our BERT modules, given its main parameter's path.
 
     The map (i a layer index; an optional leading `params/` is accepted; any module prefix such
@@ -129,8 +129,8 @@ def peft_module_name(path: str) -> str:
     return f"{prefix}encoder.layer.{int(m['layer'])}.{_LAYER[m['proj']]}"
 
 
-def flax_path_from_peft(name: str) -> str:
-    """Inverse of `peft_module_name`: our '/'-joined path of a module's kernel (LayerNorm: scale;
+def bert_path_from_module(name: str) -> str:
+    """Inverse of `bert_module_name`: our '/'-joined path of a module's kernel (LayerNorm: scale;
     embedding: embedding) from an HF/PEFT module name.
 
     A leading `base_model.model.` (PEFT's wrapper prefix) is dropped; the returned path starts

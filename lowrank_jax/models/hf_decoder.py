@@ -12,7 +12,7 @@ safetensors` + `model.safetensors.index.json` over `max_shard_size`) for `from_p
 Names: our path `params/<a>/<b>/.../<leaf>` is the HF key `<a>.<b>. ... .weight` (`kernel`,
 transposed; `embedding`; `scale`) or `.bias`, with the layer index after `model.layers`:
 `params/model/layers/self_attn/q_proj/kernel[i]` (n, m) is `model.layers.{i}.self_attn.q_proj.
-weight` (m, n). `hf_module_name` / `path_from_hf_module` translate projection paths to PEFT's
+weight` (m, n). `decoder_module_name` / `decoder_path_from_module` translate projection paths to PEFT's
 module names and back.
 
 References:
@@ -39,7 +39,7 @@ from lowrank_jax.models.decoder import DecoderLM
 from lowrank_jax.models.decoder_config import DecoderConfig
 from lowrank_jax.models.hf_decoder_config import config_from_hf, config_to_hf
 
-__all__ = ["hf_module_name", "load_hf_decoder", "path_from_hf_module", "save_hf_decoder"]
+__all__ = ["decoder_module_name", "decoder_path_from_module", "load_hf_decoder", "save_hf_decoder"]
 
 # ----------------------------------------------------------------------------------------------
 # Names.
@@ -62,7 +62,7 @@ _PATH_RE = re.compile(r"^(?:params/)?(?P<body>[A-Za-z0-9_/]+)/kernel$")
 _NAME_RE = re.compile(r"^(?:base_model\.model\.)?(?P<body>[A-Za-z0-9_.]+)$")
 
 
-def hf_module_name(path: str, layer: int | None = None) -> str:
+def decoder_module_name(path: str, layer: int | None = None) -> str:
     """The HF/PEFT module name of one of our kernels (in layer `layer` of a stacked kernel).
 
         params/model/layers/self_attn/q_proj/kernel, 3  ->  model.layers.3.self_attn.q_proj
@@ -91,8 +91,8 @@ def hf_module_name(path: str, layer: int | None = None) -> str:
     return _hf_key((*parts, "kernel"), layer)[0].removesuffix(".weight")
 
 
-def path_from_hf_module(name: str) -> tuple[str, int | None]:
-    """Inverse of `hf_module_name`: `(our kernel path, layer index or None)`.
+def decoder_path_from_module(name: str) -> tuple[str, int | None]:
+    """Inverse of `decoder_module_name`: `(our kernel path, layer index or None)`.
 
     A leading `base_model.model.` (PEFT's wrapper) is dropped.
 

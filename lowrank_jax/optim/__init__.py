@@ -1,7 +1,9 @@
 """lowrank_jax.optim."""
 
 from lowrank_jax.optim.adalora import AdaLoRAState, adalora_ranks, scale_by_adalora
-from lowrank_jax.optim.projection import (
+from lowrank_jax.optim.recycling import GradientRecyclingState, scale_by_gradient_recycling
+from lowrank_jax.optim.sbvi import SBVIState, sbvi_posterior, sbvi_ranks, scale_by_sbvi
+from lowrank_jax.optim.subspace_memory import (
     OrthogonalProjectionState,
     SubspaceMemory,
     captured_energy,
@@ -11,8 +13,6 @@ from lowrank_jax.optim.projection import (
     project_onto,
     scale_by_orthogonal_projection,
 )
-from lowrank_jax.optim.recycling import GradientRecyclingState, scale_by_gradient_recycling
-from lowrank_jax.optim.sbvi import SBVIState, sbvi_posterior, sbvi_ranks, scale_by_sbvi
 
 __all__ = [
     "AdaLoRAState",

@@ -1,7 +1,7 @@
 r"""AdaLoRA: budgeted rank allocation by importance-masking of ``Λ`` in ``ΔW = P Λ Q``.
 
 The adapters are spectral triples ``{"u": P (n, r), "s": Λ (r,), "v": Qᵀ (m, r)}``
-(:func:`lowrank_jax.adapters.spectral` with ``init="adalora"``). Each step:
+(:func:`lowrank_jax.adapters.singular` with ``init="adalora"``). Each step:
 
 1. sensitivity of every entry ``I = |θ ⊙ ∇θ|``, smoothed ``Ī ← β₁Ī + (1−β₁)I`` and its
    uncertainty ``Ū ← β₂Ū + (1−β₂)|I − Ī|``; score ``s(θ) = Ī · Ū``;

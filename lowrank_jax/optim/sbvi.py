@@ -2,7 +2,7 @@ r"""SBVI: a Bures–Wasserstein flow of Gaussian singular values, with Empirical
 
 **Reconstruction** of P8 (Spectral Bridge Variational Inference) from its abstract, following the
 concrete version in ``papers/specs.md`` §8; the authors' exact SDE, friction and schedules are not
-public. Each spectral adapter ``ΔW = U diag(σ) Vᵀ`` (:func:`lowrank_jax.adapters.spectral`) with
+public. Each spectral adapter ``ΔW = U diag(σ) Vᵀ`` (:func:`lowrank_jax.adapters.singular`) with
 ``U ∈ St(n, r)``, ``V ∈ St(m, r)`` is trained as follows (``η`` the learning rate, ``k`` the step).
 
 **Singular values: a variational family evolved by its Wasserstein gradient flow**

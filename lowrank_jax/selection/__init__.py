@@ -5,7 +5,7 @@ chunk by a projection) -> a scorer (:func:`~lowrank_jax.selection.scoring.gist_s
 :func:`~lowrank_jax.selection.scoring.gist_basis` projections,
 :func:`~lowrank_jax.selection.scoring.less_scores` on Adam-normalised
 (:func:`~lowrank_jax.selection.gradients.adam_update_direction`) JL-projected
-(:func:`~lowrank_jax.selection.projection.jl_project`) features,
+(:func:`~lowrank_jax.selection.random_projection.jl_project`) features,
 :func:`~lowrank_jax.selection.scoring.cosine_scores`, :func:`random_scores`) -> :func:`select_top`.
 Diagnostic (specs §11 (4a)): :func:`offdiag_energy_ratio` of the gradient second moment, LoRA
 factors vs full parameters (:func:`~lowrank_jax.selection.diagnostics.lora_vs_full_offdiag`).

@@ -26,7 +26,7 @@ examples (marginals kept, dependence destroyed); ρ / ρ_null > 1 measures real 
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -125,9 +125,12 @@ def coordinate_subset(
     return np.sort(rng.choice(pool, size, replace=False)).astype(np.int32)
 
 
-@functools.cache
-def _wrt_frozen(loss_fn: Callable) -> Callable:
-    return lambda frozen, trainable, example: loss_fn(trainable, frozen, example)
+@dataclasses.dataclass(frozen=True)  # equal per loss_fn: the jitted gradients compile once
+class _WrtFrozen:
+    loss_fn: Callable
+
+    def __call__(self, frozen, trainable, example):
+        return self.loss_fn(trainable, frozen, example)
 
 
 def lora_vs_full_offdiag(
@@ -174,7 +177,7 @@ def lora_vs_full_offdiag(
     for i, (name, sub) in enumerate((("full", None), ("full_adapted", targets))):
         idx = coordinate_subset(variables, d, key=jax.random.fold_in(key, i), paths=sub)
         g = gradients.gradient_features(
-            _wrt_frozen(loss_fn), variables, adapters, examples,
+            _WrtFrozen(loss_fn), variables, adapters, examples,
             transform=take_columns, transform_args=(jnp.asarray(idx),), **kw,
         )  # fmt: skip
         out.update(ratios(name, g, i + 1))

@@ -167,7 +167,7 @@ def gradient_features(
       trainable, frozen, examples: as in :func:`per_example_grads`.
       transform: jittable, hashable ``(flat (c, D), *transform_args) -> (c, k)``, e.g.
         ``lambda g, p: g @ p`` with ``transform_args=(basis.projection,)`` (GIST), an Adam
-        normalisation followed by :func:`~lowrank_jax.selection.projection.jl_project` (LESS); None:
+        normalisation followed by :func:`~lowrank_jax.selection.random_projection.jl_project` (LESS); None:
         the flat gradients (``k = D``).
       transform_args: arrays (a pytree) passed to ``transform``; traced, not static.
       chunk_size: examples per chunk ``c``.

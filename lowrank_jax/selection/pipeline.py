@@ -18,6 +18,7 @@ References: P11 GIST (arXiv 2602.18584), specs §11; Xia et al. 2024, LESS.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -26,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from lowrank_jax.selection import gradients, projection, scoring
+from lowrank_jax.selection import gradients, random_projection, scoring
 
 __all__ = [
     "WarmupCheckpoint",
@@ -114,17 +115,21 @@ def warmup_optimizer(
     return optax.adamw(schedule, weight_decay=weight_decay), schedule
 
 
-@functools.cache
-def _jl(dim: int):
-    return lambda g, key: projection.jl_project(g, key=key, dim=dim)
+@dataclasses.dataclass(frozen=True)  # values, equal per dim: the jitted features compile once
+class _JL:
+    dim: int
+
+    def __call__(self, g, key):
+        return random_projection.jl_project(g, key=key, dim=self.dim)
 
 
-@functools.cache
-def _adam_jl(dim: int):
-    def transform(g, mu, nu, key):
-        return projection.jl_project(gradients.adam_update_direction(g, mu, nu), key=key, dim=dim)
+@dataclasses.dataclass(frozen=True)
+class _AdamJL:
+    dim: int
 
-    return transform
+    def __call__(self, g, mu, nu, key):
+        direction = gradients.adam_update_direction(g, mu, nu)
+        return random_projection.jl_project(direction, key=key, dim=self.dim)
 
 
 def _scaled(g, nu):
@@ -163,9 +168,9 @@ def less_pipeline(
     """
     feats = functools.partial(gradients.gradient_features, loss_fn, frozen=frozen,
                               chunk_size=chunk_size)  # fmt: skip
-    tr = [feats(c.trainable, examples=pool, transform=_adam_jl(dim), transform_args=(c.mu, c.nu, key))
+    tr = [feats(c.trainable, examples=pool, transform=_AdamJL(dim), transform_args=(c.mu, c.nu, key))
           for c in checkpoints]  # fmt: skip
-    va = [feats(c.trainable, examples=val, transform=_jl(dim), transform_args=(key,))
+    va = [feats(c.trainable, examples=val, transform=_JL(dim), transform_args=(key,))
           for c in checkpoints]  # fmt: skip
     return scoring.less_scores(jnp.stack(tr), jnp.stack(va), subtasks, num_subtasks=num_subtasks,
                                weights=[c.weight for c in checkpoints])  # fmt: skip

@@ -272,13 +272,6 @@ def frame_nnz(dim: int, *, l: int = 2, basis: Basis = "frame") -> int:  # noqa: 
     return int(np.max(np.count_nonzero(np.abs(phi) > _TOL, axis=1)))
 
 
-@functools.lru_cache(maxsize=64)
-def _tetris(l: int, n: int) -> np.ndarray:  # noqa: E741
-    t = spectral_tetris(l=l, n=n)
-    t.setflags(write=False)
-    return t
-
-
 def frame_analysis(x: jax.typing.ArrayLike, *, l: int = 2) -> jax.Array:  # noqa: E741
     """``x @ Φᵀ`` (the frame coefficients ``Φx`` of each row) for the ``"frame"`` basis, by FFT.
 
@@ -297,7 +290,7 @@ def frame_analysis(x: jax.typing.ArrayLike, *, l: int = 2) -> jax.Array:  # noqa
     x = jnp.asarray(x)
     dim = x.shape[-1]
     k, half_l, half_n = _check_dim(dim, l)
-    t = _tetris(half_l, half_n)
+    t = spectral_tetris(l=half_l, n=half_n)
     z = x[..., 0::2] + 1j * x[..., 1::2]  # (..., n)
     v = z[..., None, :] * jnp.asarray(t, x.dtype)  # (..., l, n)
     pad = (-half_n) % k
@@ -325,7 +318,7 @@ def frame_synthesis(y: jax.typing.ArrayLike, *, l: int = 2) -> jax.Array:  # noq
     y = jnp.asarray(y)
     dim = y.shape[-1]
     k, half_l, half_n = _check_dim(dim, l)
-    t = _tetris(half_l, half_n)
+    t = spectral_tetris(l=half_l, n=half_n)
     w = y.reshape(*y.shape[:-1], k, half_l, 2)
     w = w[..., 0] + 1j * w[..., 1]  # (..., K, l)
     f = jnp.fft.fft(w, axis=-2) / math.sqrt(k)  # (..., K, l)

@@ -7,7 +7,7 @@
 * :mod:`~lowrank_jax.tuning.bounds` (P12): the pseudo-dimension generalisation bound (Warren's
   polynomial count for the lasso families, uniform convergence with explicit constants).
 * :mod:`~lowrank_jax.tuning.synthetic` (P12): the synthetic instance distributions of specs §12,
-  and instances around a bank of real signals (:mod:`~lowrank_jax.tuning.signals`: calendar-
+  and instances around a bank of real signals (:mod:`~lowrank_jax.tuning.signal_banks`: calendar-
   aligned weekly windows of daily series, e.g. Chicago ridership).
 * P15 LoRA-BO (``bo``, ``lora_space``, ``lora_grid``, ``search``, ``text_embedding``): GP-EI over
   a discrete LoRA grid embedded by a language model, and its baselines.

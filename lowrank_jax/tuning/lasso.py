@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import jax
@@ -64,27 +64,54 @@ __all__ = [
 ]
 
 
-@dataclasses.dataclass(frozen=True, eq=False)  # hashed by identity: a static jit argument
+@dataclasses.dataclass(
+    frozen=True
+)  # equal by value: a static jit argument, one compile per structure
 class Penalty:
     """A weighted penalty in FISTA form (build it with :func:`group_lasso` / :func:`fused_lasso`).
 
-    Built once per structure and cached, so jitted solvers compile once per penalty.
+    A value: two penalties of the same structure are equal and hash alike, so jitted solvers that
+    take one as a static argument compile once per structure.
 
     Attributes:
-      name: ``"group_lasso"`` or ``"fused_lasso"`` (for messages and tables only).
-      num_features: ``d``, the length of ``β``.
-      num_weights: the length of the weight vector ``w`` (``G`` groups or ``d - 1`` edges).
-      coef_matrix: ``(d, d)`` float64 NumPy ``T`` with ``β = T θ``.
-      prox: ``(θ, w, step) -> θ'``, the prox of ``step · R_w`` at ``θ`` (``θ``: ``(d,)``).
-      value: ``(β, w) -> pen_w(β)``, the penalty in the original coordinates.
+      name: ``"group_lasso"`` or ``"fused_lasso"``.
+      group_sizes: the ``G`` contiguous group sizes (group lasso); ``(d,)`` for the fused lasso.
     """
 
     name: str
-    num_features: int
-    num_weights: int
-    coef_matrix: np.ndarray
-    prox: Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
-    value: Callable[[jax.Array, jax.Array], jax.Array]
+    group_sizes: tuple[int, ...]
+
+    @property
+    def num_features(self) -> int:
+        """``d``, the length of ``β``."""
+        return sum(self.group_sizes)
+
+    @property
+    def num_weights(self) -> int:
+        """The length of the weight vector ``w`` (``G`` groups or ``d - 1`` edges)."""
+        if self.name == "group_lasso":
+            return len(self.group_sizes)
+        return self.num_features - 1
+
+    @property
+    def coef_matrix(self) -> np.ndarray:
+        """``(d, d)`` float64 NumPy ``T`` with ``β = T θ`` (``I``, or lower-triangular ones)."""
+        d = self.num_features
+        return np.eye(d) if self.name == "group_lasso" else np.tril(np.ones((d, d)))
+
+    def prox(self, theta: jax.Array, w: jax.Array, step: jax.Array) -> jax.Array:
+        """``θ'``, the prox of ``step · R_w`` at ``θ`` (``θ``: ``(d,)``)."""
+        if self.name == "group_lasso":
+            return prox_group_lasso(theta, step * w, group_sizes=self.group_sizes)
+        return prox_weighted_l1(theta, step * jnp.concatenate([jnp.zeros((1,), w.dtype), w]))
+
+    def value(self, beta: jax.Array, w: jax.Array) -> jax.Array:
+        """``pen_w(β)``, the penalty in the original coordinates."""
+        if self.name == "group_lasso":
+            ids = _group_ids(self.group_sizes)
+            norms = jnp.sqrt(jax.ops.segment_sum(beta * beta, ids, len(self.group_sizes)))
+            return jnp.sum(w * norms)
+        return jnp.sum(w * jnp.abs(jnp.diff(beta)))
 
 
 def _check_sizes(group_sizes: Sequence[int]) -> tuple[int, ...]:
@@ -152,7 +179,7 @@ def group_lasso(group_sizes: Sequence[int]) -> Penalty:
     r"""The weighted group lasso penalty :math:`\sum_g w_g \|β_g\|_2` (contiguous groups).
 
     Args:
-      group_sizes: ``G`` positive ints (the result is cached per value).
+      group_sizes: ``G`` positive ints.
 
     Raises:
       ValueError: an empty list or a size below 1.
@@ -160,21 +187,7 @@ def group_lasso(group_sizes: Sequence[int]) -> Penalty:
     Example:
       >>> pen = group_lasso((5,) * 8)   # d = 40 features in G = 8 groups of 5
     """
-    return _group_lasso(_check_sizes(group_sizes))
-
-
-@functools.cache
-def _group_lasso(sizes: tuple[int, ...]) -> Penalty:
-    ids = _group_ids(sizes)
-
-    def prox(theta, w, step):
-        return prox_group_lasso(theta, step * w, group_sizes=sizes)
-
-    def value(beta, w):
-        return jnp.sum(w * jnp.sqrt(jax.ops.segment_sum(beta * beta, ids, len(sizes))))
-
-    d = sum(sizes)
-    return Penalty("group_lasso", d, len(sizes), np.eye(d), prox, value)
+    return Penalty("group_lasso", _check_sizes(group_sizes))
 
 
 def fused_lasso(num_features: int) -> Penalty:
@@ -188,19 +201,7 @@ def fused_lasso(num_features: int) -> Penalty:
     """
     if int(num_features) < 2:
         raise ValueError(f"fused_lasso needs num_features >= 2, got {num_features}")
-    return _fused_lasso(int(num_features))
-
-
-@functools.cache
-def _fused_lasso(d: int) -> Penalty:
-
-    def prox(theta, w, step):
-        return prox_weighted_l1(theta, step * jnp.concatenate([jnp.zeros((1,), w.dtype), w]))
-
-    def value(beta, w):
-        return jnp.sum(w * jnp.abs(jnp.diff(beta)))
-
-    return Penalty("fused_lasso", d, d - 1, np.tril(np.ones((d, d))), prox, value)
+    return Penalty("fused_lasso", (int(num_features),))
 
 
 def _check_weights(penalty: Penalty, weights: jax.Array) -> None:

@@ -113,8 +113,9 @@ def score_lora_group(
     ad0 = adapters.init(k_init, params, rules)
     head, frozen = adapters.split_trainable(params, trainable) if trainable else (None, params)
     idx = jnp.asarray(epoch_order(0, len(y), num_epochs=num_epochs, micro_batch=micro_batch))
-    run = _group_fn(apply_fn, float(dropout) > 0, len(idx))
-    out = run(
+    out = _train_group(
+        apply_fn,
+        float(dropout) > 0,
         {"adapters": ad0, "head": head},
         frozen,
         x,
@@ -134,9 +135,12 @@ def score_lora_group(
     return result
 
 
-@functools.lru_cache(maxsize=32)
-def _group_fn(apply_fn, use_dropout: bool, steps: int):
-    del steps  # part of the cache key only (the scan length comes from idx's shape)
+@functools.partial(jax.jit, static_argnums=(0, 1))  # compiled once per model and dropout use
+def _train_group(apply_fn, use_dropout: bool, *args):
+    return _group_fn(apply_fn, use_dropout)(*args)
+
+
+def _group_fn(apply_fn, use_dropout: bool):
     fwd = adapters.adapt(apply_fn)
     opt = optax.scale_by_adam()
 
@@ -176,4 +180,4 @@ def _group_fn(apply_fn, use_dropout: bool, steps: int):
         return out
 
     axes = (None, None, None, None, None, None, 0, 0, 0, None)
-    return jax.jit(jax.vmap(train_one, in_axes=axes))
+    return jax.vmap(train_one, in_axes=axes)

@@ -9,7 +9,7 @@
   reconstruction).
 * :func:`sample_signal_instances`: the same design and splits around coefficient vectors drawn
   from a given bank of (real) signals, e.g. the windows of
-  :func:`lowrank_jax.tuning.signals.weekly_windows`.
+  :func:`lowrank_jax.tuning.signal_banks.weekly_windows`.
 * :func:`sample_row_instances`: instances from one real regression data set, each a random subset
   of its rows split into training and validation (the true ``β`` is unknown).
 """

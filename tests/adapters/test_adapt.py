@@ -1,4 +1,4 @@
-"""Factorised application: equals the merged model, under jit/grad/vmap/scan/remat, all backends."""
+"""Factorised application: equals the folded model, under jit/grad/vmap/scan/remat, all backends."""
 
 import re
 
@@ -38,10 +38,10 @@ def test_factorised_equals_merged_and_grads_match(block, backend):
     model, variables, ad = block
     fwd = jax.jit(A.adapt(model.apply, backend=backend))
     np.testing.assert_allclose(
-        fwd(variables, ad, X), model.apply(A.merge(variables, ad), X), atol=1e-6
+        fwd(variables, ad, X), model.apply(A.fold(variables, ad), X), atol=1e-6
     )
     loss = lambda a: jnp.sum(fwd(variables, a, X) ** 2)
-    loss_merged = lambda a: jnp.sum(model.apply(A.merge(variables, a), X) ** 2)
+    loss_merged = lambda a: jnp.sum(model.apply(A.fold(variables, a), X) ** 2)
     _close(jax.grad(loss)(ad), jax.grad(loss_merged)(ad), atol=1e-5)
 
 
@@ -54,7 +54,7 @@ def test_nnx_model():
     ad = perturb(A.init(jax.random.key(0), state, [(r"layers/\d+/kernel", A.lora(2))]))
     assert sorted(ad) == ["layers/0/kernel", "layers/2/kernel"]
     got = jax.jit(A.adapt(apply))(state, ad, X)
-    np.testing.assert_allclose(got, apply(A.merge(state, ad), X), atol=1e-6)
+    np.testing.assert_allclose(got, apply(A.fold(state, ad), X), atol=1e-6)
 
 
 _plain = plain_function
@@ -69,9 +69,9 @@ def plain():
 def test_plain_function_scan_remat_transpose(plain):
     p, ad = plain
     fwd = jax.jit(A.adapt(_plain))
-    np.testing.assert_allclose(fwd(p, ad, X), _plain(A.merge(p, ad), X), atol=1e-5)
+    np.testing.assert_allclose(fwd(p, ad, X), _plain(A.fold(p, ad), X), atol=1e-5)
     g = jax.grad(lambda a: jnp.sum(fwd(p, a, X)))(ad)
-    g_ref = jax.grad(lambda a: jnp.sum(_plain(A.merge(p, a), X)))(ad)
+    g_ref = jax.grad(lambda a: jnp.sum(_plain(A.fold(p, a), X)))(ad)
     _close(g, g_ref, atol=1e-4)
 
 
@@ -80,7 +80,7 @@ def test_vmap(plain):
     xs = jnp.stack([X, 2 * X])
     got = jax.jit(jax.vmap(A.adapt(_plain), in_axes=(None, None, 0)))(p, ad, xs)
     np.testing.assert_allclose(
-        got, jax.vmap(_plain, in_axes=(None, 0))(A.merge(p, ad), xs), atol=1e-5
+        got, jax.vmap(_plain, in_axes=(None, 0))(A.fold(p, ad), xs), atol=1e-5
     )
 
 
@@ -95,10 +95,10 @@ def test_linen_scan_and_remat():
     ad = perturb(A.init(jax.random.key(1), variables, rules))
     fwd = jax.jit(A.adapt(model.apply))
     np.testing.assert_allclose(
-        fwd(variables, ad, X), model.apply(A.merge(variables, ad), X), atol=1e-5
+        fwd(variables, ad, X), model.apply(A.fold(variables, ad), X), atol=1e-5
     )
     g = jax.grad(lambda a: jnp.sum(fwd(variables, a, X)))(ad)
-    g_ref = jax.grad(lambda a: jnp.sum(model.apply(A.merge(variables, a), X)))(ad)
+    g_ref = jax.grad(lambda a: jnp.sum(model.apply(A.fold(variables, a), X)))(ad)
     _close(g, g_ref, atol=1e-4)
     with pytest.raises(NotImplementedError, match="stacked"):
         A.adapt(model.apply, backend="linen")(variables, ad, X)
@@ -109,7 +109,7 @@ def test_dropout_needs_key_and_is_inverted(block):
     ad = perturb(A.init(jax.random.key(1), variables, [(r".*fc1/kernel", A.lora(4, dropout=0.5))]))
     fwd = jax.jit(A.adapt(model.apply))
     clean = fwd(variables, ad, X)
-    np.testing.assert_allclose(clean, model.apply(A.merge(variables, ad), X), atol=1e-6)
+    np.testing.assert_allclose(clean, model.apply(A.fold(variables, ad), X), atol=1e-6)
     noisy = [fwd(variables, ad, X, adapter_key=jax.random.key(i)) for i in range(200)]
     assert float(jnp.abs(noisy[0] - clean).max()) > 1e-3
     assert float(jnp.abs(noisy[0] - noisy[1]).max()) > 1e-3
@@ -129,7 +129,7 @@ def test_other_ops_raise_unless_allow_dense(plain):
     with pytest.raises(NotImplementedError, match="no factorised rule"):
         jax.jit(A.adapt(column_sums))(p, ad)
     got = jax.jit(A.adapt(column_sums, allow_dense=True))(p, ad)
-    np.testing.assert_allclose(got, column_sums(A.merge(p, ad)), atol=1e-5)
+    np.testing.assert_allclose(got, column_sums(A.fold(p, ad)), atol=1e-5)
 
 
 def test_row_lookups_are_factorised(plain):
@@ -138,7 +138,7 @@ def test_row_lookups_are_factorised(plain):
     ids = jnp.array([[1, 2], [3, 1]])
     for lookup in (lambda p, i: p["emb"][i], lambda p, i: jnp.take(p["emb"], i, axis=0)):
         got = jax.jit(A.adapt(lookup))(p, ad, ids)
-        np.testing.assert_allclose(got, lookup(A.merge(p, ad), ids), atol=1e-6)
+        np.testing.assert_allclose(got, lookup(A.fold(p, ad), ids), atol=1e-6)
 
 
 def test_bf16_compute_casts_factors(plain):
@@ -147,7 +147,7 @@ def test_bf16_compute_casts_factors(plain):
     got = jax.jit(A.adapt(f))(p, ad, X)
     assert got.dtype == jnp.bfloat16
     np.testing.assert_allclose(
-        got.astype(jnp.float32), f(A.merge(p, ad), X).astype(jnp.float32), atol=5e-2, rtol=1e-2
+        got.astype(jnp.float32), f(A.fold(p, ad), X).astype(jnp.float32), atol=5e-2, rtol=1e-2
     )
 
 
@@ -212,13 +212,13 @@ def test_training_step_has_no_weight_shaped_dot():
     args = (ad, opt.init(ad), variables, x)
     for backend in ("quax", "linen"):
         assert _weight_shaped_dots(make_step(A.adapt(model.apply, backend=backend)), *args) == 0
-    merge_at_apply = lambda v, a, x: model.apply(A.merge(v, a), x)
+    merge_at_apply = lambda v, a, x: model.apply(A.fold(v, a), x)
     assert _weight_shaped_dots(make_step(merge_at_apply), *args) >= 2  # ΔW forward and its grad
 
 
 def test_convolutions_and_lookups_are_factorised_with_merged_values_and_gradients():
     """flax nn.Conv kernels (*window, in, out) and an nn.Embed table with LoRA: conv(x, W) +
-    s·conv(x, A)·B and E[ids] + s·A[ids]·B give the merged model's outputs and adapter gradients."""
+    s·conv(x, A)·B and E[ids] + s·A[ids]·B give the folded model's outputs and adapter gradients."""
 
     class ConvNet(nn.Module):
         @nn.compact
@@ -237,10 +237,10 @@ def test_convolutions_and_lookups_are_factorised_with_merged_values_and_gradient
     ]
     ad = jax.tree.map(lambda t: t + 0.1, A.init(jax.random.key(1), v, rules))
     fwd = A.adapt(ConvNet().apply)  # would raise if a kernel fell back to the dense path
-    merged = lambda ad: ConvNet().apply(A.merge(v, ad), ids)
-    np.testing.assert_allclose(jax.jit(fwd)(v, ad, ids), merged(ad), atol=1e-5)
+    folded = lambda ad: ConvNet().apply(A.fold(v, ad), ids)
+    np.testing.assert_allclose(jax.jit(fwd)(v, ad, ids), folded(ad), atol=1e-5)
     got = jax.jit(jax.grad(lambda ad: jnp.sum(fwd(v, ad, ids) ** 2)))(ad)
-    want = jax.grad(lambda ad: jnp.sum(merged(ad) ** 2))(ad)
+    want = jax.grad(lambda ad: jnp.sum(folded(ad) ** 2))(ad)
     for path in ad:
         for f in ("a", "b"):
             np.testing.assert_allclose(

@@ -1,4 +1,4 @@
-"""Target rules, init, merge/unmerge, initialisers and their errors."""
+"""Target rules, init, fold/unfold, initialisers and their errors."""
 
 import jax
 import jax.numpy as jnp
@@ -54,7 +54,7 @@ def test_zero_init_is_base_model(block):
 def test_unmerge_inverts_merge(block):
     _, variables = block
     ad = perturb(A.init(jax.random.key(1), variables, RULES))
-    back = A.unmerge(A.merge(variables, ad), ad)
+    back = A.unfold(A.fold(variables, ad), ad)
     for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(variables), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6)
 
@@ -62,12 +62,12 @@ def test_unmerge_inverts_merge(block):
 def test_merge_formula(block):
     _, variables = block
     ad = perturb(A.init(jax.random.key(1), variables, RULES))
-    merged = A.merge(variables, ad)
+    folded = A.fold(variables, ad)
     f = ad["params/fc1/kernel"]
     want = np.asarray(variables["params"]["fc1"]["kernel"], np.float64) + 2.0 * (
         np.asarray(f.factors["a"], np.float64) @ np.asarray(f.factors["b"], np.float64)
     )
-    np.testing.assert_allclose(merged["params"]["fc1"]["kernel"], want, atol=1e-6)
+    np.testing.assert_allclose(folded["params"]["fc1"]["kernel"], want, atol=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -95,8 +95,8 @@ def test_pissa_is_principal_part_and_unmerge_keeps_function():
     ad = A.init(jax.random.key(0), params, [("w", A.lora(3, alpha=6.0, init="pissa"))])
     u, s, vt = np.linalg.svd(w, full_matrices=False)
     np.testing.assert_allclose(A.delta(ad["w"], (12, 9)), (u[:, :3] * s[:3]) @ vt[:3], atol=1e-5)
-    residual = A.unmerge(params, ad)
-    np.testing.assert_allclose(A.merge(residual, ad)["w"], w, atol=1e-5)
+    residual = A.unfold(params, ad)
+    np.testing.assert_allclose(A.fold(residual, ad)["w"], w, atol=1e-5)
     # The residual holds the remaining spectrum.
     np.testing.assert_allclose(np.linalg.svd(residual["w"], compute_uv=False)[:6], s[3:], atol=1e-4)
 
@@ -113,7 +113,7 @@ def test_named_sets_add_up(block):
     ad1 = perturb(A.init(jax.random.key(1), variables, RULES), 0.1)
     ad2 = perturb(A.init(jax.random.key(2), variables, RULES[:1]), -0.2)
     got = A.adapt(model.apply)(variables, {"task1": ad1, "task2": ad2}, X)
-    want = model.apply(A.merge(A.merge(variables, ad1), ad2), X)
+    want = model.apply(A.fold(A.fold(variables, ad1), ad2), X)
     np.testing.assert_allclose(got, want, atol=1e-5)
 
 

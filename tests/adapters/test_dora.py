@@ -1,5 +1,5 @@
 """DoRA: forward against a float64 reference, the detached norm's gradients, the factorised norm,
-merge/unmerge, stacked kernels, and a training step that lowers for TPU and GPU."""
+fold/unfold, stacked kernels, and a training step that lowers for TPU and GPU."""
 
 import flax.linen as nn
 import jax
@@ -54,7 +54,7 @@ def test_forward_transposed_and_merge_match_the_float64_reference():
     y = jax.random.normal(jax.random.key(3), (4, M))
     tied = A.adapt(lambda p, y: y @ p["fc"]["kernel"].T)(PARAMS, ad, y)
     np.testing.assert_allclose(tied, np.asarray(y) @ w_prime.T, atol=1e-5)
-    np.testing.assert_allclose(A.merge(PARAMS, ad)["fc"]["kernel"], w_prime, atol=1e-5)
+    np.testing.assert_allclose(A.fold(PARAMS, ad)["fc"]["kernel"], w_prime, atol=1e-5)
 
 
 def test_factorised_column_norms_match_numpy():
@@ -106,12 +106,12 @@ def test_the_training_step_forms_no_n_by_m_product():
 
 def test_unmerge_needs_the_norms_taken_before_merging():
     ad = _trained()
-    merged = A.merge(PARAMS, ad)
-    with pytest.raises(ValueError, match="unmerge_dora"):
-        A.unmerge(merged, ad)
+    folded = A.fold(PARAMS, ad)
+    with pytest.raises(ValueError, match="unfold_dora"):
+        A.unfold(folded, ad)
     with pytest.raises(ValueError, match="no norms for the DoRA kernels"):
-        A.unmerge_dora(merged, ad, {})
-    back = A.unmerge_dora(merged, ad, A.dora_norms(PARAMS, ad))
+        A.unfold_dora(folded, ad, {})
+    back = A.unfold_dora(folded, ad, A.dora_norms(PARAMS, ad))
     np.testing.assert_allclose(back["fc"]["kernel"], PARAMS["fc"]["kernel"], atol=1e-5)
 
 
@@ -122,9 +122,9 @@ def test_stacked_kernels_under_scan_and_remat():
     ad = perturb(A.init(jax.random.key(9), variables, rules), 0.1)
     assert ad["params/layers/dense/kernel"].factors["m"].shape == (3, 6)
     ours = jax.jit(A.adapt(Scanned().apply))(variables, ad, x)
-    merged = A.merge(variables, ad)
-    np.testing.assert_allclose(ours, Scanned().apply(merged, x), atol=1e-5)
-    back = A.unmerge_dora(merged, ad, A.dora_norms(variables, ad))
+    folded = A.fold(variables, ad)
+    np.testing.assert_allclose(ours, Scanned().apply(folded, x), atol=1e-5)
+    back = A.unfold_dora(folded, ad, A.dora_norms(variables, ad))
     np.testing.assert_allclose(
         back["params"]["layers"]["dense"]["kernel"],
         variables["params"]["layers"]["dense"]["kernel"],
@@ -187,7 +187,7 @@ def test_unmerge_dora_with_a_lora_on_the_same_kernel_in_either_order(dora_first)
     lora_set = perturb(A.init(jax.random.key(5), PARAMS, [(r"fc/kernel", A.lora(2))]), 0.1)
     sets = [dora_set, lora_set] if dora_first else [lora_set, dora_set]
     norms = A.dora_norms(PARAMS, dora_set)
-    back = A.unmerge_dora(A.merge(PARAMS, sets), sets, norms)
+    back = A.unfold_dora(A.fold(PARAMS, sets), sets, norms)
     np.testing.assert_allclose(back["fc"]["kernel"], PARAMS["fc"]["kernel"], atol=1e-5)
 
 

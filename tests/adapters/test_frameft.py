@@ -1,4 +1,4 @@
-"""Tight fusion frames and the FrameFT adapter: orthogonality, FFT paths, factorised == merged."""
+"""Tight fusion frames and the FrameFT adapter: orthogonality, FFT paths, factorised == folded."""
 
 import functools
 import math
@@ -161,9 +161,9 @@ def test_frameft_through_adapt_merge_and_unmerge():
     assert A.count_params(ad) == 64 + 20
     fwd = jax.jit(A.adapt(model.apply))
     np.testing.assert_allclose(
-        fwd(variables, ad, x), model.apply(A.merge(variables, ad), x), atol=ATOL
+        fwd(variables, ad, x), model.apply(A.fold(variables, ad), x), atol=ATOL
     )
-    back = A.unmerge(A.merge(variables, ad), ad)
+    back = A.unfold(A.fold(variables, ad), ad)
     for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(variables), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6)
     zero = A.init(jax.random.key(2), variables, [(r".*fc1/kernel", A.frameft(64, init_std=0.0))])

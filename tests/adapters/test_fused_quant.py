@@ -124,7 +124,7 @@ def test_fused_step_has_no_weight_gradient_dot():
     for backend in ("quax", "linen"):
         assert dots(A.adapt(model.apply, backend=backend, lora_matmul="fused")) == []
     # The detector finds the weight gradient of merge-at-apply (ΔW's cotangent, contracting tokens).
-    assert dots(lambda v, a, x: model.apply(A.merge(v, a), x))
+    assert dots(lambda v, a, x: model.apply(A.fold(v, a), x))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -212,15 +212,15 @@ def test_low_precision_bytes_merge_and_init(block):
     assert quant.base_bytes(int8) < rest + kernels // 4 + 4 * 64
     assert sorted(named_leaves(int8)) == sorted(named_leaves(variables))  # paths unchanged
     for low in (bf16, int8):
-        merged = A.merge(low, ad)  # dequantises; float32 factors promote the kernels
-        for path, leaf in named_leaves(merged).items():
+        folded = A.fold(low, ad)  # dequantises; float32 factors promote the kernels
+        for path, leaf in named_leaves(folded).items():
             if path.endswith("kernel"):
                 assert leaf.dtype == jnp.float32, path
         np.testing.assert_allclose(
-            model.apply(merged, X), A.adapt(model.apply)(low, ad, X), atol=F32_ATOL
+            model.apply(folded, X), A.adapt(model.apply)(low, ad, X), atol=F32_ATOL
         )
         np.testing.assert_allclose(
-            model.apply(dequantize_base(merged), X), model.apply(A.merge(_upcast(low), ad), X)
+            model.apply(dequantize_base(folded), X), model.apply(A.fold(_upcast(low), ad), X)
         )
     # init reads the dequantised kernel (PiSSA uses W's SVD).
     rules = [(r".*fc1/kernel", A.lora(2, init="pissa"))]

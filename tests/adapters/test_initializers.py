@@ -1,5 +1,5 @@
 """Data-aware initialisers: K-FAC statistics, LoRA-DA's natural-gradient subspace, and every
-initialiser's merged weight against its documented formula (float64 NumPy references)."""
+initialiser's folded weight against its documented formula (float64 NumPy references)."""
 
 import math
 
@@ -95,8 +95,8 @@ def test_lora_da_merged_weight_is_its_formula():
     omega = -(delta @ delta.T) + beta * c * np.linalg.inv(zd)
     a0 = np.linalg.eigh(omega)[1][:, :rank]
     expected = spec.scale * a0 @ a0.T @ delta / gamma
-    merged = A.merge(params, ad)["w"]["kernel"] - params["w"]["kernel"]
-    np.testing.assert_allclose(merged, expected, atol=1e-6)
+    folded = A.fold(params, ad)["w"]["kernel"] - params["w"]["kernel"]
+    np.testing.assert_allclose(folded, expected, atol=1e-6)
     # W₀ is not modified: the adapters alone carry the initial step, with orthonormal a₀.
     np.testing.assert_allclose(
         ad[PATH].factors["a"].T @ ad[PATH].factors["a"] * gamma, np.eye(rank), atol=1e-5
@@ -125,11 +125,11 @@ def test_lora_ga_factors_and_unmerge_start_at_the_base_model():
     np.testing.assert_allclose(_projector(a), u[:, :r] @ u[:, :r].T, atol=1e-4)
     np.testing.assert_allclose(_projector(b.T), vt[r : 2 * r].T @ vt[r : 2 * r], atol=1e-4)
     # Merged update s·√m/γ·Σ ±L_i R_{r+i}ᵀ: Frobenius norm s·√m·√r/γ.
-    merged = np.asarray(A.delta(ad[PATH], (N_IN, N_OUT)))
+    folded = np.asarray(A.delta(ad[PATH], (N_IN, N_OUT)))
     np.testing.assert_allclose(
-        np.linalg.norm(merged), spec.scale * math.sqrt(N_OUT) * math.sqrt(r) / gamma, rtol=1e-5
+        np.linalg.norm(folded), spec.scale * math.sqrt(N_OUT) * math.sqrt(r) / gamma, rtol=1e-5
     )
-    base = A.unmerge(params, ad)
+    base = A.unfold(params, ad)
     out = A.adapt(apply_fn)(base, ad, batch["x"])
     np.testing.assert_allclose(out, apply_fn(params, batch["x"]), atol=1e-5)
 

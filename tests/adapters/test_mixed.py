@@ -124,7 +124,7 @@ def test_bad_input_raises():
     with pytest.raises(TypeError, match="integers"):
         fwd(variables, bank, x, adapter_ids=jnp.zeros((B,)))
     with pytest.raises(ValueError, match="not one ΔW"):
-        A.merge(variables, bank)
+        A.fold(variables, bank)
     with pytest.raises(ValueError, match="same paths"):
         A.stack_adapters([sets[0], {k: v for k, v in list(sets[1].items())[:1]}])
 

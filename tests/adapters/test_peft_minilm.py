@@ -28,7 +28,7 @@ def test_minilm_adapter_round_trips_through_pytorch_peft(tmp_path):
     rules = [(r".*(attention/(query|value)|mlp/fc1)/kernel", adapters.lora(4, alpha=8.0))]
     lora = adapters.init(jax.random.key(0), variables, rules)
     lora = jax.tree.map(lambda t: t + 0.02, lora)  # non-zero B, as after training
-    adapters.save_peft(tmp_path, lora, module_name=models.peft_module_name)
+    adapters.save_peft(tmp_path, lora, module_name=models.bert_module_name)
 
     texts = ["To be, or not to be, that is the question.", "Now is the winter of our discontent"]
     batch = models.tokenize(tokenizer, texts, max_len=24)
@@ -46,7 +46,7 @@ def test_minilm_adapter_round_trips_through_pytorch_peft(tmp_path):
     mask = batch["attention_mask"].astype(bool)
     np.testing.assert_allclose(np.asarray(ours)[mask], theirs[mask], atol=1e-4)
     # And back: PEFT's file loads into the same adapters.
-    back = adapters.load_peft(tmp_path, variables, module_path=models.flax_path_from_peft)
+    back = adapters.load_peft(tmp_path, variables, module_path=models.bert_path_from_module)
     for path in lora:
         np.testing.assert_array_equal(back[path].factors["a"], lora[path].factors["a"])
 
@@ -104,7 +104,7 @@ def test_minilm_dora_embedding_lora_and_trained_modules_from_peft(tmp_path):
     theirs = _hf_outputs(peft_model, batch)
 
     dora, trained = adapters.load_peft(
-        tmp_path, variables, module_path=models.flax_path_from_peft, with_trained=True
+        tmp_path, variables, module_path=models.bert_path_from_module, with_trained=True
     )
     assert all(isinstance(a.kind, adapters.DoRA) for a in dora.values()) and len(dora) == 18
     ours = _our_outputs(encoder, adapters.combine(trained, variables), dora, batch)
@@ -134,11 +134,11 @@ def test_minilm_dora_and_embedding_lora_trained_here_load_in_peft(tmp_path):
     lora = jax.tree.map(lambda t: t + 0.02, lora)
     trained, _ = adapters.split_trainable(variables, [r".*mlp/fc2/bias", r".*ln_mlp/bias"])
     trained = jax.tree.map(lambda t: t + 0.05, trained)
-    adapters.save_peft(tmp_path / "dora", dora, module_name=models.peft_module_name)
+    adapters.save_peft(tmp_path / "dora", dora, module_name=models.bert_module_name)
     adapters.save_peft(
         tmp_path / "lora",
         lora,
-        module_name=models.peft_module_name,
+        module_name=models.bert_module_name,
         params=variables,
         trained=trained,
     )

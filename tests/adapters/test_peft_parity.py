@@ -193,7 +193,7 @@ def test_dora_matches_peft(tmp_path, direction):
         assert model.peft_config["default"].use_dora
     theirs = _torch_out(model)
     np.testing.assert_allclose(A.adapt(forward)(PARAMS, dora, IDS), theirs, atol=1e-5)
-    np.testing.assert_allclose(forward(A.merge(PARAMS, dora), IDS), theirs, atol=1e-5)
+    np.testing.assert_allclose(forward(A.fold(PARAMS, dora), IDS), theirs, atol=1e-5)
 
 
 def test_what_we_cannot_honour_is_still_refused_by_name(tmp_path):

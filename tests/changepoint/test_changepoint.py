@@ -15,7 +15,7 @@ from lowrank_jax.changepoint.calibration import block_bootstrap_indices, quantil
 from lowrank_jax.changepoint.detectors import (
     bonferroni_cusum_threshold,
     entrywise_cusum,
-    page_cusum_totals,
+    totals_cusum,
 )
 from lowrank_jax.changepoint.lowrank import (
     check_counts,
@@ -150,11 +150,11 @@ def test_svt_threshold_formula_and_errors():
     with pytest.raises(TypeError, match="SVT"):
         check_svt((1.0, 0.1, 1.0))
     with pytest.raises(ValueError, match="estimator"):
-        cp.lowrank_detector(_intensity(), rank=R, estimator="soft")
+        cp.lowrank_scan(_intensity(), rank=R, estimator="soft")
     with pytest.raises(ValueError, match="max_rank"):
-        cp.lowrank_detector(_intensity(), rank=R, estimator="rank", max_rank=4)
+        cp.lowrank_scan(_intensity(), rank=R, estimator="rank", max_rank=4)
     with pytest.raises(ValueError, match="exceeds min"):
-        cp.lowrank_detector(_intensity(), rank=R, max_rank=6)
+        cp.lowrank_scan(_intensity(), rank=R, max_rank=6)
 
 
 def test_frobenius_scan_is_untruncated_definition(stream):
@@ -181,11 +181,11 @@ def test_detector_score_is_max_ratio_to_threshold(stream):
     w = 2.0 ** np.arange(J + 1)
     b = np.sqrt(lam.max() * R * max(P, L) * ell) + ell / np.sqrt(w)
     kw = dict(rank=R, num_scales=J, alpha=0.1, method="svd")
-    fixed = cp.lowrank_detector(lam, estimator="rank", **kw)
+    fixed = cp.lowrank_scan(lam, estimator="rank", **kw)
     scores = np.asarray(cp.run_detector(fixed, stream, chunk=4))
     np.testing.assert_allclose(scores, (_brute_force(stream, R, J) / b).max(1), rtol=1e-4)
     # the default: SVT at τ_S with λ̄ = max Λ, the level α of b, c_τ = 0.3; no rank cap (svd)
-    svt = cp.lowrank_detector(lam, svt_scale=0.3, **kw)
+    svt = cp.lowrank_scan(lam, svt_scale=0.3, **kw)
     scores = np.asarray(cp.run_detector(svt, stream, chunk=4))
     ref = _brute_force(stream, min(P, L), J, svt=SVT)
     np.testing.assert_allclose(scores, (ref / b).max(1), rtol=1e-4)
@@ -203,7 +203,7 @@ def _cusum_ref(x, rate, delta):
 
 def test_cusum_baselines_equal_their_recursions(stream):
     lam = _intensity()
-    tot = cp.run_detector(page_cusum_totals(lam.sum(), rel_change=0.05), stream, chunk=3)
+    tot = cp.run_detector(totals_cusum(lam.sum(), rel_change=0.05), stream, chunk=3)
     np.testing.assert_allclose(
         np.asarray(tot), _cusum_ref(stream.sum((1, 2)), lam.sum(), 0.05), rtol=1e-4, atol=1e-3
     )
@@ -229,7 +229,7 @@ def test_calibrated_threshold_gives_nominal_false_alarm_rate():
     lam = _intensity(scale=2.0)
     rng = np.random.default_rng(2)
     train = rng.poisson(lam, (1500, P, L))
-    det = cp.lowrank_detector(train.mean(0), rank=R, num_scales=J, alpha=alpha)
+    det = cp.lowrank_scan(train.mean(0), rank=R, num_scales=J, alpha=alpha)
     cal = cp.calibrate_threshold(
         det,
         train,
@@ -260,7 +260,7 @@ def test_refit_bootstrap_gives_nominal_rate_with_estimated_cusum_rate():
     rng = np.random.default_rng(4)
 
     def refit(stretch):
-        return page_cusum_totals(stretch.sum((1, 2)).mean(), rel_change=delta)
+        return totals_cusum(stretch.sum((1, 2)).mean(), rel_change=delta)
 
     def cusum_max(x, rate):  # the two-sided recursion, NumPy (tested above against the library)
         up = down = top = np.zeros(x.shape[0])
@@ -289,7 +289,7 @@ def test_refit_bootstrap_gives_nominal_rate_with_estimated_cusum_rate():
             alpha=alpha,
             horizon=horizon,
             num_streams=4,
-            refit=lambda s: cp.lowrank_detector(s.mean(0), rank=R),
+            refit=lambda s: cp.lowrank_scan(s.mean(0), rank=R),
         )
 
 
@@ -302,7 +302,7 @@ def test_bad_inputs_raise_clear_errors(stream):
     with pytest.raises(ValueError, match="exceeds min"):
         lowrank_statistics(stream, basis, rank=6, num_scales=J)
     with pytest.raises(ValueError, match="exceeds min"):
-        cp.lowrank_detector(_intensity(), rank=9)
+        cp.lowrank_scan(_intensity(), rank=9)
     with pytest.raises(TypeError, match="numeric"):
         check_counts(np.array(["a"]))
     with pytest.raises(ValueError, match="NaN"):
@@ -310,9 +310,9 @@ def test_bad_inputs_raise_clear_errors(stream):
     with pytest.raises(ValueError, match="block_len"):
         block_bootstrap_indices(jax.random.key(0), 10, horizon=5, block_len=11, num_streams=1)
     with pytest.raises(ValueError, match="rel_change"):
-        page_cusum_totals(10.0, rel_change=1.5)
+        totals_cusum(10.0, rel_change=1.5)
     with pytest.raises(ValueError, match="negative"):
-        cp.run_detector(page_cusum_totals(10.0), -stream)
+        cp.run_detector(totals_cusum(10.0), -stream)
 
 
 _HAVE_FOCUS = importlib.util.find_spec("changepoint_online") is not None
@@ -325,7 +325,7 @@ def test_page_cusum_and_focus_detect_a_clear_change_alike():
     lam = _intensity(scale=2.0)
     tau = 200
     ys = np.concatenate([rng.poisson(lam, (tau, P, L)), rng.poisson(1.3 * lam, (100, P, L))])
-    ours = cp.first_alarm(cp.run_detector(page_cusum_totals(lam.sum(), rel_change=0.3), ys), 12.0)
+    ours = cp.first_alarm(cp.run_detector(totals_cusum(lam.sum(), rel_change=0.3), ys), 12.0)
     focus = cp.first_alarm(peers.focus_scores(ys.sum((1, 2)), rate=lam.sum(), side="right"), 12.0)
     assert tau < ours <= tau + 10 and tau < focus <= tau + 10, (ours, focus)
     assert abs(int(ours) - int(focus)) <= 3

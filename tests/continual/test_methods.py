@@ -12,7 +12,7 @@ from lowrank_jax import adapters, continual, data, models, optim
 from lowrank_jax.adapters.paths import named_leaves
 from lowrank_jax.continual.gr_lora import module_adapters
 from lowrank_jax.continual.protocol import get_path
-from lowrank_jax.optim.projection import check_projection_order
+from lowrank_jax.optim.subspace_memory import check_projection_order
 
 TARGETS = (r"params/dense_\d+/kernel",)
 KW = dict(targets=TARGETS, rank=4, alpha=8.0, learning_rate=3e-3, grad_clip=1.0)

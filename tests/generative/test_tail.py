@@ -163,7 +163,8 @@ def test_reward_log_tilt_gradient_is_the_masked_reward_gradient():
     grad_r = jax.grad(lambda y: jnp.sum(reward(y)))(x)
     for side, mask in (("right", r > 0.2), ("left", r < 0.2), (None, None)):
         f = tail.reward_log_tilt(reward, beta=beta, tail=side)
-        assert f is tail.reward_log_tilt(reward, beta=beta, tail=side)  # one object: one compile
+        same = tail.reward_log_tilt(reward, beta=beta, tail=side)
+        assert f == same and hash(f) == hash(same)  # equal values: one compile
         got = jax.grad(lambda y, f=f: jnp.sum(f(y, args)))(x)
         scale = 1.0 / 2.0 if mask is None else mask[:, None] / (2.0 * beta)
         np.testing.assert_allclose(got, scale * grad_r, rtol=1e-5, atol=1e-6)

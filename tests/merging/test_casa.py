@@ -252,7 +252,7 @@ def test_casa_over_pytrees_and_its_errors():
         np.testing.assert_allclose(
             np.asarray(adapters.delta(ad, ad.matrix)), np.asarray(want[0] @ want[1]), atol=1e-5
         )
-    merged = adapters.merge(tgt, moved)  # loads on the target
+    merged = adapters.fold(tgt, moved)  # loads on the target
     assert merged["x"]["kernel"].shape == (10, 8)
     same = merging.casa(src, src, ads, rank=2)
     for path, ad in same.items():

@@ -350,7 +350,7 @@ def test_svd_merges_work_on_conv_kernels(shape, in_ndim, combination):
         exact = a @ b
     got = adapters.delta(merged["conv/kernel"], shape)
     np.testing.assert_allclose(np.asarray(got).reshape(n, m), np.asarray(exact), atol=1e-5)
-    merged_params = adapters.merge(params, merged)  # folds into the conv kernel
+    merged_params = adapters.fold(params, merged)  # folds into the conv kernel
     assert merged_params["conv"]["kernel"].shape == shape
 
 

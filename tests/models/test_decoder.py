@@ -210,15 +210,15 @@ def test_config_from_hf_round_trip_and_errors():
 
 def test_module_names():
     path = "params/model/layers/self_attn/q_proj/kernel"
-    assert models.hf_module_name(path, 3) == "model.layers.3.self_attn.q_proj"
-    assert models.path_from_hf_module("base_model.model.model.layers.3.self_attn.q_proj") == (
+    assert models.decoder_module_name(path, 3) == "model.layers.3.self_attn.q_proj"
+    assert models.decoder_path_from_module("base_model.model.model.layers.3.self_attn.q_proj") == (
         path,
         3,
     )
-    assert models.hf_module_name("params/lm_head/kernel") == "lm_head"
-    assert models.path_from_hf_module("lm_head") == ("params/lm_head/kernel", None)
+    assert models.decoder_module_name("params/lm_head/kernel") == "lm_head"
+    assert models.decoder_path_from_module("lm_head") == ("params/lm_head/kernel", None)
     with pytest.raises(ValueError, match="layer index"):
-        models.hf_module_name(path)
+        models.decoder_module_name(path)
 
 
 def test_reader_refuses_foreign_tensors(tmp_path, llama_vars):

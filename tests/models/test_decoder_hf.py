@@ -215,7 +215,7 @@ def test_stacked_lora_loads_in_pytorch_peft_and_back(family, tmp_path):
     lora = jax.tree.map(  # non-zero B, as after training
         lambda f: f + 0.2 * jax.random.normal(jax.random.key(2), f.shape), lora
     )
-    adapters.save_peft(tmp_path / "ours", lora, module_name=models.hf_module_name)
+    adapters.save_peft(tmp_path / "ours", lora, module_name=models.decoder_module_name)
     saved = json.loads((tmp_path / "ours" / "adapter_config.json").read_text())
     assert len(saved["target_modules"]) == 7 * 3 and saved["use_rslora"] == rslora
     assert saved["rank_pattern"]["model.layers.1.mlp.up_proj"] == 2
@@ -237,7 +237,7 @@ def test_stacked_lora_loads_in_pytorch_peft_and_back(family, tmp_path):
     # And back: PEFT's own files load into the same stacked adapters.
     peft_model.save_pretrained(tmp_path / "theirs")
     back = adapters.load_peft(
-        tmp_path / "theirs", variables, module_path=models.path_from_hf_module
+        tmp_path / "theirs", variables, module_path=models.decoder_path_from_module
     )
     assert sorted(back) == sorted(lora)
     for path, adapter in lora.items():

@@ -59,7 +59,7 @@ def test_zero_init_is_base_and_factorised_equals_merged(setup):
     base = model.apply(variables, tokens, mask)
     np.testing.assert_allclose(fwd(variables, lora, tokens, mask), base, atol=1e-6, rtol=0)
     trained = jax.tree.map(lambda f: f + 0.1, lora)
-    merged = model.apply(adapters.merge(variables, trained), tokens, mask)
+    merged = model.apply(adapters.fold(variables, trained), tokens, mask)
     np.testing.assert_allclose(fwd(variables, trained, tokens, mask), merged, atol=1e-5, rtol=0)
 
 
@@ -135,7 +135,7 @@ def test_sampler_with_adapters_equals_sampler_on_merged_params(setup):
 
     state = {"base": variables, "lora": lora}
     ours = models.generate(model, state, tokens, mask, max_new_tokens=5, forward=forward)
-    merged = models.generate(model, adapters.merge(variables, lora), tokens, mask, max_new_tokens=5)
+    merged = models.generate(model, adapters.fold(variables, lora), tokens, mask, max_new_tokens=5)
     np.testing.assert_array_equal(ours, merged)
 
 
@@ -159,7 +159,7 @@ def test_sampler_with_a_bank_and_per_row_ids_equals_each_adapter_alone(setup):
     # Each adapter alone, merged, on the whole batch (the program of the test above): row i of
     # the mixed batch is row i of the batch decoded with adapter ids[i].
     alone = [
-        models.generate(model, adapters.merge(variables, s), tokens, mask, max_new_tokens=5)
+        models.generate(model, adapters.fold(variables, s), tokens, mask, max_new_tokens=5)
         for s in sets
     ]
     assert not np.array_equal(alone[0], alone[1])  # the adapters decode differently

@@ -116,5 +116,5 @@ def test_ties_merge_of_two_stacked_loras(decoder):
         np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
     tokens = jax.random.randint(jax.random.key(3), (2, 6), 0, 32)
     factorised = adapters.adapt(model.apply)(variables, merged, tokens)
-    dense = model.apply(adapters.merge(variables, merged), tokens)
+    dense = model.apply(adapters.fold(variables, merged), tokens)
     np.testing.assert_allclose(factorised, dense, atol=1e-5, rtol=0)

@@ -169,13 +169,13 @@ def test_peft_names_round_trip_and_match_safetensors(minilm, tensors):
     assert len(layer_kernels) == 6 * N_LAYERS == 36
     assert len(kernels) == 37  # + the pooler
     for path, kernel in kernels.items():
-        name = models.peft_module_name(path)
+        name = models.bert_module_name(path)
         assert name + ".weight" in tensors, name
-        assert models.flax_path_from_peft(name) == path
-        assert models.flax_path_from_peft("base_model.model." + name) == path
-        assert models.peft_module_name(path.removeprefix("params/")) == name
+        assert models.bert_path_from_module(name) == path
+        assert models.bert_path_from_module("base_model.model." + name) == path
+        assert models.bert_module_name(path.removeprefix("params/")) == name
         np.testing.assert_array_equal(np.asarray(kernel), tensors[name + ".weight"].T)
-    assert {models.peft_module_name(p) + ".weight" for p in kernels} == {
+    assert {models.bert_module_name(p) + ".weight" for p in kernels} == {
         k for k, v in tensors.items() if v.ndim == 2 and not k.startswith("embeddings.")
     }  # every Linear weight of the file
 
@@ -198,14 +198,14 @@ def test_peft_names_examples_prefixes_and_errors():
         "params/encoder/layer_4/ln_mlp/scale": "encoder.layer.4.output.LayerNorm",
     }
     for path, name in cases.items():
-        assert models.peft_module_name(path) == name
-        assert models.flax_path_from_peft(name) == path
+        assert models.bert_module_name(path) == name
+        assert models.bert_path_from_module(name) == path
     for bad in ("params/encoder/layer_0/attention/query/bias", "params/head/kernel", "x"):
         with pytest.raises(ValueError, match="not a BERT projection kernel"):
-            models.peft_module_name(bad)
+            models.bert_module_name(bad)
     for bad in ("encoder.layer.0.attention.self.query.weight", "classifier", "encoder.layer.x"):
         with pytest.raises(ValueError, match="not a BERT projection module name"):
-            models.flax_path_from_peft(bad)
+            models.bert_path_from_module(bad)
 
 
 def test_classifier_is_linear_head_on_mean_pool(minilm):

@@ -9,7 +9,7 @@ import pytest
 
 from lowrank_jax import adapters as A
 from lowrank_jax import optim as O
-from lowrank_jax.adapters.spectral import random_stiefel
+from lowrank_jax.adapters.singular import random_stiefel
 from lowrank_jax.optim.adalora import adalora_budget, adalora_orthogonality
 from lowrank_jax.optim.sbvi import qr_retraction, sbvi_mean, sbvi_preconditioner, stiefel_project
 

@@ -15,7 +15,7 @@ from lowrank_jax.selection.gradients import (
     per_example_grads,
 )
 from lowrank_jax.selection.pipeline import WarmupCheckpoint
-from lowrank_jax.selection.projection import jl_matrix, jl_project
+from lowrank_jax.selection.random_projection import jl_matrix, jl_project
 from lowrank_jax.selection.scoring import cosine_scores, gist_basis, gist_scores, less_scores
 
 

@@ -16,7 +16,7 @@ from lowrank_jax.optim import (
     project_onto,
     scale_by_orthogonal_projection,
 )
-from lowrank_jax.optim.projection import left_singular, project_off
+from lowrank_jax.optim.subspace_memory import left_singular, project_off
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 

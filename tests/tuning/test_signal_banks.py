@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from lowrank_jax.tuning.signals import weekly_windows
+from lowrank_jax.tuning.signal_banks import weekly_windows
 from lowrank_jax.tuning.synthetic import sample_signal_instances
 
 
