@@ -260,7 +260,8 @@ def load_hf_vit(
     Example:
       >>> model, variables = load_hf_vit("vit-base-patch16-224-in21k")  # doctest: +SKIP
       >>> features = model.apply(variables, images)  # (b, 768)  # doctest: +SKIP
-      >>> rules = [(r".*attention/(query|value)/kernel", adapters.lora(10, in_ndim=1, out_ndim=1))]
+      >>> lora = adapters.lora(10, in_ndim=1, out_ndim=1)  # the kernels are (L, n, m)
+      >>> rules = [(r".*attention/(query|value)/kernel", lora)]  # doctest: +SKIP
     """
     directory = os.fspath(directory)
     if num_classes is not None and (

@@ -175,6 +175,27 @@ def test_preprocessing_reads_the_processor_file_or_defaults(checkpoints, tmp_pat
     os.remove(os.path.join(directory, "preprocessor_config.json"))
 
 
+def test_a_tfds_batch_prepared_for_the_checkpoint_runs_through_it(checkpoints):
+    tfds = pytest.importorskip("tensorflow_datasets")
+    from lowrank_jax import data
+
+    case = "model_pooler"  # 16 x 16 images, mean = std = 0.5 (no preprocessor file)
+    pre = preprocessing(checkpoints[case])
+    model, variables = models.load_hf_vit(checkpoints[case], num_classes=4, key=jax.random.key(0))
+    with tfds.testing.mock_data(num_examples=6):
+        source = data.tfds_image_source("cifar100", split="test", num_threads=1)
+        transform = data.train_transform(pre.size[0], mean=pre.mean, std=pre.std)
+        batch = next(
+            data.ImageBatches(
+                source, np.arange(len(source)), transform=transform, batch_size=len(source), seed=0
+            )
+        )
+    assert batch["x"].shape == (len(source), 16, 16, 3)
+    assert np.all(np.abs(batch["x"]) <= 1.0)  # [0, 1] normalised by 0.5 / 0.5
+    logits = model.apply(variables, batch["x"])
+    assert logits.shape == (len(source), 4) and np.isfinite(logits).all()
+
+
 def _copy(src: str, dst, *, config=None, weights=True) -> str:
     os.makedirs(dst, exist_ok=True)
     with open(os.path.join(src, "config.json")) as f:
