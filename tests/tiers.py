@@ -39,6 +39,7 @@ RULES: tuple[tuple[str, str], ...] = (
     ("tests/changepoint/test_changepoint.py::test_ruptures_*", "peers"),
     ("tests/merging/test_peft_agreement.py::*", "peers"),
     ("tests/models/test_decoder_hf.py::*", "peers"),
+    ("tests/models/test_hf_vit.py::*", "peers"),
     ("tests/models/test_readme_decoder.py::*", "peers"),
     ("tests/tuning/test_bo.py::test_random_and_tpe_searches_follow_the_table", "peers"),
     ("tests/tuning/test_lasso.py::test_*_cvxpy_*", "peers"),

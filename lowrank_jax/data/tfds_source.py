@@ -8,7 +8,7 @@ import numpy as np
 
 from lowrank_jax.data.records import Dataset
 
-__all__ = ["load_tfds", "resize_images"]
+__all__ = ["load_tfds", "open_data_source", "resize_images"]
 
 _TFDS_INSTALL = "pip install 'tensorflow-datasets>=4.9.10,<5' array_record"
 
@@ -22,6 +22,44 @@ def _import_tfds():
             f"with:\n    {_TFDS_INSTALL}"
         ) from err
     return tfds
+
+
+def open_data_source(name: str, *, split: str, data_dir: str | os.PathLike | None = None):
+    """``tfds.data_source(name, split=split, data_dir=data_dir, download=False)``, with one
+    error that says how to prepare the dataset when it is not prepared.
+
+    Args:
+      name: TFDS name (a config and version may follow: ``"domainnet/real:1.0.0"``).
+      split: TFDS split spec.
+      data_dir: TFDS data directory; default TFDS's own.
+
+    Returns:
+      The random-access data source (``len``, ``source[i]`` a dict of NumPy features,
+      ``source.dataset_info``).
+
+    Raises:
+      ImportError: ``tensorflow_datasets`` is not installed (the message gives the command).
+      FileNotFoundError: the dataset is not prepared in ``array_record`` format in ``data_dir``
+        (the message gives the ``tfds build`` command).
+    """
+    tfds = _import_tfds()
+    try:
+        return tfds.data_source(name, split=split, data_dir=data_dir, download=False)
+    except (NotImplementedError, FileNotFoundError, AssertionError, KeyError) as err:
+        # An unprepared dataset surfaces as FileNotFoundError/AssertionError, or (at the default
+        # data_dir, where tfds finds the registered builder's metadata) as a KeyError about an
+        # empty split dict; all mean the same thing to the user.
+        if isinstance(err, KeyError) and "empty" not in str(err):
+            raise
+        where = data_dir or tfds.core.constants.get_default_data_dir()
+        default = "" if data_dir else " (the default TFDS data_dir)"
+        pass_dir = "" if data_dir else " (or pass data_dir=DIR for another directory)"
+        raise FileNotFoundError(
+            f"TFDS dataset {name!r} (split {split!r}) is not prepared for random access in "
+            f"{where}{default}. Prepare it in array_record format where it can be downloaded:\n"
+            f"    tfds build {name} --file_format=array_record --data_dir={where}\n"
+            f"then copy {where} here{pass_dir}."
+        ) from err
 
 
 def _resize_weights(n_in: int, n_out: int) -> np.ndarray:
@@ -135,24 +173,7 @@ def load_tfds(
     """
     if max_examples is not None and (not isinstance(max_examples, int) or max_examples < 1):
         raise ValueError(f"max_examples must be a positive integer or None; got {max_examples!r}.")
-    tfds = _import_tfds()
-    try:
-        source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
-    except (NotImplementedError, FileNotFoundError, AssertionError, KeyError) as err:
-        # An unprepared dataset surfaces as FileNotFoundError/AssertionError, or (at the default
-        # data_dir, where tfds finds the registered builder's metadata) as a KeyError about an
-        # empty split dict; all mean the same thing to the user.
-        if isinstance(err, KeyError) and "empty" not in str(err):
-            raise
-        where = data_dir or tfds.core.constants.get_default_data_dir()
-        default = "" if data_dir else " (the default TFDS data_dir)"
-        pass_dir = "" if data_dir else " (or pass data_dir=DIR for another directory)"
-        raise FileNotFoundError(
-            f"TFDS dataset {name!r} (split {split!r}) is not prepared for random access in "
-            f"{where}{default}. Prepare it in array_record format where it can be downloaded:\n"
-            f"    tfds build {name} --file_format=array_record --data_dir={where}\n"
-            f"then copy {where} here{pass_dir}."
-        ) from err
+    source = open_data_source(name, split=split, data_dir=data_dir)
 
     n = len(source) if max_examples is None else min(len(source), max_examples)
     if n == 0:

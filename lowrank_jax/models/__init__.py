@@ -1,4 +1,4 @@
-"""Flax linen models: MLP, ViT, char-level GPT, BERT (MiniLM loader), a transformer with
+"""Flax linen models: MLP, ViT (Hugging Face ViT checkpoints), char-level GPT, BERT (MiniLM loader), a transformer with
 FP8-simulated attention logits (P14), and the decoder LLM family (Llama-3, Qwen2, Gemma-2/3) with
 Hugging Face checkpoint loading and saving, and its FSDP / tensor-parallel partition rules.
 
@@ -27,6 +27,7 @@ from lowrank_jax.models.hf_decoder import (
     save_hf_decoder,
 )
 from lowrank_jax.models.hf_decoder_config import config_from_hf
+from lowrank_jax.models.hf_vit import load_hf_vit
 from lowrank_jax.models.minilm import MINILM_NAME, load_minilm, minilm_dir, tokenize
 from lowrank_jax.models.mlp import MLP
 from lowrank_jax.models.sampling import generate
@@ -53,6 +54,7 @@ __all__ = [
     "decoder_path_from_module",
     "generate",
     "load_hf_decoder",
+    "load_hf_vit",
     "load_minilm",
     "mean_pool",
     "minilm_dir",

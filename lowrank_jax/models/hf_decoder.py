@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from safetensors.numpy import save_file
 
-from lowrank_jax.checkpoint_files import open_safetensors
+from lowrank_jax.checkpoint_files import open_safetensors, tensor_files
 from lowrank_jax.models.decoder import DecoderLM
 from lowrank_jax.models.decoder_config import DecoderConfig
 from lowrank_jax.models.hf_decoder_config import config_from_hf, config_to_hf
@@ -113,33 +113,6 @@ def decoder_path_from_module(name: str) -> tuple[str, int | None]:
 # Loading.
 
 
-def _checkpoint_files(directory: str) -> dict[str, str]:
-    """HF key -> safetensors file, from the index or the single file."""
-    index = os.path.join(directory, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        try:
-            with open(index) as f:
-                weight_map = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(
-                f"{index} is not valid JSON ({e.msg} at line {e.lineno}): it is truncated or "
-                "corrupt; download or save the checkpoint again."
-            ) from e
-        weight_map = weight_map.get("weight_map") if isinstance(weight_map, dict) else None
-        if not isinstance(weight_map, dict):
-            raise ValueError(f"{index} has no weight_map object.")
-        return {k: os.path.join(directory, v) for k, v in weight_map.items()}
-    single = os.path.join(directory, "model.safetensors")
-    if not os.path.isfile(single):
-        raise FileNotFoundError(
-            f"{directory} has neither model.safetensors nor model.safetensors.index.json "
-            "(pytorch_model.bin is not read: convert it with save_pretrained(safe_serialization"
-            "=True))."
-        )
-    with open_safetensors(single) as f:
-        return dict.fromkeys(f.keys(), single)
-
-
 def _sharding_for(shardings: Any, path: str, named: dict[str, Any]) -> jax.sharding.Sharding:
     if shardings is None:
         return jax.sharding.SingleDeviceSharding(jax.devices()[0])
@@ -203,7 +176,7 @@ def load_hf_decoder(
     directory = os.fspath(directory)
     config = config or config_from_hf(directory)
     _check_stacked(config)
-    files = _checkpoint_files(directory)
+    files = tensor_files(directory)
     expected = jax.eval_shape(
         DecoderLM(config).init, jax.random.key(0), jnp.zeros((1, 1), jnp.int32)
     )

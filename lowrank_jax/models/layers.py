@@ -50,12 +50,14 @@ class SelfAttention(nn.Module):
       num_heads: number of heads h; must divide d.
       dropout_rate: dropout on the attention probabilities (active when `deterministic=False`).
       kernel_init: initialiser of the four kernels.
+      qkv_bias: whether `query`, `key` and `value` have biases (`out` always has one).
       dtype: computation dtype (None: inferred from inputs and params).
     """
 
     num_heads: int
     dropout_rate: float = 0.0
     kernel_init: Initializer = nn.initializers.lecun_normal()
+    qkv_bias: bool = True
     dtype: Any = None
 
     @nn.compact
@@ -83,12 +85,14 @@ class SelfAttention(nn.Module):
             raise ValueError(f"num_heads={self.num_heads} must divide the width d={d}.")
         k = d // self.num_heads
 
-        def dense(name: str) -> nn.Dense:
-            return nn.Dense(d, kernel_init=self.kernel_init, dtype=self.dtype, name=name)
+        def dense(name: str, use_bias: bool = True) -> nn.Dense:
+            return nn.Dense(
+                d, use_bias=use_bias, kernel_init=self.kernel_init, dtype=self.dtype, name=name
+            )
 
-        q = dense("query")(x).reshape(b, t, self.num_heads, k)
-        key = dense("key")(x).reshape(b, t, self.num_heads, k)
-        v = dense("value")(x).reshape(b, t, self.num_heads, k)
+        q = dense("query", self.qkv_bias)(x).reshape(b, t, self.num_heads, k)
+        key = dense("key", self.qkv_bias)(x).reshape(b, t, self.num_heads, k)
+        v = dense("value", self.qkv_bias)(x).reshape(b, t, self.num_heads, k)
         scores = jnp.einsum("bqhk,bshk->bhqs", q, key) / jnp.sqrt(k).astype(q.dtype)
         if mask is not None:
             scores = jnp.where(mask, scores, jnp.finfo(scores.dtype).min)
@@ -133,6 +137,9 @@ class PreLNBlock(nn.Module):
       mlp_dim: hidden width of the MLP.
       dropout_rate: dropout on attention probabilities and on both residual branches.
       deterministic: disables dropout when True (a field, so that the block can be scanned).
+      layer_norm_eps: epsilon of both LayerNorms.
+      activation: the MLP's non-linearity (default: tanh-approximated GELU).
+      qkv_bias: whether the query, key and value projections have biases.
       dtype: computation dtype.
     """
 
@@ -140,19 +147,27 @@ class PreLNBlock(nn.Module):
     mlp_dim: int
     dropout_rate: float = 0.0
     deterministic: bool = True
+    layer_norm_eps: float = 1e-6
+    activation: Callable[[jax.Array], jax.Array] = nn.gelu
+    qkv_bias: bool = True
     dtype: Any = None
 
     @nn.compact
     def __call__(self, x: jax.Array, mask: jax.Array | None = None) -> jax.Array:
         """Maps (b, t, d) to (b, t, d); `mask` as in `SelfAttention`."""
         drop = nn.Dropout(self.dropout_rate, deterministic=self.deterministic)
-        y = nn.LayerNorm(dtype=self.dtype, name="ln_attention")(x)
+        eps = self.layer_norm_eps
+        y = nn.LayerNorm(epsilon=eps, dtype=self.dtype, name="ln_attention")(x)
         y = SelfAttention(
-            self.num_heads, dropout_rate=self.dropout_rate, dtype=self.dtype, name="attention"
+            self.num_heads,
+            dropout_rate=self.dropout_rate,
+            qkv_bias=self.qkv_bias,
+            dtype=self.dtype,
+            name="attention",
         )(y, mask, deterministic=self.deterministic)
         x = x + drop(y)
-        y = nn.LayerNorm(dtype=self.dtype, name="ln_mlp")(x)
-        y = FeedForward(self.mlp_dim, dtype=self.dtype, name="mlp")(y)
+        y = nn.LayerNorm(epsilon=eps, dtype=self.dtype, name="ln_mlp")(x)
+        y = FeedForward(self.mlp_dim, self.activation, dtype=self.dtype, name="mlp")(y)
         return x + drop(y)
 
 
@@ -178,6 +193,7 @@ class TransformerStack(nn.Module):
       mlp_dim: MLP hidden width.
       dropout_rate: dropout rate inside the blocks.
       scan_layers: scan over stacked layers instead of unrolling.
+      layer_norm_eps, activation, qkv_bias: as in `PreLNBlock`.
       dtype: computation dtype.
     """
 
@@ -186,6 +202,9 @@ class TransformerStack(nn.Module):
     mlp_dim: int
     dropout_rate: float = 0.0
     scan_layers: bool = False
+    layer_norm_eps: float = 1e-6
+    activation: Callable[[jax.Array], jax.Array] = nn.gelu
+    qkv_bias: bool = True
     dtype: Any = None
 
     @nn.compact
@@ -198,6 +217,9 @@ class TransformerStack(nn.Module):
             mlp_dim=self.mlp_dim,
             dropout_rate=self.dropout_rate,
             deterministic=deterministic,
+            layer_norm_eps=self.layer_norm_eps,
+            activation=self.activation,
+            qkv_bias=self.qkv_bias,
             dtype=self.dtype,
         )
         if self.scan_layers:
