@@ -52,7 +52,7 @@ from lowrank_jax.prompts.methods import (
     no_prompts,
 )
 from lowrank_jax.prompts.missing import sample_missing
-from lowrank_jax.prompts.training import cross_entropy, init_trainable, prompted_logits, split_head
+from lowrank_jax.prompts.training import init_trainable, prompted_logits, split_head
 
 __all__ = ["METHODS", "arms", "check_config", "run"]
 
@@ -179,7 +179,7 @@ def _pretrain_step(config: Any, model):
 
         def loss(p):
             logits = model.apply({"params": p}, _features(batch, num))
-            return cross_entropy(logits, batch["y"])
+            return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
 
         value, g = jax.value_and_grad(loss)(state["params"])
         updates, opt_state = tx.update(g, state["opt_state"], state["params"])
@@ -327,9 +327,9 @@ def _method_fns(model: Any, method: PromptMethod, num: int):
     ``logits(trainable, frozen, features, missing)``; one of each per method, compiled once."""
     fwd = functools.partial(prompted_logits, model, method=method)
     return (
-        lambda t, f, b: cross_entropy(
+        lambda t, f, b: optax.softmax_cross_entropy_with_integer_labels(
             fwd(f, t, features=_features(b, num), missing=b["missing"]), b["y"]
-        ),
+        ).mean(),
         jax.jit(lambda t, f, x, mi: fwd(f, t, features=x, missing=mi)),
     )
 

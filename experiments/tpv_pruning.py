@@ -32,7 +32,6 @@ import tqdm
 from experiments import common
 from experiments.common import sweep
 from lowrank_jax import analysis, data
-from lowrank_jax.analysis import pruning
 from lowrank_jax.analysis.pruning import score_exact_tpv, score_taylor, sequential_groups
 from lowrank_jax.analysis.tpv import quantization_variance, tpv_label_noise, trace_heff
 from lowrank_jax.models import CNN, MLP
@@ -310,10 +309,14 @@ def selection_cell(config: Any, wd: float, smoothing: float) -> dict:
     logits = model.apply(params, xte)
     return {
         "tpv_train": float(tpv),
-        "test_loss": float(pruning.cross_entropy(logits, jnp.asarray(yte))),
+        "test_loss": float(
+            optax.softmax_cross_entropy_with_integer_labels(logits, jnp.asarray(yte)).mean()
+        ),
         "test_acc": float(jnp.mean(jnp.argmax(logits, -1) == yte)),
         "train_loss_noisy": float(
-            pruning.cross_entropy(model.apply(params, xtr), jnp.asarray(noisy))
+            optax.softmax_cross_entropy_with_integer_labels(
+                model.apply(params, xtr), jnp.asarray(noisy)
+            ).mean()
         ),
     }
 

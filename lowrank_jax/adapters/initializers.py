@@ -57,6 +57,7 @@ from lowrank_jax.adapters.kfac import (
     kfac_statistics,
 )
 from lowrank_jax.adapters.kinds import LoRA
+from lowrank_jax.spectral import svd
 
 __all__ = [
     "eva",
@@ -141,9 +142,9 @@ def lora_one_factors(
 
     So ``A₀B₀ = −[G]_r / (σ₁(G) γ)``: one preconditioned gradient step in the top-``r`` subspace.
     """
-    u, sv, vt = jnp.linalg.svd(-jnp.asarray(grad, jnp.float32), full_matrices=False)
-    root = jnp.sqrt(sv[:rank] / jnp.where(sv[0] > 0, sv[0], 1.0) / gamma)
-    return u[:, :rank] * root, root[:, None] * vt[:rank]
+    u, sv, vt = svd.truncated_svd(-jnp.asarray(grad, jnp.float32), rank=rank)
+    root = jnp.sqrt(sv / jnp.where(sv[0] > 0, sv[0], 1.0) / gamma)
+    return u * root, root[:, None] * vt
 
 
 @functools.partial(jax.jit, static_argnames=("rank", "gamma"))
@@ -161,7 +162,7 @@ def lora_ga_factors(
             f"LoRA-GA needs 2·rank <= min(n, m) = {min(n, m)} for a ({n}, {m}) kernel; got rank "
             f"{rank}. Use a smaller rank for this layer."
         )
-    u, _, vt = jnp.linalg.svd(g, full_matrices=False)
+    u, _, vt = svd.truncated_svd(g, rank=2 * rank)
     c = m**0.25 / math.sqrt(gamma)
     return u[:, :rank] * c, vt[rank : 2 * rank] * c
 

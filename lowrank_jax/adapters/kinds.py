@@ -30,6 +30,8 @@ from typing import Any, Literal, Protocol
 import jax
 import jax.numpy as jnp
 
+from lowrank_jax.spectral import svd
+
 __all__ = [
     "AdapterKind",
     "LoRA",
@@ -175,10 +177,9 @@ class LoRA:
         n, m = kernel.shape
         dtype = jnp.dtype(self.dtype or kernel.dtype)
         if self.init == "pissa":
-            u, s, vt = jnp.linalg.svd(kernel.astype(jnp.float32), full_matrices=False)
-            root = jnp.sqrt(s[: self.rank] / self.scale)
-            a = u[:, : self.rank] * root
-            b = root[:, None] * vt[: self.rank]
+            a, b = svd.balanced_factors(
+                kernel.astype(jnp.float32), rank=self.rank, scale=self.scale
+            )
             return {"a": a.astype(dtype), "b": b.astype(dtype)}
         if self.init == "kaiming":
             bound = 1.0 / math.sqrt(n)

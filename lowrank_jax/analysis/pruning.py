@@ -50,7 +50,6 @@ __all__ = [
     "PruneGroup",
     "apply_masks",
     "confident_pseudo_labels",
-    "cross_entropy",
     "init_masks",
     "mlp_groups",
     "prune_iteratively",
@@ -164,11 +163,6 @@ def apply_masks(params: Any, masks: dict[str, jax.Array], groups: Sequence[Prune
     return {**p, "params": inner}
 
 
-def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    """Mean softmax cross-entropy with integer labels."""
-    return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, labels))
-
-
 def _group_sum(params, grads, groups, fn) -> dict[str, jax.Array]:
     """``{layer: fn(views of params, views of grads)}`` with :func:`_views` per group."""
     return {g.layer: fn(_views(params, g), _views(grads, g)) for g in groups}
@@ -196,7 +190,9 @@ def score_taylor(
     apply_fn: Callable, params: Any, x: jax.Array, y: jax.Array, groups: Sequence[PruneGroup]
 ) -> dict[str, jax.Array]:
     """``Σ|W ⊙ ∇L|`` over each group's kernel entries; ``L`` = mean CE on ``(x, y)``."""
-    grads = jax.grad(lambda p: cross_entropy(apply_fn(p, x), y))(params)
+    grads = jax.grad(
+        lambda p: optax.softmax_cross_entropy_with_integer_labels(apply_fn(p, x), y).mean()
+    )(params)
     return _group_sum(
         params,
         grads,
@@ -220,7 +216,9 @@ def score_jacobian(
     """
 
     def one(x, y):
-        grads = jax.grad(lambda p: cross_entropy(apply_fn(p, x), y))(params)
+        grads = jax.grad(
+            lambda p: optax.softmax_cross_entropy_with_integer_labels(apply_fn(p, x), y).mean()
+        )(params)
         return _group_sum(
             params,
             grads,

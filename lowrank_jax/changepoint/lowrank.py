@@ -80,6 +80,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lowrank_jax.spectral import svd
+
 __all__ = [
     "SVT",
     "LowRankScanState",
@@ -90,7 +92,6 @@ __all__ = [
     "initial_basis",
     "lowrank_statistics",
     "lowrank_threshold",
-    "rank_truncate",
     "scales",
     "svt_threshold",
     "update_lowrank_scan",
@@ -211,21 +212,6 @@ def check_rank(rank: int | None, p: int, num_cells: int) -> int | None:
             f"at most {min(p, num_cells)}; lower the rank or pass rank=None (Frobenius scan)"
         )
     return int(rank)
-
-
-def rank_truncate(
-    m: jax.Array, rank: int | None, *, threshold: jax.typing.ArrayLike | None = None
-) -> jax.Array:
-    """Best rank-``r`` approximation ``U_r Σ_r V_rᵀ`` of ``m`` (``(..., p, L)``) by SVD; with
-    ``threshold`` (broadcast to ``m``'s batch axes), the hard SVT: of those ``r``, only singular
-    values ``> threshold`` are kept."""
-    if rank is None:
-        return m
-    u, s, vt = jnp.linalg.svd(m, full_matrices=False)
-    s = s[..., :rank]
-    if threshold is not None:
-        s = jnp.where(s > jnp.asarray(threshold)[..., None], s, 0.0)
-    return jnp.einsum("...pr,...r,...rl->...pl", u[..., :rank], s, vt[..., :rank, :])
 
 
 def initial_basis(mean_counts, *, rank: int | None) -> jax.Array:
@@ -376,7 +362,7 @@ def update_lowrank_scan(
         diff = means[:, :k] - means[:, k:]
         sq = jnp.sum(diff * diff, axis=(2, 3))
     elif method == "svd":
-        est = rank_truncate(means, rank, threshold=tau)
+        est = means if rank is None else svd.lowrank_approximation(means, rank=rank, threshold=tau)
         diff = est[:, :k] - est[:, k:]
         sq = jnp.sum(diff * diff, axis=(2, 3))
     else:

@@ -21,7 +21,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lowrank_jax.optim.subspace_memory import SubspaceMemory, left_singular, project_off
+from lowrank_jax.optim.subspace_memory import SubspaceMemory, project_off
+from lowrank_jax.spectral.svd import left_singular
 
 __all__ = ["inflora_down_projection", "o_lora_penalty", "sd_lora_kernel", "unit_direction"]
 

@@ -19,6 +19,7 @@ import numpy as np
 from lowrank_jax.continual._src import check_sizes
 from lowrank_jax.continual.streams import Split, TaskStream
 from lowrank_jax.data import Dataset
+from lowrank_jax.data.incremental import split_by_classes
 
 __all__ = ["digits_cil", "mnist_cil", "split_digits", "split_mnist"]
 
@@ -34,14 +35,14 @@ def _rows(ds: Dataset, keep: np.ndarray, transform=lambda x: x) -> Split:
 def _by_classes(
     train: Dataset, test: Dataset, groups: Sequence[np.ndarray], transform=lambda x: x
 ) -> list[dict[str, Split]]:
-    """Per group of classes, the train and test rows of those classes (in dataset order)."""
-    return [
-        {
-            name: _rows(ds, np.isin(ds.y, cls), transform)
-            for name, ds in (("train", train), ("test", test))
-        }
-        for cls in groups
-    ]
+    """Per group of classes, the train and test rows of those classes (in dataset order), as
+    :func:`lowrank_jax.data.split_by_classes` selects them."""
+
+    def rows(ds: Dataset, classes: np.ndarray) -> Split:
+        (task,) = split_by_classes(ds, class_order=classes, classes_per_task=len(classes))
+        return {"x": transform(task.x), "y": task.y.astype(np.int32)}
+
+    return [{"train": rows(train, g), "test": rows(test, g)} for g in groups]
 
 
 def split_digits(

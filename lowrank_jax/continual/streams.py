@@ -26,6 +26,7 @@ import numpy as np
 
 from lowrank_jax.continual._src import check_sizes
 from lowrank_jax.data import Dataset
+from lowrank_jax.data.incremental import split_by_classes
 
 __all__ = ["TaskStream", "class_incremental_stream", "long_stream", "training_arrays"]
 
@@ -120,12 +121,17 @@ def class_incremental_stream(
     k = classes_per_task
     order = rng.permutation(num_classes)[: k * num_tasks]
     groups = [np.sort(order[t * k : (t + 1) * k]) for t in range(num_tasks)]
+    names = tuple(str(c) for c in range(num_classes))
+    parts = [
+        split_by_classes(Dataset(x[rows], y[rows], names), class_order=order, classes_per_task=k)
+        for rows in (~is_test, is_test)
+    ]
     tasks = []
-    for cls in groups:
+    for train, test in zip(*parts, strict=True):
         part = {}
-        for name, rows in (("train", ~is_test), ("test", is_test)):
-            keep = rng.permutation(np.flatnonzero(rows & np.isin(y, cls)))
-            part[name] = {"x": x[keep], "y": y[keep].astype(np.int32)}
+        for name, ds in (("train", train), ("test", test)):
+            keep = rng.permutation(len(ds.y))
+            part[name] = {"x": ds.x[keep], "y": ds.y[keep].astype(np.int32)}
         tasks.append(part)
     return TaskStream(tasks, groups, num_classes, "cil", None, 0)
 

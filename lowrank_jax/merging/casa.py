@@ -70,8 +70,8 @@ import numpy as np
 from lowrank_jax.adapters import paths as paths_lib
 from lowrank_jax.adapters.core import Adapter
 from lowrank_jax.merging import trees
-from lowrank_jax.merging.sparsify import lowrank_factors
 from lowrank_jax.merging.task_vectors import task_vector_matrices, to_lora
+from lowrank_jax.spectral import svd
 
 __all__ = [
     "Arbitration",
@@ -311,7 +311,7 @@ def casa_matrix(
         arbitrate_q=float(arbitrate_q),
         energy=float(energy),
     )
-    a_c, b_c = lowrank_factors(arb.c_new, rank=rank)
+    a_c, b_c = svd.balanced_factors(arb.c_new, rank=rank)
     return basis.u @ a_c, b_c @ basis.v.T
 
 

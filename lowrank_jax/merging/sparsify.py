@@ -34,7 +34,6 @@ __all__ = [
     "dare_delta",
     "dare_masks",
     "dare_ties_delta",
-    "lowrank_factors",
     "magnitude_prune_delta",
     "ties_delta",
 ]
@@ -218,16 +217,3 @@ def magnitude_prune_delta(
         raise ValueError(f"deltas must be (K, n, m); got shape {deltas.shape}.")
     w = task_weights(weights, deltas.shape[0])
     return jnp.tensordot(w, jax.vmap(lambda d: trim_matrix(d, density))(deltas), axes=1)
-
-
-def lowrank_factors(delta: jax.Array, *, rank: int) -> tuple[jax.Array, jax.Array]:
-    """Best rank-``r`` factors of one ``(n, m)`` update: ``a = U_r √S_r``, ``b = √S_r V_rᵀ``.
-
-    ``a @ b`` is the truncated SVD of ``delta`` (Eckart–Young); returns ``(a (n, r), b (r, m))``.
-    """
-    n, m = delta.shape
-    if not isinstance(rank, int) or not 1 <= rank <= min(n, m):
-        raise ValueError(f"rank must be an int in [1, {min(n, m)}] for a ({n}, {m}) update.")
-    u, s, vt = jnp.linalg.svd(delta, full_matrices=False)
-    root = jnp.sqrt(s[:rank])
-    return u[:, :rank] * root, root[:, None] * vt[:rank]

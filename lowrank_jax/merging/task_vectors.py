@@ -69,12 +69,12 @@ from lowrank_jax.merging.sparsify import (
     dare_masks,
     dare_ties_delta,
     keep_largest,
-    lowrank_factors,
     magnitude_prune_delta,
     task_weights,
     ties_delta,
     trim_matrix,
 )
+from lowrank_jax.spectral import svd
 
 __all__ = [
     "TaskVector",
@@ -300,12 +300,10 @@ def _lora_sum_factors(
     r = min(total, n, m) if rank is None else rank
 
     def one(a, b):
-        qa, ra = jnp.linalg.qr(a)
-        qb, rb = jnp.linalg.qr(b.T)
-        u, s, vt = jnp.linalg.svd(ra @ rb.T, full_matrices=False)
-        keep = min(r, s.shape[0])
-        root = jnp.sqrt(s[:keep])
-        fa, fb = (qa @ u[:, :keep]) * root, root[:, None] * (vt[:keep] @ qb.T)
+        keep = min(r, total)
+        u, s, vt = svd.product_svd(a, b.T, rank=keep)
+        root = jnp.sqrt(s)
+        fa, fb = u * root, root[:, None] * vt
         pad = r - keep  # rank above the stacked rank: zero directions
         return jnp.pad(fa, ((0, 0), (0, pad))), jnp.pad(fb, ((0, pad), (0, 0)))
 
@@ -348,7 +346,7 @@ def _check_rank(rank: int | None, n: int, m: int, path: str) -> int:
 
 @functools.partial(jax.jit, static_argnums=1)
 def _factorize(merged: jax.Array, rank: int) -> tuple[jax.Array, jax.Array]:
-    return jax.vmap(lambda d: lowrank_factors(d, rank=rank))(merged)
+    return svd.balanced_factors(merged, rank=rank)
 
 
 @functools.partial(jax.jit, static_argnames=("density",))

@@ -50,6 +50,7 @@ import jax.numpy as jnp
 import optax
 
 from lowrank_jax.adapters import paths
+from lowrank_jax.spectral.svd import left_singular
 
 __all__ = [
     "OrthogonalProjectionState",
@@ -59,7 +60,6 @@ __all__ = [
     "extend_subspace_memory",
     "fill_memories",
     "init_subspace_memory",
-    "left_singular",
     "project_off",
     "project_onto",
     "scale_by_orthogonal_projection",
@@ -177,27 +177,6 @@ def captured_energy(memory: SubspaceMemory, x: jax.typing.ArrayLike) -> jax.Arra
     total = jnp.sum(jnp.square(x), axis=(-2, -1))
     inside = jnp.sum(jnp.square(x @ memory.basis.astype(x.dtype)), axis=(-2, -1))
     return inside / jnp.maximum(total, jnp.finfo(x.dtype).tiny)
-
-
-def left_singular(r: jax.typing.ArrayLike) -> tuple[jax.Array, jax.Array]:
-    r"""Left singular vectors and values of ``R: (n, b)``: ``(U (n, p), σ (p,))``, ``p = min(n, b)``.
-
-    ``jnp.linalg.svd``, except where LAPACK's divide-and-conquer SVD of a very wide float32
-    matrix (``b ≫ n``: many activations of an ``n``-wide layer) fails to converge and returns
-    NaNs: then the eigendecomposition of the ``n × n`` Gram matrix ``RRᵀ = U diag(σ²) Uᵀ`` is
-    used (singular values below ``√ε·σ₀`` lose relative precision that way; the energy criteria
-    that use them do not care). Values are sorted in decreasing order. Jittable.
-    """
-    r = jnp.asarray(r)
-    n, b = r.shape
-    u, s, _ = jnp.linalg.svd(r, full_matrices=False)
-    if b <= n:
-        return u, s
-    evals, evecs = jnp.linalg.eigh(r @ r.T)
-    ok = jnp.all(jnp.isfinite(s)) & jnp.all(jnp.isfinite(u))
-    u = jnp.where(ok, u, evecs[:, ::-1])
-    s = jnp.where(ok, s, jnp.sqrt(jnp.maximum(evals[::-1], 0.0)))
-    return u, s
 
 
 def _extend_one(

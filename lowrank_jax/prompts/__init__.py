@@ -9,7 +9,7 @@
   ``map_prompts`` (MAP), ``modality_prompts`` (MSP), ``dcp_prompts`` (DCP-like), ``spr_prompts``
   (SPR, with ``gif``/``lfr``/``cfs`` ablations).
 * :mod:`~lowrank_jax.prompts.training`: ``split_head``, ``init_trainable``, ``prompted_logits``,
-  ``cross_entropy``, ``macro_f1``.
+  ``macro_f1``.
 """
 
 from lowrank_jax.prompts.backbone import MultimodalTransformer

@@ -11,7 +11,8 @@ Example::
     frozen, head = split_head(params)
     method = spr_prompts(num_modalities=2, num_layers=3, num_tokens=4, dim=64)
     trainable = init_trainable(key, method, head)
-    loss = cross_entropy(prompted_logits(model, frozen, trainable, method, feats, missing), y)
+    logits = prompted_logits(model, frozen, trainable, method, feats, missing)
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 """
 
 from __future__ import annotations
@@ -20,13 +21,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from lowrank_jax.prompts.methods import PromptMethod
 
 __all__ = [
-    "cross_entropy",
     "init_trainable",
     "macro_f1",
     "prompted_logits",
@@ -73,12 +72,6 @@ def prompted_logits(
     out = method.prompts(trainable["prompts"], missing)
     prompts, mask = (None, None) if out is None else out
     return model.apply({"params": params}, features, missing, prompts=prompts, prompt_mask=mask)
-
-
-def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    """Mean softmax cross-entropy of (b, c) logits against (b,) int labels."""
-    logp = jax.nn.log_softmax(logits)
-    return -jnp.mean(jnp.take_along_axis(logp, labels[:, None].astype(jnp.int32), 1))
 
 
 def macro_f1(pred: np.ndarray, labels: np.ndarray, *, num_classes: int) -> float:

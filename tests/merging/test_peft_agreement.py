@@ -21,11 +21,11 @@ from lowrank_jax.merging.sparsify import (
     dare_delta,
     dare_masks,
     dare_ties_delta,
-    lowrank_factors,
     magnitude_prune_delta,
     ties_delta,
 )
 from lowrank_jax.merging.task_vectors import task_vector_matrices
+from lowrank_jax.spectral.svd import balanced_factors
 
 torch = pytest.importorskip("torch")
 peft = pytest.importorskip("peft")
@@ -116,7 +116,7 @@ def test_dare_equals_peft_dare_linear_svd_with_its_masks(monkeypatch):
         deltas = views[f"{layer}/kernel"][0][:, 0]  # (2, n, m)
         keep = jnp.asarray(np.stack(drawn[2 * i : 2 * i + 2]))
         merged = dare_delta(deltas, keep, density=density, weights=weights)
-        a, b = lowrank_factors(merged, rank=rank)
+        a, b = balanced_factors(merged, rank=rank)
         np.testing.assert_allclose(np.asarray(a @ b), _peft_delta(model, "m", layer), atol=2e-5)
     # and our own masks keep the same expected fraction
     ours_merged = merging.merge_dare([ours["t1"], ours["t2"]], jax.random.key(0), density=density)
@@ -237,7 +237,7 @@ def test_dare_ties_equals_peft_dare_ties_svd_with_its_masks(monkeypatch):
         deltas = views[f"{layer}/kernel"][0][:, 0]
         keep = jnp.asarray(np.stack(drawn[2 * i : 2 * i + 2]))
         merged = dare_ties_delta(deltas, keep, density=density, weights=weights)
-        a, b = lowrank_factors(merged, rank=rank)
+        a, b = balanced_factors(merged, rank=rank)
         np.testing.assert_allclose(np.asarray(a @ b), _peft_delta(model, "m", layer), atol=2e-5)
 
 
@@ -270,7 +270,7 @@ def test_add_weighted_adapter_types_follow_their_per_kernel_rule(combination):
         base = combination.removesuffix("_svd")
         expected = np.asarray(_per_kernel_rule(base, deltas, masks, density, weights))
         if combination.endswith("_svd"):  # truncated to the adapters' rank
-            a, b = lowrank_factors(jnp.asarray(expected), rank=RANK)
+            a, b = balanced_factors(jnp.asarray(expected), rank=RANK)
             expected = np.asarray(a @ b)
             assert merged[f"{layer}/kernel"].kind.rank == RANK
         else:  # exact
@@ -346,7 +346,7 @@ def test_svd_merges_work_on_conv_kernels(shape, in_ndim, combination):
         "magnitude_prune_svd": lambda: magnitude_prune_delta(deltas, density=0.5, weights=weights),
     }[combination]()
     if combination != "cat":
-        a, b = lowrank_factors(exact, rank=2)
+        a, b = balanced_factors(exact, rank=2)
         exact = a @ b
     got = adapters.delta(merged["conv/kernel"], shape)
     np.testing.assert_allclose(np.asarray(got).reshape(n, m), np.asarray(exact), atol=1e-5)

@@ -16,7 +16,8 @@ from lowrank_jax.optim import (
     project_onto,
     scale_by_orthogonal_projection,
 )
-from lowrank_jax.optim.subspace_memory import left_singular, project_off
+from lowrank_jax.optim.subspace_memory import project_off
+from lowrank_jax.spectral.svd import left_singular
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
