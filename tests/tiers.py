@@ -162,6 +162,10 @@ RULES: tuple[tuple[str, str], ...] = (
     ("tests/experiments/test_kernel_score_bench.py::*", "slow"),
     ("tests/experiments/test_kge.py::*", "slow"),
     ("tests/experiments/test_llm_lora.py::*", "slow"),
+    ("tests/experiments/test_llm_sft.py::test_smoke_run_*", "slow"),
+    ("tests/experiments/test_llm_sft.py::test_the_adapter_loads_in_pytorch_peft_*", "slow"),
+    ("tests/experiments/test_llm_sft.py::test_a_*", "slow"),
+    ("tests/experiments/test_llm_sft.py::test_dora_and_qlora_by_config", "slow"),
     ("tests/experiments/test_lora_bo.py::*", "slow"),
     ("tests/experiments/test_lora_finetune.py::*", "slow"),
     (

@@ -27,6 +27,7 @@ __all__ = [
     "CHAT_TEMPLATE",
     "LLAMA",
     "SPECIAL_TOKENS",
+    "VOCAB_SIZE",
     "build",
     "rows",
     "train_tokenizer",
@@ -53,6 +54,7 @@ LLAMA = dict(
     max_position_embeddings=512,
     tie_word_embeddings=False,
 )
+VOCAB_SIZE = 512  # the BPE vocabulary, control tokens included
 _PLAYS = ("hamlet", "tempest", "macbeth")
 
 
@@ -63,7 +65,7 @@ def _lines(max_lines: int, seed: int) -> list[str]:
     return [line for i in order for line in ds.x[i].split("\n")][:max_lines]
 
 
-def train_tokenizer(texts: Sequence[str], *, vocab_size: int = 512) -> Any:
+def train_tokenizer(texts: Sequence[str], *, vocab_size: int = VOCAB_SIZE) -> Any:
     """A byte-level BPE ``tokenizers.Tokenizer`` trained on ``texts`` with the control tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -134,7 +136,7 @@ def build(
     *,
     train_rows: int = 192,
     valid_rows: int = 48,
-    vocab_size: int = 512,
+    vocab_size: int = VOCAB_SIZE,
     seed: int = 0,
 ) -> dict[str, str]:
     """Writes (once) a tiny checkpoint with its tokenizer and train/valid JSONL files.
