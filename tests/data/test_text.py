@@ -1,4 +1,4 @@
-"""Language-model data (lowrank_jax.data.text): the tokenizer of a checkpoint directory, chat
+"""Language-model data (lowrank_jax.data.text and .tokenizer): the tokenizer of a checkpoint directory, chat
 templates (against ``transformers``' ``apply_chat_template``), JSONL rows and their errors,
 packing with segment ids, and the loss of a packed batch equal to that of its examples alone."""
 
@@ -13,7 +13,7 @@ import pytest
 
 from experiments.common import llm_fixture
 from lowrank_jax import data, models
-from lowrank_jax.data import text
+from lowrank_jax.data import text, tokenizer
 
 LINES = [
     "To be, or not to be, that is the Question:",
@@ -96,7 +96,7 @@ def test_rows_put_the_loss_on_what_the_model_writes(tok):
     assert marked.decode(ex.tokens[ex.loss_mask], skip_special_tokens=False) == (
         f"{CHAT[2]['content']}{eos}{CHAT[4]['content']}{eos}"
     )
-    assert text.apply_chat_template(marked, CHAT) == text.apply_chat_template(tok, CHAT)
+    assert tokenizer.apply_chat_template(marked, CHAT) == tokenizer.apply_chat_template(tok, CHAT)
 
 
 def test_chat_errors_say_what_to_do(tok):
@@ -108,10 +108,10 @@ def test_chat_errors_say_what_to_do(tok):
         text.encode_chat(tok, CHAT[:2])
     bare = data.Tokenizer(tok.backend, tok.special_tokens)
     with pytest.raises(ValueError, match=r'has no chat template .* use \{"text"\}'):
-        text.apply_chat_template(bare, CHAT)
+        tokenizer.apply_chat_template(bare, CHAT)
     raising = "{{ raise_exception('only user and assistant roles') }}"
     with pytest.raises(ValueError, match="chat template failed: .*only user and assistant"):
-        text.apply_chat_template(data.Tokenizer(tok.backend, {}, chat_template=raising), CHAT)
+        tokenizer.apply_chat_template(data.Tokenizer(tok.backend, {}, chat_template=raising), CHAT)
     with pytest.raises(ValueError, match="does not parse"):
         data.Tokenizer(tok.backend, {}, chat_template="{% for %}")
 
@@ -225,7 +225,7 @@ def test_transformers_chat_template_and_ids_equal_ours(hf_dirs):
                 rendered = theirs.apply_chat_template(
                     messages, tokenize=False, add_generation_prompt=prompt
                 )
-                got = text.apply_chat_template(ours, messages, add_generation_prompt=prompt)
+                got = tokenizer.apply_chat_template(ours, messages, add_generation_prompt=prompt)
                 assert got == rendered
         ids = theirs.apply_chat_template(CHAT, tokenize=True, return_dict=True)["input_ids"]
         assert text.encode_chat(ours, CHAT).tokens.tolist() == list(ids)

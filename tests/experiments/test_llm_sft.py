@@ -58,7 +58,7 @@ def test_the_adapter_loads_in_pytorch_peft_with_the_greedy_tokens_of_our_sampler
     checkpoint = workdir / "fixture" / "checkpoint"
     tok = data.load_tokenizer(checkpoint)
     chat = [{"role": "user", "content": "To be, or not to be, that is the Question"}]
-    prompt = tok.encode(data.text.apply_chat_template(tok, chat, add_generation_prompt=True), add_special_tokens=False)  # fmt: skip
+    prompt = tok.encode(data.tokenizer.apply_chat_template(tok, chat, add_generation_prompt=True), add_special_tokens=False)  # fmt: skip
     base = transformers.AutoModelForCausalLM.from_pretrained(
         checkpoint, attn_implementation="eager"
     )
@@ -96,7 +96,7 @@ def test_the_adapter_loads_in_pytorch_peft_with_the_greedy_tokens_of_our_sampler
     np.testing.assert_allclose(folded, hf_logits, atol=1e-4, rtol=0)
     again = transformers.AutoTokenizer.from_pretrained(workdir / "merged")
     assert again.apply_chat_template(chat, add_generation_prompt=True, tokenize=False) == (
-        data.text.apply_chat_template(tok, chat, add_generation_prompt=True)
+        data.tokenizer.apply_chat_template(tok, chat, add_generation_prompt=True)
     )
 
 
@@ -127,7 +127,7 @@ def test_dora_and_qlora_by_config(smoke, tmp_path, method, base):
     config.data.train = str(workdir / "fixture" / "train.jsonl")
     config.adapter.method, config.adapter.base = method, base
     config.schedule.num_steps, config.schedule.warmup_steps = 6, 1
-    config.eval.num_samples, config.export.merged = 1, method == "dora"
+    config.eval.num_samples, config.export.merged = 0, method == "dora"  # (no sampler compile)
     config.log.progress = False
     metrics = llm_sft.run(config, str(tmp_path))
     assert metrics["valid_rows"] == 19  # 10% of the 192 training rows held out (no valid file)
