@@ -19,6 +19,9 @@
   trend-check tables and ``write_sweep_results``.
 * :mod:`~experiments.common.digits_shift`: the rotated-digits domain shift of the FrameFT and
   LoRA-DA studies; :mod:`~experiments.common.kge_report`: the KGE study's checks and tables.
+* :mod:`~experiments.common.llm_fixture` (import it as a module): a random tiny Llama saved by
+  ``transformers`` with a BPE tokenizer and JSONL files, what ``configs/llm_sft.py:smoke`` and
+  the language-model data tests read.
 """
 
 from experiments.common.checkpoint import CheckpointError, make_manager, restore_latest, save

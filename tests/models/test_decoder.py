@@ -101,6 +101,21 @@ def test_cache_prefill_and_decode_equal_full_forward(gemma_vars):
     assert int(cache.index) == 9 and cache.k.shape == (3, 2, 12, 2, 8)
 
 
+@pytest.mark.parametrize("config", ["gemma", "llama"])
+def test_packed_segments_give_the_logits_of_each_sequence_alone(config, request):
+    """Two sequences and padding in one row: each segment's logits are its own forward's."""
+    config, variables = (GEMMA, LLAMA)[config == "llama"], request.getfixturevalue(f"{config}_vars")
+    apply = jax.jit(models.DecoderLM(config).apply)
+    tokens = jax.random.randint(jax.random.key(5), (1, 12), 1, 96)
+    segments = jnp.asarray([[1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 0, 0]])
+    packed = apply(variables, jnp.where(segments > 0, tokens, 0), segment_ids=segments)
+    for lo, hi in ((0, 5), (5, 10)):
+        alone = apply(variables, tokens[:, lo:hi])
+        np.testing.assert_allclose(packed[:, lo:hi], alone, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="segment_ids .* shape"):
+        apply(variables, tokens, segment_ids=segments[:, :5])
+
+
 def test_remat_policy_changes_nothing(llama_vars):
     tokens, mask = _batch()
     variables = llama_vars

@@ -1,0 +1,398 @@
+"""Fine-tunes a user's Hugging Face decoder checkpoint on a user's JSONL data (``configs/llm_sft.py``).
+
+1. **Inputs**: ``config.checkpoint`` (a ``save_pretrained`` directory ``models.load_hf_decoder``
+   reads, with ``tokenizer.json``) and ``config.data.train`` / ``.valid`` (JSONL rows, see
+   :mod:`lowrank_jax.data.text`), or, with ``config.fixture`` and those unset, the tiny
+   checkpoint and files that :mod:`experiments.common.llm_fixture` builds in
+   ``<workdir>/fixture``. Rows are tokenized with the checkpoint's tokenizer and chat template
+   (``data.encode_jsonl``) and packed into rows of ``data.max_length`` tokens with segment ids,
+   positions and loss masks (``data.pack``).
+2. **Train** one ``common.fit`` run in ``<workdir>``: state ``{"adapters", "opt_state", "step"}``,
+   LoRA or DoRA factors stacked on the layer axis (``adapter.method``), the frozen base passed
+   apart and stored as ``adapter.base`` (``nf4``: QLoRA; ``adapters.low_precision_base``),
+   the loss the mean next-token negative log-likelihood of the packed targets. Data parallel over
+   all local devices (FSDP with ``parallel.fsdp``), resumable, with the progress bar, throughput
+   and utilisation of every ``fit`` run.
+3. **Outputs**: ``<workdir>/adapter`` (PEFT format, ``adapters.save_peft``), optionally
+   ``<workdir>/merged`` (``adapters.fold`` + ``models.save_hf_decoder``, tokenizer files
+   copied), ``results.md`` (validation loss and perplexity before and after, greedy samples of
+   ``models.generate`` before and after) and the run's JSON (``valid_loss_before``,
+   ``valid_loss_after``, ...).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import logging
+
+from experiments import common
+from experiments.common import llm_fixture
+from experiments.llm_sft_report import sample, sampling_forward, write_report
+from lowrank_jax import adapters, data, models
+from lowrank_jax.adapters.quant import BASE_DTYPES
+from lowrank_jax.data import text
+
+METHODS = {"lora": adapters.lora, "dora": adapters.dora}
+KERNELS = r".*_proj/kernel"  # what a quantised base stores in low precision
+# What a merged checkpoint needs besides the weights, copied from the input checkpoint.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
+
+
+def check_config(config: Any) -> None:
+    """Validates ``config`` before anything is computed (raises ``common.ConfigError``)."""
+    c = common
+    c.check_nonnegative(config, "seed", integer=True)
+    if not config.fixture and (not config.checkpoint or not config.data.train):
+        raise c.ConfigError(
+            "config.checkpoint and config.data.train must be set: pass "
+            "--config.checkpoint=DIR (a Hugging Face save_pretrained directory with "
+            "tokenizer.json) and --config.data.train=FILE.jsonl, or use configs/llm_sft.py:smoke"
+        )
+    if config.checkpoint and not os.path.isfile(os.path.join(config.checkpoint, "config.json")):
+        raise c.ConfigError(
+            f"config.checkpoint={config.checkpoint!r} is invalid: no config.json there (a "
+            "directory written by save_pretrained)"
+        )
+    for key in ("train", "valid"):
+        path = config.data[key]
+        if path and not os.path.isfile(path):
+            raise c.ConfigError(f"config.data.{key}={path!r} is invalid: no such file")
+    c.check_fraction(config, "data.valid_fraction", allow_zero=False)
+    if c.check_positive(config, "data.max_length", integer=True) < 2:
+        raise c.ConfigError("config.data.max_length must be >= 2")
+    for path in (
+        "data.batch_size",
+        "adapter.rank",
+        "adapter.nf4_block_size",
+        "eval.batch_size",
+        "eval.sample_tokens",
+    ):
+        c.check_positive(config, path, integer=True)
+    c.check_nonnegative(config, "eval.num_samples", integer=True)
+    c.check_nonnegative(config, "eval.every", integer=True)
+    c.check_choice(config, "model.dtype", ("float32", "bfloat16", "float16"))
+    c.check_choice(config, "model.param_dtype", ("float32", "bfloat16"))
+    c.check_choice(config, "adapter.method", tuple(METHODS))
+    c.check_choice(config, "adapter.base", BASE_DTYPES)
+    c.check_choice(config, "export.merged_dtype", ("", "float32", "bfloat16", "float16"))
+    c.check_positive(config, "adapter.alpha")
+    c.check_regexes(config, "adapter.targets")
+    c.check_positive(config, "optim.learning_rate")
+    c.check_nonnegative(config, "optim.weight_decay")
+    c.check_nonnegative(config, "optim.grad_clip")
+    common.config_checks.check_warmup(config)
+    common.config_checks.check_fit_options(config)
+
+
+# ----------------------------------------------------------------------------------------------
+# Inputs.
+
+
+def inputs(config: Any, workdir: str) -> dict[str, str]:
+    """``{"checkpoint", "train", "valid"}``: the config's, or the fixture's where those are unset
+    (``config.fixture``; the fixture's valid file only when its train file is used)."""
+    out = {"checkpoint": config.checkpoint, "train": config.data.train, "valid": config.data.valid}
+    if config.fixture and not (out["checkpoint"] and out["train"]):
+        built = llm_fixture.build(os.path.join(workdir, "fixture"))
+        if not out["train"]:
+            out["valid"] = out["valid"] or built["valid"]
+        out = {k: v or built[k] for k, v in out.items()}
+    return out
+
+
+def model_config(config: Any, hf: Any) -> models.DecoderConfig:
+    """The checkpoint's architecture (``hf``: its directory or parsed ``config.json``) with the
+    config's numerics."""
+    m = config.model
+    return models.config_from_hf(
+        hf, dtype=m.dtype, param_dtype=m.param_dtype, remat_policy=m.remat_policy or None
+    )
+
+
+def load_examples(config: Any, tokenizer: data.Tokenizer, files: dict[str, str]) -> tuple:
+    """``(train, valid)`` lists of ``text.Example``; without a valid file, a seeded
+    ``data.valid_fraction`` of the training rows (at least one) is held out."""
+    train = data.encode_jsonl(tokenizer, files["train"])
+    if files["valid"]:
+        return train, data.encode_jsonl(tokenizer, files["valid"])
+    if len(train) < 2:
+        raise ValueError(f"{files['train']} has one row: add rows or pass --config.data.valid.")
+    order = np.random.default_rng(config.seed).permutation(len(train))
+    n = min(len(train) - 1, max(1, round(config.data.valid_fraction * len(train))))
+    return [train[i] for i in sorted(order[n:])], [train[i] for i in sorted(order[:n])]
+
+
+# ----------------------------------------------------------------------------------------------
+# Model, step and evaluation.
+
+
+def adapter_rules(config: Any) -> list[tuple[str, Any]]:
+    a = config.adapter
+    spec = METHODS[a.method](a.rank, alpha=a.alpha, in_ndim=1, out_ndim=1)  # stacked (L, n, m)
+    return [(t, spec) for t in a.targets]
+
+
+def frozen_base(config: Any, variables: Any) -> Any:
+    """The checkpoint's variables with the projection kernels stored as ``adapter.base``."""
+    return adapters.low_precision_base(
+        variables,
+        config.adapter.base,
+        patterns=(KERNELS,),
+        block_size=config.adapter.nf4_block_size,
+    )
+
+
+def make_forward(model: models.DecoderLM) -> Any:
+    """``forward(adapters, frozen, batch) -> logits`` on a packed batch, applied factorised."""
+    adapted = adapters.adapt(model.apply)
+
+    def forward(lora, frozen, batch):
+        return adapted(
+            frozen,
+            lora,
+            batch["tokens"],
+            segment_ids=batch["segment_ids"],
+            positions=batch["positions"],
+        )
+
+    return forward
+
+
+def optimizer(config: Any) -> optax.GradientTransformation:
+    s = config.schedule
+    lr = optax.warmup_cosine_decay_schedule(
+        0.0, config.optim.learning_rate, s.warmup_steps, s.num_steps, end_value=0.0
+    )
+    tx = optax.adamw(lr, weight_decay=config.optim.weight_decay)
+    if config.optim.grad_clip:
+        tx = optax.chain(optax.clip_by_global_norm(config.optim.grad_clip), tx)
+    return tx
+
+
+def make_step(forward: Any, tx: optax.GradientTransformation) -> Any:
+    """``step(state, frozen, batch, rng)`` for ``fit``: the mean loss over the batch's targets."""
+
+    def step(state, frozen, batch, rng):
+        del rng
+
+        def loss_fn(lora):
+            logits = forward(lora, frozen, batch)
+            total, count = text.next_token_loss(logits, batch["tokens"], batch["loss_mask"])
+            return total / jnp.maximum(count, 1.0), count
+
+        (loss, count), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["adapters"])
+        updates, opt_state = tx.update(grads, state["opt_state"], state["adapters"])
+        new = optax.apply_updates(state["adapters"], updates)
+        return {**state, "adapters": new, "opt_state": opt_state}, {
+            "loss": loss,
+            "target_tokens": count,
+        }
+
+    return step
+
+
+def make_evaluate(forward: Any, mesh: Any, *, batch_size: int) -> Any:
+    """``evaluate(adapters, frozen, packed) -> {"valid/loss", "valid/ppl"}``: the mean next-token
+    loss over every target of the packed validation rows, and its perplexity."""
+
+    @jax.jit
+    def sums(lora, frozen, batch, weight):
+        logits = forward(lora, frozen, batch)
+        return text.next_token_loss(logits, batch["tokens"], batch["loss_mask"] * weight[:, None])
+
+    def evaluate(lora, frozen, packed):
+        total = count = 0.0
+        rows = {**packed, "y": np.zeros(len(packed["tokens"]))}
+        for chunk, weight in common.padded_batches(rows, batch_size):
+            del chunk["y"]
+            t, n = sums(lora, frozen, *common.shard_batch(mesh, (chunk, weight)))
+            total, count = total + float(t), count + float(n)
+        loss = total / max(count, 1.0)
+        return {"valid/loss": loss, "valid/ppl": data.perplexity(loss)}
+
+    return evaluate
+
+
+# ----------------------------------------------------------------------------------------------
+# Outputs.
+
+
+def export(
+    config: Any, workdir: str, checkpoint: str, mc: Any, variables: Any, lora: Any
+) -> dict[str, str]:
+    """Writes ``<workdir>/adapter`` (PEFT) and, with ``export.merged``, ``<workdir>/merged``."""
+    out = {"adapter_dir": os.path.join(workdir, "adapter")}
+    if config.export.merged:
+        out["merged_dir"] = os.path.join(workdir, "merged")
+    if jax.process_index() != 0:  # (every process holds the replicated adapters)
+        return out
+    adapters.save_peft(
+        out["adapter_dir"],
+        lora,
+        module_name=models.decoder_module_name,
+        base_model=os.path.abspath(checkpoint),
+        task_type="CAUSAL_LM",
+    )
+    if config.export.merged:
+        merged = adapters.fold(variables, lora)
+        dtype = config.export.merged_dtype or None
+        models.save_hf_decoder(out["merged_dir"], mc, merged, dtype=dtype)
+        for name in TOKENIZER_FILES:
+            if os.path.isfile(os.path.join(checkpoint, name)):
+                shutil.copy2(os.path.join(checkpoint, name), out["merged_dir"])
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+# The run.
+
+
+def run(config: Any, workdir: str) -> dict[str, Any]:
+    """Fine-tunes, exports and reports (module docstring).
+
+    Returns:
+      ``{"valid_loss_before", "valid_loss_after", "valid_ppl_before", "valid_ppl_after",
+      "adapter_dir", ["merged_dir"], "train_rows", "valid_rows", "step_time_s", "interrupted"}``.
+    """
+    check_config(config)
+    workdir = os.fspath(workdir)
+    mesh = common.make_mesh()
+    for path in ("data.batch_size", "eval.batch_size"):
+        common.check_divisible(config, path, mesh.size, why=f"the {mesh.size} devices")
+    files = inputs(config, workdir)
+    tokenizer = data.load_tokenizer(files["checkpoint"])
+    train, valid = load_examples(config, tokenizer, files)
+    pack = lambda ex: data.pack(
+        ex, max_length=config.data.max_length, pad_id=tokenizer.pad_token_id
+    )  # noqa: E731
+    train_packed, valid_packed = pack(train), pack(valid)
+    if len(train_packed["tokens"]) < config.data.batch_size:
+        raise ValueError(
+            f"{files['train']} packs into {len(train_packed['tokens'])} rows of "
+            f"{config.data.max_length} tokens, fewer than data.batch_size="
+            f"{config.data.batch_size}: lower --config.data.batch_size or add rows."
+        )
+    mc = model_config(config, files["checkpoint"])
+    if tokenizer.vocab_size > mc.vocab_size:
+        raise ValueError(
+            f"the tokenizer has {tokenizer.vocab_size} tokens, the model's vocabulary "
+            f"{mc.vocab_size}: the tokenizer is not the checkpoint's."
+        )
+    _, variables = models.load_hf_decoder(
+        files["checkpoint"], config=mc, shardings=common.replicated(mesh)
+    )
+    model = models.DecoderLM(mc)
+    forward = make_forward(model)
+    evaluate = make_evaluate(forward, mesh, batch_size=config.eval.batch_size)
+
+    def on_mesh(tree):  # as fit places them
+        shardings = common.param_sharding(mesh, tree, fsdp=config.parallel.fsdp)
+        return common.sharding.put_global(tree, shardings)
+
+    lora = adapters.init(jax.random.key(config.seed), variables, adapter_rules(config))
+    frozen = on_mesh(frozen_base(config, variables))
+    before = evaluate(on_mesh(lora), frozen, valid_packed)
+    tx = optimizer(config)
+    result = common.fit(
+        {"adapters": lora, "opt_state": tx.init(lora), "step": 0},
+        frozen,
+        make_step(forward, tx),
+        data.BatchIterator(train_packed, batch_size=config.data.batch_size, seed=config.seed),
+        key=jax.random.key(config.seed + 1),
+        num_steps=config.schedule.num_steps,
+        workdir=workdir,
+        eval_fn=lambda s, f: evaluate(s["adapters"], f, valid_packed),
+        eval_every=config.eval.every,
+        mesh=mesh,
+        **common.fit_options(config),
+        description="fine-tune",
+    )
+    if result.interrupted:
+        return {"interrupted": True}
+    after = result.last_eval
+    trained = jax.device_get(result.state["adapters"])
+    out = export(config, workdir, files["checkpoint"], mc, variables, trained)
+    shown = valid[: config.eval.num_samples]
+    n = config.eval.sample_tokens
+    zero = adapters.init(jax.random.key(config.seed), variables, adapter_rules(config))
+    forward = sampling_forward(model)
+    samples = {
+        name: sample(model, forward, frozen, ad, shown, tokenizer, max_new_tokens=n)
+        if shown
+        else []
+        for name, ad in (("before", zero), ("after", trained))
+    }
+    counts = {
+        "train_rows": len(train),
+        "train_packed": len(train_packed["tokens"]),
+        "valid_rows": len(valid),
+        "valid_targets": int(valid_packed["loss_mask"][:, 1:].sum()),
+    }
+    write_report(config, workdir, files, counts, before, after, samples)
+    metrics = {
+        "valid_loss_before": before["valid/loss"],
+        "valid_loss_after": after["valid/loss"],
+        "valid_ppl_before": before["valid/ppl"],
+        "valid_ppl_after": after["valid/ppl"],
+        **out,
+        **counts,
+        "step_time_s": result.step_time_s,
+        "interrupted": False,
+    }
+    logging.info("llm_sft: %s", metrics)
+    return metrics
+
+
+def steps(config: Any, mesh: Any = None) -> list[common.Step]:
+    """The run's jitted train step (as ``fit`` runs it) on abstract inputs: the architecture is
+    read from ``config.checkpoint``'s ``config.json`` (the fixture's without one); no weight is
+    read and no text tokenized. ``mesh`` may be a ``jax.sharding.AbstractMesh``."""
+    check_config(config)
+    mesh = common.make_mesh() if mesh is None else mesh
+    hf = config.checkpoint or {
+        "model_type": "llama",
+        "vocab_size": llm_fixture.VOCAB_SIZE,
+        **llm_fixture.LLAMA,
+    }
+    model = models.DecoderLM(model_config(config, hf))
+    shape = (config.data.batch_size, config.data.max_length)
+    batch = {
+        "tokens": jax.ShapeDtypeStruct(shape, jnp.int32),
+        "segment_ids": jax.ShapeDtypeStruct(shape, jnp.int32),
+        "positions": jax.ShapeDtypeStruct(shape, jnp.int32),
+        "loss_mask": jax.ShapeDtypeStruct(shape, jnp.bool_),
+    }
+
+    def build(k):
+        variables = model.init(k, jnp.zeros((1, 8), jnp.int32))
+        lora = adapters.init(k, variables, adapter_rules(config))
+        tx = optimizer(config)
+        state = {"adapters": lora, "opt_state": tx.init(lora), "step": 0}
+        return (state, frozen_base(config, variables)), tx
+
+    (state, frozen), tx = common.eval_shape_with_static(build, jax.random.key(config.seed))
+    a = config.adapter
+    return [
+        common.fit_step(
+            make_step(make_forward(model), tx),
+            state,
+            frozen,
+            batch,
+            mesh=mesh,
+            fsdp=config.parallel.fsdp,
+            name=f"{a.method} on a {a.base} base",
+        )
+    ]
