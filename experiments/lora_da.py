@@ -49,9 +49,10 @@ def check_config(config: Any) -> None:
 
 
 def initializers(config: Any) -> list[tuple[str, Callable | None]]:
-    """``(name, initialiser)`` rows; ``None`` is vanilla LoRA (``adapters.init``)."""
+    """``(name, initialiser)`` rows; ``None`` is ``adapters.init`` (vanilla LoRA, and PiSSA as
+    ``lora(init="pissa")``)."""
     d = config.adapter
-    rows = [("vanilla", None), ("pissa", adapters.pissa), ("lora_ga", adapters.lora_ga)]
+    rows = [("vanilla", None), ("pissa", None), ("lora_ga", adapters.lora_ga)]
     rows += [("lora_one", adapters.lora_one), ("eva", adapters.eva)]
     for beta in d.betas:
         rows.append((f"lora_da_b{beta}", functools.partial(adapters.lora_da, beta=beta)))
@@ -95,9 +96,9 @@ def _stat_loss(fwd, batch):
     return digits_shift.xent(fwd(batch["x"]), batch["y"])
 
 
-def _rules(config: Any, rank: int) -> list[tuple[Any, Any]]:
-    spec = adapters.lora(rank, alpha=config.adapter.alpha, rslora=config.adapter.rslora)
-    return [(config.adapter.targets, spec)]
+def _rules(config: Any, rank: int, init: str = "kaiming") -> list[tuple[Any, Any]]:
+    a = config.adapter
+    return [(a.targets, adapters.lora(rank, alpha=a.alpha, rslora=a.rslora, init=init))]
 
 
 def steps(config: Any, mesh: Any = None) -> list[common.Step]:
@@ -128,9 +129,8 @@ def run_cell(config: Any, name: str, init_fn, rank: int, seed: int) -> dict[str,
 
     def make():
         if init_fn is None:
-            return adapters.init(key, variables, rules)
-        if name == "pissa":
-            return init_fn(key, variables, rules, train)
+            init = "pissa" if name == "pissa" else "kaiming"
+            return adapters.init(key, variables, _rules(config, rank, init=init))
         return init_fn(
             key, variables, rules, train, apply_fn=_apply_fn(model), loss_fn=_stat_loss,
             **({"num_train": len(tr[1])} if name.startswith("lora_da") else {}),

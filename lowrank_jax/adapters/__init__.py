@@ -15,7 +15,7 @@ from lowrank_jax.adapters.core import (
 from lowrank_jax.adapters.dora import DoRA, dora, dora_norms, unfold_dora
 from lowrank_jax.adapters.fourierft import FourierFT, fourierft
 from lowrank_jax.adapters.frameft import FrameFT, frameft
-from lowrank_jax.adapters.initializers import eva, lora_da, lora_ga, lora_one, pissa
+from lowrank_jax.adapters.initializers import eva, lora_da, lora_ga, lora_one
 from lowrank_jax.adapters.kinds import AdapterKind, LoRA, lora
 from lowrank_jax.adapters.mixed import stack_adapters
 from lowrank_jax.adapters.peft import load_peft, save_peft
@@ -52,7 +52,6 @@ __all__ = [
     "lora_one",
     "low_precision_base",
     "partition_specs",
-    "pissa",
     "save_peft",
     "shardings",
     "spectral",

@@ -24,7 +24,7 @@ method     folded update ``s·A₀B₀``                                   then
 LoRA-DA    ``(s/γ) a₀a₀ᵀΔ``, ``Δ`` the normalised natural gradient    keep ``W₀`` (as the paper)
 LoRA-One   ``−(s/γ) [G]_r / σ₁(G)``                                   keep ``W₀`` (as the paper)
 LoRA-GA    ``(s√m/γ) L_{:r} R_{r:2r}ᵀ`` from ``G = L Σ Rᵀ``            ``params = unfold(params, ad)``
-PiSSA      ``[W₀]_r`` (top-``r`` SVD of the weight)                   ``params = unfold(params, ad)``
+PiSSA      ``[W₀]_r`` (top-``r`` SVD; ``lora(init="pissa")``)          ``params = unfold(params, ad)``
 EVA        ``0`` (``A₀`` = top activation directions, ``B₀ = 0``)     nothing
 =========  ========================================================  ===============================
 
@@ -49,7 +49,6 @@ import jax.numpy as jnp
 
 from lowrank_jax.adapters import paths
 from lowrank_jax.adapters.core import Adapter, AdapterSet, resolve_layout, split_shape
-from lowrank_jax.adapters.core import init as init_adapters
 from lowrank_jax.adapters.kfac import (
     LossFn,
     batch_size,
@@ -68,7 +67,6 @@ __all__ = [
     "lora_ga_factors",
     "lora_one",
     "lora_one_factors",
-    "pissa",
 ]
 
 
@@ -351,22 +349,6 @@ def lora_ga(
         lora_ga_factors, params, rules, batch, apply_fn=apply_fn, loss_fn=loss_fn,
         num_grad_examples=num_grad_examples, gamma=gamma, chunk_size=chunk_size,
     )  # fmt: skip
-
-
-def pissa(
-    key: jax.Array, params: Any, rules: paths.Rules, batch: Any = None, **_: Any
-) -> AdapterSet:
-    """PiSSA initialisation (``lora(init="pissa")``): ``s·A₀B₀ = [W₀]_r``; then ``unfold``.
-
-    ``batch`` and keyword arguments are accepted and ignored so that every initialiser can be
-    called the same way.
-    """
-    del batch
-    replaced = [
-        (regex, None if spec is None else dataclasses.replace(spec, init="pissa"))
-        for regex, spec in check_lora_rules(rules)
-    ]
-    return init_adapters(key, params, replaced)
 
 
 def eva(

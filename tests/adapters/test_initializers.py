@@ -136,7 +136,7 @@ def test_lora_ga_factors_and_unmerge_start_at_the_base_model():
 
 def test_pissa_merged_weight_is_the_principal_part():
     params, batch = _problem()
-    ad = A.pissa(jax.random.key(0), params, [(PATH, A.lora(3, alpha=6.0))], batch)
+    ad = A.init(jax.random.key(0), params, [(PATH, A.lora(3, alpha=6.0, init="pissa"))])
     w = np.asarray(params["w"]["kernel"], np.float64)
     u, sv, vt = np.linalg.svd(w)
     np.testing.assert_allclose(A.delta(ad[PATH], w.shape), (u[:, :3] * sv[:3]) @ vt[:3], atol=1e-5)
