@@ -66,7 +66,7 @@ def get_config(arg=None):
     c.policy.margin = 0.0  # delayed scaling margin (scale / 2^margin)
     c.policy.burn_in_iters = 30  # power steps at init and after a checkpoint load (then 1/step)
     # "+online" policies: κ = clip(margin · max of the last `online_history` ratios max|S|/bound,
-    # online_floor, 1/α) multiplies the bound (fp8.geometry_scaling_policy(online_calibration=True))
+    # online_floor, 1/α) multiplies the bound (fp8.online_calibration(geometry_scaling_policy(rule)))
     c.policy.online_history = 16
     c.policy.online_margin = 1.25
     c.policy.online_floor = 1.0

@@ -6,7 +6,7 @@ task with its attention logits cast to FP8 E4M3 at per-(layer, head) scales from
 (the just-in-time oracle), ``rank_aware:<γ|auto>`` (P14's scale from ``σ_max(W^Q_h W^{K⊤}_h)``,
 one warm-started power step per step), ``rank_agnostic``, ``none`` (float32); a geometry policy
 with the suffix ``+online`` multiplies its bound by an online calibration factor ``κ`` learned
-from the observed ``max|S|/bound`` (``fp8.geometry_scaling_policy(online_calibration=True)``; the
+from the observed ``max|S|/bound`` (``fp8.online_calibration`` of the geometry policy; the
 metric ``online_kappa``). Three transients
 are injected inside the jitted step as functions of the step: ``W^Q ← 4 W^Q``, a learning-rate
 spike, and loading a donor run's parameters (then ``policy.reset``). Per policy and step:
@@ -43,11 +43,8 @@ from experiments.fp8_attention_report import (
     tightness_rows,
 )
 from lowrank_jax import fp8, models
-from lowrank_jax.fp8.policies import (
-    GeometryScalingState,
-    OnlineCalibrationState,
-    current_scaling_policy,
-)
+from lowrank_jax.fp8.online import OnlineCalibrationState
+from lowrank_jax.fp8.policies import GeometryScalingState, current_scaling_policy
 from lowrank_jax.models.fp8_transformer import fp8_attention_geometry
 
 POLICY_KINDS = ("delayed", "current", "rank_aware", "rank_agnostic", "none")
@@ -68,7 +65,7 @@ class Policy(NamedTuple):
 def parse_policy(name: str) -> Policy:
     """``"delayed:<h>" | "current" | "rank_aware:<γ|auto>" | "rank_agnostic" | "none"``; a
     geometry policy with the suffix ``+online`` learns its calibration online
-    (``fp8.geometry_scaling_policy(online_calibration=True)``)."""
+    (``fp8.online_calibration`` of ``fp8.geometry_scaling_policy``)."""
     base, online = name.removesuffix("+online"), name.endswith("+online")
     if online and not base.startswith("rank_"):
         base = "invalid"
@@ -103,18 +100,22 @@ def make_policy(p: Policy, config) -> fp8.ScalingPolicy:
             reset_history=config.transients.reset_history_on_load,
         )
     if p.kind in ("rank_aware", "rank_agnostic"):
-        return fp8.geometry_scaling_policy(
+        rule = fp8.ScaleRule(
             seq_len=config.data.seq_len - 1,
             delta=config.policy.delta,
             gamma=p.gamma,
             rank_aware=p.kind == "rank_aware",
             fmt=config.model.fmt,
             calibration=config.policy.calibration,
-            burn_in_iters=config.policy.burn_in_iters,
-            online_calibration=p.online,
-            online_history=config.policy.online_history,
-            online_margin=config.policy.online_margin,
-            online_floor=config.policy.online_floor,
+        )
+        policy = fp8.geometry_scaling_policy(rule, burn_in_iters=config.policy.burn_in_iters)
+        if not p.online:
+            return policy
+        return fp8.online_calibration(
+            policy,
+            history=config.policy.online_history,
+            margin=config.policy.online_margin,
+            floor=config.policy.online_floor,
         )
     return current_scaling_policy()
 
@@ -220,7 +221,7 @@ def make_train_step(p: Policy, config, *, transients: bool = True):
             "amax": jnp.max(stats["amax"]),
             "scale": jnp.mean(stats["scale"]),
         }
-        geo = pstate.geometry if isinstance(pstate, OnlineCalibrationState) else pstate
+        geo = pstate.inner if isinstance(pstate, OnlineCalibrationState) else pstate
         if isinstance(pstate, OnlineCalibrationState):  # κ: the online calibration factor
             base = fp8.logit_bound(
                 geo.sigma, norm_gain=gains[:, None], gamma=p.gamma, rank_aware=p.kind == "rank_aware", **kw
@@ -267,7 +268,7 @@ def run_setup(p: Policy, config, donor=None):
             w = fp8_attention_geometry(state["params"], num_layers=config.model.num_layers)
             exact = fp8.attention_sigma_max(w[0], w[1])
             est = policy.scales(state["policy"], *w)[1]
-            est = (est.geometry if isinstance(est, OnlineCalibrationState) else est).sigma
+            est = (est.inner if isinstance(est, OnlineCalibrationState) else est).sigma
             return {f"tracking/{TRACKING}": jnp.max(jnp.abs(est - exact) / exact)}
 
     state = {"params": params, "opt_state": tx.init(params), "policy": pstate, "step": 0}

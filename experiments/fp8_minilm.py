@@ -83,10 +83,8 @@ def _report(config, seq_len: int):
     """``fp8.diagnostics.attention_logit_report`` with the config's settings (run eagerly by the
     study)."""
     p = config.policy
-    return functools.partial(
-        attention_logit_report, seq_len=seq_len, delta=p.delta, fmt=p.fmt,
-        num_iters=p.power_iters,
-    )  # fmt: skip
+    rule = fp8.ScaleRule(seq_len=seq_len, delta=p.delta, fmt=p.fmt)
+    return functools.partial(attention_logit_report, rule=rule, num_iters=p.power_iters)
 
 
 def steps(config, mesh=None) -> list[common.Step]:

@@ -11,7 +11,8 @@ keys so that only one layer is in memory at a time) it computes the per-head
 * **Gram + Cholesky** (exact): ``σ² = λ_max(L_Kᵀ (W_QᵀW_Q) L_K)`` with ``W_KᵀW_K = L_K L_Kᵀ``
   (Gram matrices accumulated by XLA in float32 at highest precision, the ``d_h × d_h`` problems in
   float64); all heads measured;
-* **implicit** (:func:`lowrank_jax.fp8.policies.attention_fp8_scales`) from a cold start
+* **implicit** (:func:`lowrank_jax.spectral.attention_power_iteration`, then
+  :meth:`lowrank_jax.fp8.ScaleRule.scales`) from a cold start
   (``--iters`` = 30 Golub–Kahan–Lanczos steps by default, ``--method power`` for plain power
   iteration; GQA without repeating keys) — not exact: its error is measured against the thin-QR σ;
   plus the cost of one warm-started power step, what a training step pays to *track* σ;
@@ -46,7 +47,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from lowrank_jax import fp8, spectral
-from lowrank_jax.fp8.policies import attention_fp8_scales
 
 
 def _weights(key, *, d: int, h: int, g: int, dh: int):
@@ -102,13 +102,17 @@ def main(argv=None) -> dict:
     key = jax.random.key(a.seed)
     gen = jax.jit(lambda k: _weights(k, d=d, h=h, g=g, dh=dh))
 
+    rule = fp8.ScaleRule(seq_len=a.seq_len)
+
+    def tracked(wq, wk, st, **kw):
+        sigma, st = spectral.attention_power_iteration(wq, wk, st, **kw)
+        return rule.scales(sigma, d=d, head_dim=dh), st
+
     def implicit(wq, wk, st):
-        return attention_fp8_scales(
-            wq, wk, st, seq_len=a.seq_len, num_iters=a.iters, method=a.method
-        )
+        return tracked(wq, wk, st, num_iters=a.iters, method=a.method)
 
     def one_step(wq, wk, st):  # what a warm-started training step costs
-        return attention_fp8_scales(wq, wk, st, seq_len=a.seq_len, num_iters=1)
+        return tracked(wq, wk, st, num_iters=1)
 
     def thin_qr(wq, wk):
         return fp8.attention_sigma_max(wq, wk)

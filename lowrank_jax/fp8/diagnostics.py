@@ -12,13 +12,15 @@ References:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from lowrank_jax.fp8.bounds import geometry_aware_scale, logit_bound, worst_case_logit_bound
+from lowrank_jax.fp8.bounds import worst_case_logit_bound
+from lowrank_jax.fp8.scale_rule import ScaleRule
 from lowrank_jax.spectral.power_iteration import (
     attention_power_iteration,
     init_attention_power_iteration,
@@ -36,7 +38,7 @@ class AttentionLogitReport(NamedTuple):
         rank_aware_bound: ``α(δ) B_wc`` with the rank-aware ``α``.
         rank_agnostic_bound: the same with the rank-agnostic ``α``.
         worst_case_bound: the deterministic ``B_wc``.
-        scale: the geometry-aware FP8 scale (``max_logit · scale > R`` is an overflow).
+        scale: the rule's geometry-aware FP8 scale (``max_logit · scale > R`` is an overflow).
     """
 
     sigma: jax.Array
@@ -63,16 +65,13 @@ def attention_logit_report(
     x: jax.typing.ArrayLike,
     w_q: jax.typing.ArrayLike,
     w_k: jax.typing.ArrayLike,
+    rule: ScaleRule,
     *,
     key: jax.Array,
-    seq_len: int,
     norm_gain: jax.typing.ArrayLike,
     b_q: jax.typing.ArrayLike | None = None,
     b_k: jax.typing.ArrayLike | None = None,
     mask: jax.typing.ArrayLike | None = None,
-    delta: float = 1e-6,
-    gamma: float | None = None,
-    fmt: str = "e4m3",
     num_iters: int = 100,
 ) -> AttentionLogitReport:
     """Bounds and scales of one attention layer next to its empirical max logit on ``x``.
@@ -81,15 +80,14 @@ def attention_logit_report(
         x: ``(b, n, d)`` inputs of the layer (outputs of the norm with gain ``norm_gain``).
         w_q: ``(d, H, d_h)`` query kernel.
         w_k: ``(d, H, d_h)`` key kernel.
+        rule: the scale rule (:class:`~lowrank_jax.fp8.scale_rule.ScaleRule`; its ``seq_len``
+            is ``n`` of the bound, e.g. the longest unpadded sequence). Both bounds are reported
+            whatever its ``rank_aware``; ``scale`` is the rule's.
         key: PRNG key of the power iteration's start.
-        seq_len: ``n`` of the bound (e.g. the longest unpadded sequence).
         norm_gain: effective gain ``g`` of the norm feeding the layer (``norm_gain_bound``).
         b_q: optional ``(H, d_h)`` query bias (folded into the weights).
         b_k: optional ``(H, d_h)`` key bias.
         mask: optional ``(b, n)`` bool, the valid (unpadded) tokens.
-        delta: failure probability ``δ``.
-        gamma: typicality ``γ`` (``None``: ``chernoff_gamma``).
-        fmt: FP8 format.
         num_iters: power steps from the cold start.
 
     Returns:
@@ -109,7 +107,7 @@ def attention_logit_report(
     sigma, _ = attention_power_iteration(wq_aug, wk_aug, st, num_iters=num_iters)
     g = jnp.asarray(norm_gain, jnp.float32)
     g_aug = jnp.sqrt((g**2 * d + 1.0) / (d + 1))
-    kw = dict(d=d + 1, head_dim=dh, seq_len=seq_len, norm_gain=g_aug, delta=delta)
+    kw = dict(d=d + 1, head_dim=dh, norm_gain=g_aug)
     q = (x @ w_q.reshape(d, h * dh) + b_q.reshape(-1)).reshape(*x.shape[:2], h, dh)
     k = (x @ w_k.reshape(d, h * dh) + b_k.reshape(-1)).reshape(*x.shape[:2], h, dh)
     s = jnp.einsum("bihk,bjhk->bhij", q, k) / math.sqrt(dh)
@@ -118,8 +116,8 @@ def attention_logit_report(
     return AttentionLogitReport(
         sigma=sigma,
         max_logit=jnp.max(jnp.where(pair, jnp.abs(s), 0.0), axis=(0, 2, 3)),
-        rank_aware_bound=logit_bound(sigma, gamma=gamma, **kw),
-        rank_agnostic_bound=logit_bound(sigma, rank_aware=False, **kw),
+        rank_aware_bound=dataclasses.replace(rule, rank_aware=True).bound(sigma, **kw),
+        rank_agnostic_bound=dataclasses.replace(rule, rank_aware=False).bound(sigma, **kw),
         worst_case_bound=worst_case_logit_bound(sigma, d=d + 1, head_dim=dh, norm_gain=g_aug),
-        scale=geometry_aware_scale(sigma, gamma=gamma, fmt=fmt, **kw),
+        scale=rule.scales(sigma, **kw),
     )

@@ -28,7 +28,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from lowrank_jax.fp8.bounds import geometry_aware_scale, rank_agnostic_scale
+from lowrank_jax.fp8.scale_rule import ScaleRule
 
 __all__ = ["attention_scales", "attention_sigma_max", "attention_top_singular", "split_heads"]
 
@@ -143,7 +143,8 @@ def attention_top_singular(
     """Exact ``σ_max`` and unit top right singular vector ``v`` of every head's ``W^Q_h W^{K⊤}``.
 
     ``v = Q_B V_C[:, 0]`` lies in ``R^d``; it is the fixed point of the power iteration on
-    ``MᵀM``, so it is an exact start for :class:`~lowrank_jax.fp8.policies.GeometryScalingState`.
+    ``MᵀM``, so it is an exact start for a
+    :class:`~lowrank_jax.fp8.policies.GeometryScalingState`.
 
     Args:
         w_q: ``(..., d, H, d_h)`` query kernels.
@@ -166,35 +167,26 @@ def attention_top_singular(
 def attention_scales(
     w_q: jax.typing.ArrayLike,
     w_k: jax.typing.ArrayLike,
+    rule: ScaleRule,
     norm_gain: jax.typing.ArrayLike = 1.0,
     *,
-    seq_len: int,
-    delta: float = 1e-6,
-    gamma: float | None = None,
-    rank_aware: bool = True,
-    fmt: str = "e4m3",
-    calibration: float = 1.0,
     num_heads: int | None = None,
     num_kv_heads: int | None = None,
 ) -> jax.Array:
     """Offline geometry-aware FP8 scales ``(..., H)`` from exact ``σ`` (the default offline route).
 
-    ``s = c R √d_h / (g² σ_max √(γ r log(2n²/δ)))`` with ``σ_max`` from
+    ``rule.scales(σ)`` (``s = c R √d_h / (g² σ_max √(γ r log(2n²/δ)))``) with ``σ_max`` from
     :func:`attention_sigma_max`; for scales during training use a
-    :func:`~lowrank_jax.fp8.policies.geometry_scaling_policy` (one power step per step).
+    :func:`~lowrank_jax.fp8.policies.geometry_scaling_policy` of the same rule (one power step
+    per step).
 
     Args:
         w_q: ``(..., d, H, d_h)`` query kernels, or an ordinary model's ``(..., d, H·d_h)`` with
             ``num_heads`` (see :func:`split_heads`).
         w_k: ``(..., d, G, d_h)`` key kernels, or ``(..., d, G·d_h)`` with ``num_heads``.
+        rule: the scale rule's knobs (:class:`~lowrank_jax.fp8.scale_rule.ScaleRule`).
         norm_gain: effective gain of the norm feeding each layer, broadcastable to ``(..., 1)``
             (e.g. ``gains[:, None]`` for ``(L,)`` gains) or to ``(..., H)``.
-        seq_len: sequence length ``n``.
-        delta: failure probability ``δ``.
-        gamma: typicality ``γ`` (``None``: ``chernoff_gamma``).
-        rank_aware: rank-aware (default) or rank-agnostic bound.
-        fmt: FP8 format.
-        calibration: calibration factor ``c``.
         num_heads: ``H`` when the kernels are 2-D per layer (``Dense``/``q_proj``-style).
         num_kv_heads: ``G`` for such kernels (default ``num_heads``).
 
@@ -202,7 +194,7 @@ def attention_scales(
         float32 scales ``(..., H)``.
 
     Raises:
-        ValueError: on inconsistent shapes or invalid knobs.
+        ValueError: on inconsistent shapes.
 
     References:
         P14 (arXiv 2602.18851); reconstruction of the scale rule in specs.md §14.
@@ -213,7 +205,4 @@ def attention_scales(
         raise ValueError("num_kv_heads needs num_heads (for 2-D kernels (..., d, H*d_h)).")
     sigma = attention_sigma_max(w_q, w_k)
     d, _, dh = jnp.shape(w_q)[-3:]
-    kw = dict(d=d, head_dim=dh, seq_len=seq_len, norm_gain=norm_gain, delta=delta, fmt=fmt)
-    if rank_aware:
-        return geometry_aware_scale(sigma, gamma=gamma, calibration=calibration, **kw)
-    return rank_agnostic_scale(sigma, calibration=calibration, **kw)
+    return rule.scales(sigma, d=d, head_dim=dh, norm_gain=norm_gain)

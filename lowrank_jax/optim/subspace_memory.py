@@ -363,29 +363,31 @@ def scale_by_orthogonal_projection(
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-def _is_memory_state(node: Any) -> bool:
-    """A transform state that holds ``{path: SubspaceMemory}`` in a ``memory`` field."""
-    fields = getattr(node, "_fields", None)
-    return (
-        fields is not None
-        and "memory" in fields
-        and "count" in fields
-        and isinstance(node.memory, Mapping)
-        and all(isinstance(m, SubspaceMemory) for m in node.memory.values())
-    )
+_MEMORY_STATES = ("OrthogonalProjectionState", "GradientRecyclingState")
 
 
-def _map_memory_states(fn: Any, node: Any) -> Any:
-    """Rebuilds an optimizer state with ``fn(state)`` in place of every memory state in it."""
-    if _is_memory_state(node):
-        return fn(node)
-    if hasattr(node, "_fields"):  # a NamedTuple state (chain, masked, multi_transform ...)
-        return type(node)(*(_map_memory_states(fn, c) for c in node))
-    if isinstance(node, tuple | list):
-        return type(node)(_map_memory_states(fn, c) for c in node)
-    if isinstance(node, Mapping):
-        return {k: _map_memory_states(fn, v) for k, v in node.items()}
-    return node
+def _memory_states(opt_state: Any) -> list[tuple[tuple, Any]]:
+    """``(path, state)`` of every memory-holding transform state (``optax.tree_utils`` paths)."""
+    found = []
+    for name in _MEMORY_STATES:
+        found += optax.tree_utils.tree_get_all_with_path(opt_state, name)
+    return found
+
+
+def _position(tree: Any, path: tuple) -> tuple[int, ...]:
+    """The chain order of the node at an ``optax.tree_utils`` ``path`` (flattening order)."""
+    out, node = [], tree
+    for key in path:
+        if isinstance(key, optax.tree_utils.NamedTupleKey):
+            out.append(node._fields.index(key.name))
+            node = getattr(node, key.name)
+        elif isinstance(key, jax.tree_util.DictKey):
+            out.append(sorted(node).index(key.key))
+            node = node[key.key]
+        else:  # SequenceKey
+            out.append(key.idx)
+            node = node[key.idx]
+    return tuple(out)
 
 
 def _kernel_of(path: str, kernels: Sequence[str]) -> str | None:
@@ -425,7 +427,6 @@ def fill_memories(
         message lists both key sets).
     """
     kernels = list(inputs)
-    found = []
 
     def fill(state):
         memory = {}
@@ -437,32 +438,19 @@ def fill_memories(
                     "the kernel that this factor adapts (continual.layer_inputs)."
                 )
             memory[path] = extend_subspace_memory(mem, inputs[kernel], threshold=threshold)
-        found.append(len(memory))
         return state._replace(memory=memory)
 
-    out = _map_memory_states(fill, opt_state)
+    found = _memory_states(opt_state)
     if not found:
         raise ValueError(
             "opt_state holds no subspace memory: chain scale_by_orthogonal_projection or "
             "scale_by_gradient_recycling into the optimizer."
         )
-    return out
-
-
-def _order(node: Any, out: list[tuple[str, str]]) -> None:
-    fields = getattr(node, "_fields", None)
-    if _is_memory_state(node):
-        out.append(("projection", type(node).__name__))
-        return
-    if fields is not None and "nu" in fields:
-        out.append(("moments", type(node).__name__))
-        return
-    if isinstance(node, tuple | list):
-        for child in node:
-            _order(child, out)
-    elif isinstance(node, Mapping):
-        for child in node.values():
-            _order(child, out)
+    for path, state in found:
+        opt_state = optax.tree_utils.tree_set(
+            opt_state, lambda p, _, path=path: p == path, **{type(state).__name__: fill(state)}
+        )
+    return opt_state
 
 
 def check_projection_order(opt_state: Any) -> None:
@@ -485,8 +473,12 @@ def check_projection_order(opt_state: Any) -> None:
       >>> tx = optax.chain(scale_by_orthogonal_projection(mem), optax.scale_by_adam())
       >>> check_projection_order(tx.init(params))  # ValueError: chain the projection after
     """
-    seen: list[tuple[str, str]] = []
-    _order(opt_state, seen)
+    states = [(p, "projection", type(st).__name__) for p, st in _memory_states(opt_state)]
+    for p, _ in optax.tree_utils.tree_get_all_with_path(opt_state, "nu"):
+        if p and isinstance(p[-1], optax.tree_utils.NamedTupleKey):
+            states.append((p[:-1], "moments", p[-1].tuple_name))
+    states.sort(key=lambda s: _position(opt_state, s[0]))
+    seen = [(kind, name) for _, kind, name in states]
     for i, (kind, name) in enumerate(seen):
         if kind != "projection":
             continue

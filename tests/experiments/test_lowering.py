@@ -85,7 +85,7 @@ def _readme_fp8() -> list[lowering.Step]:
     w_q, w_k, gains = _spec((layers, d, h, dh)), _spec((layers, d, h, dh)), _spec((layers,))
     out = []
     for name, policy in (
-        ("geometry", fp8.geometry_scaling_policy(seq_len=2048)),
+        ("geometry", fp8.geometry_scaling_policy(fp8.ScaleRule(seq_len=2048))),
         ("delayed", fp8.delayed_scaling_policy()),
     ):
         pstate = jax.eval_shape(lambda q, k, g, p=policy: p.init(jax.random.key(0), q, k, g), w_q, w_k, gains)  # fmt: skip

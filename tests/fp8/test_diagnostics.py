@@ -8,6 +8,7 @@ import pytest
 
 from lowrank_jax import fp8
 from lowrank_jax.fp8.diagnostics import attention_logit_report, fold_attention_bias
+from lowrank_jax.fp8.scale_rule import ScaleRule
 
 
 def test_report_matches_float64_reference_and_worst_case_bound_holds():
@@ -24,13 +25,12 @@ def test_report_matches_float64_reference_and_worst_case_bound_holds():
         f32(x),
         f32(wq),
         f32(wk),
+        ScaleRule(seq_len=n, delta=1e-3),
         b_q=f32(bq),
         b_k=f32(bk),
         mask=mask,
         key=jax.random.key(0),
-        seq_len=n,
         norm_gain=g,
-        delta=1e-3,
         num_iters=300,
     )
     q = np.einsum("bnd,dhk->bnhk", x, wq) + bq

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from lowrank_jax.fp8 import (
+    ScaleRule,
     chernoff_gamma,
     fp8_max,
     fp8_quantize_dequantize,
@@ -29,8 +30,7 @@ from lowrank_jax.fp8.bounds import (
 )
 from lowrank_jax.fp8.delayed import current_scale
 from lowrank_jax.fp8.emulation import fp8_overflow_count
-from lowrank_jax.fp8.policies import attention_fp8_scales
-from lowrank_jax.spectral import init_attention_power_iteration
+from lowrank_jax.spectral import attention_power_iteration, init_attention_power_iteration
 
 
 def test_formats():
@@ -245,13 +245,18 @@ def test_norm_gain_bound_covers_layernorm_outputs():
     assert float(norm_gain_bound(jnp.float32(1.5))) == 1.5
 
 
-def test_attention_fp8_scales_vmapped_over_layers():
+def test_scale_rule_on_tracked_sigma_vmapped_over_layers():
     rng = np.random.default_rng(4)
     layers, d, h, g, dh = 2, 64, 4, 2, 8
     wq = rng.standard_normal((layers, d, h, dh)).astype(np.float32) / 8
     wk = rng.standard_normal((layers, d, g, dh)).astype(np.float32) / 8
     st = jax.vmap(init_attention_power_iteration)(jax.random.split(jax.random.key(0), layers), wq)
-    fn = lambda q, k, s: attention_fp8_scales(q, k, s, seq_len=128, norm_gain=1.2, num_iters=300)
+    rule = ScaleRule(seq_len=128)
+
+    def fn(q, k, s):
+        sigma, s = attention_power_iteration(q, k, s, num_iters=300)
+        return rule.scales(sigma, d=d, head_dim=dh, norm_gain=1.2), s
+
     scales, st = jax.jit(jax.vmap(fn))(wq, wk, st)
     assert scales.shape == (layers, h)
     sigma = np.array(

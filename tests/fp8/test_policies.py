@@ -1,5 +1,7 @@
 """Scaling policies as state machines: geometry (vs float64 SVD), delayed, current; resets; errors."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,14 +9,9 @@ import pytest
 
 from lowrank_jax import fp8
 from lowrank_jax.fp8.bounds import geometry_aware_scale, rank_aware_alpha
-from lowrank_jax.fp8.policies import (
-    OnlineCalibrationState,
-    attention_fp8_scales,
-    current_scaling_policy,
-    init_geometry_scaling,
-    update_geometry_scaling,
-)
-from lowrank_jax.spectral import PowerIterationState
+from lowrank_jax.fp8.online import OnlineCalibrationState
+from lowrank_jax.fp8.policies import current_scaling_policy
+from lowrank_jax.spectral import PowerIterationState, attention_power_iteration
 
 L, D, H, G, DH = 2, 48, 4, 2, 6
 
@@ -41,25 +38,19 @@ def _sigma64(wq, wk):
 
 def test_geometry_state_machine_matches_per_layer_vmap_and_float64_svd():
     wq, wk, gains = _weights()
-    st = init_geometry_scaling(jax.random.key(0), wq)
-    assert st.v.shape == (L, H, D) and st.sigma.shape == (L, H)
     kw = dict(seq_len=64, delta=1e-3)
-    upd = jax.jit(lambda st: update_geometry_scaling(st, wq, wk, gains, num_iters=400, **kw))
-    scales, new = upd(st)
-    # the stacked update is the per-layer attention_fp8_scales vmapped over layers
-    per_layer = jax.jit(
-        jax.vmap(
-            lambda q, k, v, g: attention_fp8_scales(
-                q,
-                k,
-                PowerIterationState(v, jnp.zeros(H), jnp.zeros((), jnp.int32)),
-                norm_gain=g,
-                num_iters=400,
-                **kw,
-            )
-        )
-    )
-    ref_scales, ref_state = per_layer(wq, wk, st.v, gains)
+    rule = fp8.ScaleRule(**kw)
+    policy = fp8.geometry_scaling_policy(rule, num_iters=400, burn_in_iters=0)
+    st = policy.init(jax.random.key(0), wq, wk, gains)
+    assert st.v.shape == (L, H, D) and st.sigma.shape == (L, H)
+    scales, new = jax.jit(policy.scales)(st, wq, wk, gains)
+
+    def one_layer(q, k, v, g):  # the per-layer power iteration and the rule, vmapped over layers
+        st = PowerIterationState(v, jnp.zeros(H), jnp.zeros((), jnp.int32))
+        sigma, st = attention_power_iteration(q, k, st, num_iters=400)
+        return rule.scales(sigma, d=D, head_dim=DH, norm_gain=g), st
+
+    ref_scales, ref_state = jax.jit(jax.vmap(one_layer))(wq, wk, st.v, gains)
     np.testing.assert_allclose(np.asarray(scales), np.asarray(ref_scales), rtol=1e-6)
     np.testing.assert_allclose(np.asarray(new.v), np.asarray(ref_state.v), rtol=1e-5, atol=1e-6)
     assert int(new.count) == 400
@@ -67,14 +58,15 @@ def test_geometry_state_machine_matches_per_layer_vmap_and_float64_svd():
     np.testing.assert_allclose(np.asarray(new.sigma), sigma, rtol=1e-4)
     want = geometry_aware_scale(sigma, d=D, head_dim=DH, norm_gain=np.asarray(gains)[:, None], **kw)
     np.testing.assert_allclose(np.asarray(scales), np.asarray(want), rtol=1e-4)
-    agn, _ = update_geometry_scaling(new, wq, wk, gains, rank_aware=False, **kw)
+    agnostic = fp8.geometry_scaling_policy(fp8.ScaleRule(rank_aware=False, **kw))
+    agn, _ = agnostic.scales(new, wq, wk, gains)
     ratio = fp8.rank_aware_tightness(d=D, rank=DH, gamma=fp8.chernoff_gamma(rank=DH, **kw))[1]
     np.testing.assert_allclose(np.asarray(scales / agn), ratio, rtol=1e-4)
 
 
 def test_geometry_policy_follows_a_weight_spike_at_once_and_delayed_does_not():
     wq, wk, gains = _weights(1)
-    geo = fp8.geometry_scaling_policy(seq_len=64, burn_in_iters=300)
+    geo = fp8.geometry_scaling_policy(fp8.ScaleRule(seq_len=64), burn_in_iters=300)
     st = geo.init(jax.random.key(1), wq, wk, gains)
     before, st = jax.jit(geo.scales)(st, wq, wk, gains)
     after, st = jax.jit(geo.scales)(st, 4.0 * wq, wk, gains)  # W^Q <- 4 W^Q
@@ -108,7 +100,7 @@ def test_delayed_policy_is_update_delayed_scaling_and_reset_forgets():
 
 def test_geometry_reset_reconverges_from_the_warm_state():
     wq, wk, gains = _weights(2)
-    pol = fp8.geometry_scaling_policy(seq_len=32, burn_in_iters=400)
+    pol = fp8.geometry_scaling_policy(fp8.ScaleRule(seq_len=32), burn_in_iters=400)
     st = pol.init(jax.random.key(0), wq, wk, gains)
     other_q, other_k, _ = _weights(3)
     st = pol.reset(st, other_q, other_k, gains)
@@ -126,26 +118,33 @@ def test_current_policy_defers_to_the_kernel():
 
 def test_single_layer_kernels_and_bad_input():
     wq, wk, gains = _weights()
-    st = init_geometry_scaling(jax.random.key(0), wq[0])
-    s, st = update_geometry_scaling(st, wq[0], wk[0], 1.0, seq_len=16, num_iters=300)
+    pol = fp8.geometry_scaling_policy(fp8.ScaleRule(seq_len=16), num_iters=300, burn_in_iters=0)
+    st = pol.init(jax.random.key(0), wq[0], wk[0], 1.0)
+    s, st = pol.scales(st, wq[0], wk[0], 1.0)
     assert s.shape == (H,)
     np.testing.assert_allclose(np.asarray(st.sigma), _sigma64(wq, wk)[0], rtol=1e-4)
-    with pytest.raises(ValueError, match="init_geometry_scaling"):
-        update_geometry_scaling(st, wq, wk, gains, seq_len=16)
+    with pytest.raises(ValueError, match="policy's init"):
+        pol.scales(st, wq, wk, gains)
     with pytest.raises(ValueError, match="leading"):
-        update_geometry_scaling(st, wq, wk[0], gains, seq_len=16)
+        pol.scales(st, wq, wk[0], gains)
     with pytest.raises(ValueError, match="d, H, d_h"):
-        init_geometry_scaling(jax.random.key(0), wq[0, 0])
+        pol.init(jax.random.key(0), wq[0, 0], wk[0, 0], 1.0)
     with pytest.raises(ValueError, match="num_iters"):
-        fp8.geometry_scaling_policy(seq_len=16, num_iters=0)
+        fp8.geometry_scaling_policy(fp8.ScaleRule(seq_len=16), num_iters=0)
+    with pytest.raises(ValueError, match="ScaleRule"):
+        fp8.geometry_scaling_policy(16)
     with pytest.raises(ValueError, match="delta"):
-        fp8.geometry_scaling_policy(seq_len=16, delta=1.5)
+        fp8.ScaleRule(seq_len=16, delta=1.5)
+    with pytest.raises(ValueError, match="gamma"):
+        fp8.ScaleRule(seq_len=16, gamma=0.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fp8.ScaleRule(seq_len=16).seq_len = 8
     with pytest.raises(ValueError, match="history_len"):
         fp8.delayed_scaling_policy(history_len=0)
     with pytest.raises(ValueError, match="algo"):
         fp8.delayed_scaling_policy(algo="mean")
     with pytest.raises(ValueError, match="FP8 format"):
-        fp8.geometry_scaling_policy(seq_len=16, fmt="e3m4")
+        fp8.ScaleRule(seq_len=16, fmt="e3m4")
 
 
 def test_online_calibration_follows_its_definition_against_float64():
@@ -153,9 +152,9 @@ def test_online_calibration_follows_its_definition_against_float64():
     # observation and after reset; the scale is c R / (κ B), B the rank-aware bound (float64 here).
     wq, wk, gains = _weights()
     m, h, n, delta = 1.25, 3, 64, 1e-3
-    policy = fp8.geometry_scaling_policy(
-        seq_len=n, delta=delta, burn_in_iters=400, online_calibration=True,
-        online_history=h, online_margin=m, online_floor=1 / 16,
+    policy = fp8.online_calibration(
+        fp8.geometry_scaling_policy(fp8.ScaleRule(seq_len=n, delta=delta), burn_in_iters=400),
+        history=h, margin=m, floor=1 / 16,
     )  # fmt: skip
     alpha = rank_aware_alpha(d=D, rank=DH, seq_len=n, delta=delta)
     b_wc = _sigma64(wq, wk) * D * np.asarray(gains, np.float64)[:, None] ** 2 / np.sqrt(DH)
@@ -184,5 +183,27 @@ def test_online_calibration_follows_its_definition_against_float64():
     st = policy.reset(st, wq, wk, gains)
     assert int(st.seen) == 0
     np.testing.assert_allclose(np.asarray(scales(st, wq, wk, gains)[0]), r / b_wc, rtol=1e-4)
-    with pytest.raises(ValueError, match="online_margin >= 1"):
-        fp8.geometry_scaling_policy(seq_len=n, online_calibration=True, online_margin=0.5)
+    geometry = fp8.geometry_scaling_policy(fp8.ScaleRule(seq_len=n))
+    with pytest.raises(ValueError, match="margin >= 1"):
+        fp8.online_calibration(geometry, margin=0.5)
+    with pytest.raises(ValueError, match="cap"):
+        fp8.online_calibration(fp8.delayed_scaling_policy())
+
+
+def test_online_calibration_wraps_any_policy():
+    # over delayed scaling, with a cap given: κ = cap before any observation, then the windowed
+    # max of amax · s / R (clipped to [floor, cap]) from the inner scale s of that step
+    wq, wk, gains = _weights()
+    inner = fp8.delayed_scaling_policy(history_len=4)
+    pol = fp8.online_calibration(inner, worst_case=4.0, history=2, margin=1.0)
+    st = pol.init(None, wq, wk, gains)
+    s, st = pol.scales(st, wq, wk, gains)
+    np.testing.assert_allclose(np.asarray(s), 1.0 / 4.0)  # inner init scale 1, κ = 4
+    st = pol.observe(st, jnp.full((L, H), 112.0))  # ρ = 112 · 1 / 448 = 1/4: κ = floor = 1
+    s, st = pol.scales(st, wq, wk, gains)
+    np.testing.assert_allclose(np.asarray(s), 448.0 / 112.0)
+    st = pol.observe(st, jnp.full((L, H), 900.0))  # ρ = 900 · 4 / 448 > 4: κ = cap
+    s, st = pol.scales(st, wq, wk, gains)
+    np.testing.assert_allclose(np.asarray(s), 448.0 / 900.0 / 4.0, rtol=1e-6)
+    assert int(st.inner.count) == 2 and int(st.seen) == 2
+    assert int(pol.reset(st, wq, wk, gains).seen) == 0

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from lowrank_jax import fp8
-from lowrank_jax.fp8.policies import GeometryScalingState, update_geometry_scaling
+from lowrank_jax.fp8.policies import GeometryScalingState
 from lowrank_jax.fp8.sigma import attention_top_singular, split_heads
 
 
@@ -47,11 +47,12 @@ def test_exact_start_is_a_fixed_point_of_the_power_tracker_and_offline_scales():
     wk = jnp.asarray(rng.standard_normal((2, 256, 2, 8)), jnp.float32) / 16
     sigma, v = attention_top_singular(wq, wk)
     st = GeometryScalingState(jnp.zeros((), jnp.int32), v, sigma)
-    scales, st = update_geometry_scaling(st, wq, wk, jnp.ones(2), seq_len=64, num_iters=1)
+    rule = fp8.ScaleRule(seq_len=64)
+    scales, st = fp8.geometry_scaling_policy(rule).scales(st, wq, wk, jnp.ones(2))
     np.testing.assert_allclose(np.asarray(st.sigma), np.asarray(sigma), rtol=1e-5)
-    offline = fp8.attention_scales(wq, wk, jnp.ones((2, 1)), seq_len=64)
+    offline = fp8.attention_scales(wq, wk, rule, jnp.ones((2, 1)))
     np.testing.assert_allclose(np.asarray(offline), np.asarray(scales), rtol=1e-5)
-    agn = fp8.attention_scales(wq, wk, seq_len=64, rank_aware=False)
+    agn = fp8.attention_scales(wq, wk, fp8.ScaleRule(seq_len=64, rank_aware=False))
     ratio = fp8.rank_aware_tightness(
         d=256, rank=8, gamma=fp8.chernoff_gamma(rank=8, seq_len=64, delta=1e-6)
     )[1]
@@ -82,11 +83,12 @@ def test_scales_from_an_ordinary_models_2d_query_and_key_kernels():
     q4, k4 = split_heads(wq, wk, num_heads=h, num_kv_heads=g)
     assert q4.shape == (layers, d, h, dh) and k4.shape == (layers, d, g, dh)
     np.testing.assert_allclose(np.asarray(fp8.attention_sigma_max(q4, k4)), ref, rtol=2e-6)
-    scales = fp8.attention_scales(wq, wk, seq_len=128, num_heads=h, num_kv_heads=g)
-    np.testing.assert_array_equal(scales, fp8.attention_scales(q4, k4, seq_len=128))
+    rule = fp8.ScaleRule(seq_len=128)
+    scales = fp8.attention_scales(wq, wk, rule, num_heads=h, num_kv_heads=g)
+    np.testing.assert_array_equal(scales, fp8.attention_scales(q4, k4, rule))
     with pytest.raises(ValueError, match=r"H=3 dividing its last axis"):
         split_heads(wq, wk, num_heads=3)
     with pytest.raises(ValueError, match=r"w_k's last axis must be G\*d_h = 4\*8 = 32"):
-        fp8.attention_scales(wq, wk, seq_len=128, num_heads=h)  # G defaults to H: 32 != 16
+        fp8.attention_scales(wq, wk, rule, num_heads=h)  # G defaults to H: 32 != 16
     with pytest.raises(ValueError, match="num_kv_heads needs num_heads"):
-        fp8.attention_scales(wq, wk, seq_len=128, num_kv_heads=g)
+        fp8.attention_scales(wq, wk, rule, num_kv_heads=g)

@@ -36,7 +36,7 @@ def test_geometry_readout_feeds_a_policy():
     assert wq.shape == wk.shape == (2, 16, 2, 8) and gains.shape == (2,)
     ln = params["block_1_ln_attention"]
     assert float(gains[1]) == float(norm_gain_bound(ln["scale"], ln["bias"]))
-    policy = fp8.geometry_scaling_policy(seq_len=8)
+    policy = fp8.geometry_scaling_policy(fp8.ScaleRule(seq_len=8))
     scales, _ = policy.scales(policy.init(jax.random.key(1), wq, wk, gains), wq, wk, gains)
     _, stats = model.apply({"params": params}, tokens, scales)
     np.testing.assert_allclose(np.asarray(stats["scale"]), np.asarray(scales), rtol=1e-6)
