@@ -35,13 +35,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 
 from lowrank_jax.adapters.core import Adapter, as_sets, delta, map_adapted
-from lowrank_jax.adapters.kinds import LoRA, LoraInit, dropout, lora
+from lowrank_jax.adapters.kinds import AdapterKind, LoRA, LoraInit, dropout, lora
 
 __all__ = ["DoRA", "dora", "dora_column_norms", "dora_norms", "unfold_dora"]
 
@@ -71,7 +71,7 @@ def dora_column_norms(
 
 
 @dataclasses.dataclass(frozen=True)
-class DoRA:
+class DoRA(AdapterKind):
     """DoRA adapter: ``W' = (W + s·A B)·diag(mag / ‖W + s·A B‖_col)`` (see the module docstring).
 
     Factors ``{"a": (n, r), "b": (r, m), "m": (m,)}``; ``a``, ``b`` are a :class:`LoRA`'s (same
@@ -84,7 +84,8 @@ class DoRA:
     """
 
     lora: LoRA
-    needs_kernel = True
+    needs_kernel: ClassVar[bool] = True
+    peft_layout: ClassVar[str | None] = "dora"
 
     @property
     def in_ndim(self) -> int | None:
@@ -101,6 +102,18 @@ class DoRA:
     @property
     def scale(self) -> float:
         return self.lora.scale
+
+    @property
+    def alpha(self) -> float | None:
+        return self.lora.alpha
+
+    @property
+    def rslora(self) -> bool:
+        return self.lora.rslora
+
+    @property
+    def dropout(self) -> float:
+        return self.lora.dropout
 
     def check_shape(self, n: int, m: int, path: str) -> None:
         self.lora.check_shape(n, m, path)

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lowrank_jax.adapters.kinds import matrix_dims
+from lowrank_jax.adapters.kinds import AdapterKind, matrix_dims
 
 __all__ = [
     "FourierFT",
@@ -51,7 +51,7 @@ def fourier_frequencies(n: int, m: int, *, n_coeff: int, seed: int = 777):
 
 
 @dataclasses.dataclass(frozen=True)
-class FourierFT:
+class FourierFT(AdapterKind):
     """FourierFT adapter ``ΔW = α Re(IDFT₂(F))`` with ``n_coeff`` trainable frequencies.
 
     Factors ``{"coeffs": (n_coeff,)}``; the methods take the matrix view ``shape = (n, m)``

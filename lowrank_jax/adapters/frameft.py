@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lowrank_jax.adapters.kinds import matrix_dims
+from lowrank_jax.adapters.kinds import AdapterKind, matrix_dims
 from lowrank_jax.spectral.frames import BASES, Basis, frame_analysis, frame_basis, frame_synthesis
 
 __all__ = [
@@ -83,7 +83,7 @@ def frame_positions(
 
 
 @dataclasses.dataclass(frozen=True)
-class FrameFT:
+class FrameFT(AdapterKind):
     """FrameFT adapter ``ΔW = (scale/√(nm)) Φ_inᵀ S Φ_out`` with ``n_coeff`` trainable entries of ``S``.
 
     Factors: ``{"coeffs": (n_coeff,)}``, so the trainable count is ``n_coeff`` per kernel; the

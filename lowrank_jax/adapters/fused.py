@@ -106,17 +106,17 @@ lora_matmul.defvjp(_fwd, _bwd)
 
 
 def fusable(adapters: Sequence[Any], keys: Sequence[Any]) -> bool:
-    """Whether a kernel's adapters can take the fused path: all LoRA, no active dropout."""
-    from lowrank_jax.adapters.kinds import LoRA
-
+    """Whether a kernel's adapters can take the fused path: all in product form (``LoRA``), no
+    active dropout."""
     return all(
-        isinstance(a.kind, LoRA) and (k is None or a.kind.dropout == 0.0)
+        a.kind.lowrank_factors(a.factors) is not None and (k is None or a.kind.dropout == 0.0)
         for a, k in zip(adapters, keys, strict=True)
     )
 
 
 def apply_fused(x2: jax.Array, w: Any, adapters: Sequence[Any], n: int, m: int) -> jax.Array:
-    """:func:`lora_matmul` for a kernel's LoRA adapters (``Adapter`` records)."""
-    factors = tuple((a.factors["a"], a.factors["b"]) for a in adapters)
-    scales = tuple(float(a.kind.scale) for a in adapters)
+    """:func:`lora_matmul` for a kernel's adapters in product form (``Adapter`` records)."""
+    forms = [a.kind.lowrank_factors(a.factors) for a in adapters]
+    factors = tuple((a, b) for a, b, _ in forms)
+    scales = tuple(float(s) for _, _, s in forms)
     return lora_matmul(x2, w, factors, scales, (n, m))

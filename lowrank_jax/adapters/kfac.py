@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from lowrank_jax.adapters import paths
 from lowrank_jax.adapters.adapt import adapt
 from lowrank_jax.adapters.core import init as init_adapters
-from lowrank_jax.adapters.kinds import LoRA
+from lowrank_jax.adapters.kinds import AdapterKind, LoRA
 
 LossFn = Callable[[Callable[..., Any], Any], jax.Array]
 
@@ -80,7 +80,7 @@ _probe.defvjp(_probe_fwd, _probe_bwd)
 
 
 @dataclasses.dataclass(frozen=True)
-class _Probe:
+class _Probe(AdapterKind):
     """An adapter kind that adds zero and collects K-FAC statistics in its gradient."""
 
     in_ndim: int | None = None

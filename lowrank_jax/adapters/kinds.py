@@ -19,13 +19,32 @@ its ``apply_delta``, ``apply_delta_transposed`` and ``materialize`` then also ta
 ``(n, m)`` matrix view), and ``apply_delta`` may take ``base = x @ W`` to reuse it. ``shape = (n, m)``
 is the matrix view (``Adapter.matrix``); the callers pass it, so kinds whose trainable arrays do
 not reveal ``m`` (FrameFT, FourierFT, VeRA) keep no shape record in their factors.
+
+**Capabilities.** The code that treats kinds differently (the fused and quax forwards, PEFT
+export, adapter banks, the merges) asks the kind, never its class; a kind subclasses
+:class:`AdapterKind`, which gives every capability its default, and overrides the ones it has:
+
+* ``needs_kernel: bool`` (default ``False``): the update depends on the frozen kernel (DoRA); see
+  above. Merges then need the base parameters (``base=``) to form ``ΔW``.
+* ``lowrank_factors(factors) -> (a, b, scale) | None`` (default ``None``): the *product form*
+  ``ΔW = scale · a b`` with ``a: (..., n, r)``, ``b: (..., r, m)`` (stacked-layer axes in front),
+  offered only when ``apply_delta`` is exactly ``scale · (dropout(x) a) b`` (rate ``dropout``).
+  The fused LoRA matmul, the quax backend's embedding gather and convolution, adapter banks that
+  mix ranks, PEFT's ``cat`` and task arithmetic without an ``n × m`` matrix read it (:class:`LoRA`).
+* ``dropout: float`` (default ``0.0``): the rate of dropout on the adapter's input.
+* ``peft_layout: str | None`` (default ``None``: not writable): how
+  :func:`lowrank_jax.adapters.save_peft` writes the kind, ``"lora"`` (``lora_A``, ``lora_B`` from
+  factors ``a``, ``b``) or ``"dora"`` (and ``lora_magnitude_vector`` from ``m``); such a kind has
+  LoRA's ``rank``, ``alpha``, ``rslora`` and ``dropout``.
+
+A new kind thus touches its own module only.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -79,10 +98,21 @@ def dropout(x: jax.Array, key: jax.Array | None, rate: float) -> jax.Array:
 
 
 class AdapterKind(Protocol):
-    """The interface every adapter kind implements (see the module docstring)."""
+    """The interface every adapter kind implements, and the capabilities' defaults (see the module
+    docstring): subclass it to inherit them."""
 
     in_ndim: int | None
     out_ndim: int | None
+    needs_kernel: ClassVar[bool] = False
+    peft_layout: ClassVar[str | None] = None
+    dropout: float = 0.0
+
+    def lowrank_factors(
+        self, factors: dict[str, jax.Array]
+    ) -> tuple[jax.Array, jax.Array, float] | None:
+        """``(a, b, scale)`` with ``ΔW = scale · a b``, or ``None`` (no product form)."""
+        del factors
+        return None
 
     def init_factors(self, key: jax.Array, kernel: jax.Array) -> dict[str, jax.Array]: ...
 
@@ -109,7 +139,7 @@ class AdapterKind(Protocol):
 
 
 @dataclasses.dataclass(frozen=True)
-class LoRA:
+class LoRA(AdapterKind):
     """Low-rank adaptation ``ΔW = s · A B`` with ``A: (n, r)``, ``B: (r, m)``.
 
     The adapted matmul is ``x @ W + s · ((dropout(x) @ A) @ B)`` with ``s = alpha / r`` (or
@@ -216,6 +246,13 @@ class LoRA:
 
     def factor_specs(self, in_spec: Any, out_spec: Any) -> dict[str, tuple[Any, ...]]:
         return {"a": (in_spec, None), "b": (None, out_spec)}
+
+    peft_layout: ClassVar[str | None] = "lora"
+
+    def lowrank_factors(
+        self, factors: dict[str, jax.Array]
+    ) -> tuple[jax.Array, jax.Array, float] | None:
+        return factors["a"], factors["b"], self.scale
 
 
 def lora(

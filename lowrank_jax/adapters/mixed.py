@@ -48,13 +48,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from lowrank_jax.adapters.core import Adapter, AdapterSet, as_sets, needs_kernel
-from lowrank_jax.adapters.kinds import LoRA
+from lowrank_jax.adapters.kinds import AdapterKind, LoRA
 
 __all__ = ["AdapterBank", "select_adapters", "stack_adapters"]
 
 
 @dataclasses.dataclass(frozen=True)
-class AdapterBank:
+class AdapterBank(AdapterKind):
     """Adapter kind: ``size`` adapters of kind ``inner`` on one kernel, one chosen per example.
 
     The factors are ``inner``'s with a leading adapter axis ``(size, ...)``; after
@@ -150,22 +150,20 @@ class AdapterBank:
 
 
 def _as_scale_one_lora(adapter: Adapter, rank: int) -> dict[str, jax.Array]:
-    """LoRA factors with the scale folded into ``b`` and zero-padded to ``rank``."""
-    a, b = adapter.factors["a"], adapter.factors["b"]
-    pad = rank - adapter.kind.rank
+    """The product form's factors with the scale folded into ``b`` and zero-padded to ``rank``."""
+    a, b, scale = adapter.kind.lowrank_factors(adapter.factors)
+    pad = rank - a.shape[-1]
     a = jnp.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, pad)])
-    b = jnp.pad(
-        b * jnp.asarray(adapter.kind.scale, b.dtype), [(0, 0)] * (b.ndim - 2) + [(0, pad), (0, 0)]
-    )
+    b = jnp.pad(b * jnp.asarray(scale, b.dtype), [(0, 0)] * (b.ndim - 2) + [(0, pad), (0, 0)])
     return {"a": a, "b": b}
 
 
 def stack_adapters(sets: Sequence[AdapterSet]) -> AdapterSet:
     """Stacks ``N`` adapter sets of one model into a bank for mixed-adapter batches.
 
-    Adapters of one kind at a kernel are stacked as they are. LoRAs that differ in rank or
-    alpha are first rewritten exactly as scale-1 LoRAs of the largest rank (``b ← s · b``,
-    zero-padded), so a bank may mix ranks.
+    Adapters of one kind at a kernel are stacked as they are. Kinds in product form
+    (``lowrank_factors``: LoRAs) that differ in rank or alpha are first rewritten exactly as
+    scale-1 LoRAs of the largest rank (``b ← s · b``, zero-padded), so a bank may mix ranks.
 
     Args:
       sets: ``N`` adapter sets over the same kernel paths (e.g. one per task or user).
@@ -210,12 +208,18 @@ def stack_adapters(sets: Sequence[AdapterSet]) -> AdapterSet:
             inner = ads[0].kind
             factors = [a.factors for a in ads]
         elif (
-            all(isinstance(k, LoRA) for k in kinds)
+            all(a.kind.lowrank_factors(a.factors) is not None for a in ads)
             and len({(k.dropout, k.in_ndim, k.out_ndim) for k in kinds}) == 1
         ):
-            rank = max(k.rank for k in kinds)
+            rank = max(a.kind.lowrank_factors(a.factors)[0].shape[-1] for a in ads)
             first = ads[0].kind
-            inner = dataclasses.replace(first, rank=rank, alpha=float(rank), rslora=False)
+            inner = LoRA(
+                rank=rank,
+                alpha=float(rank),
+                dropout=first.dropout,
+                in_ndim=first.in_ndim,
+                out_ndim=first.out_ndim,
+            )
             factors = [_as_scale_one_lora(a, rank) for a in ads]
         else:
             raise ValueError(

@@ -61,6 +61,8 @@ __all__ = [
 WEIGHTS_NAME = "adapter_model.safetensors"
 CONFIG_NAME = "adapter_config.json"
 _PREFIX = peft_layout.PREFIX
+# a kind's peft_layout -> its factors written as lora_A, lora_B (and lora_magnitude_vector)
+_PEFT_FACTORS = {"lora": ("a", "b"), "dora": ("a", "b", "m")}
 
 # adapter_config.json keys that do not change the adapted function (metadata, initialisation,
 # target selection already reflected by the saved tensors).
@@ -268,12 +270,15 @@ def _save_one(
     kernels = paths.named_leaves(params) if params is not None else {}
     tensors, ranks, alphas, dropouts, rslora, dora = {}, {}, {}, set(), set(), set()
     for path, adapter in adapters.items():
-        if not isinstance(adapter, Adapter) or not isinstance(adapter.kind, LoRA | DoRA):
+        written = adapter.kind.peft_layout if isinstance(adapter, Adapter) else None
+        if written not in _PEFT_FACTORS:
             kind = type(getattr(adapter, "kind", adapter)).__name__
-            raise TypeError(f"{path!r} is a {kind}; PEFT export is LoRA and DoRA only.")
-        kind = adapter.kind.lora if isinstance(adapter.kind, DoRA) else adapter.kind
-        dora.add(isinstance(adapter.kind, DoRA))
-        names = ("a", "b", "m") if isinstance(adapter.kind, DoRA) else ("a", "b")
+            raise TypeError(
+                f"{path!r} is a {kind}, which has no PEFT layout; PEFT export is LoRA and DoRA only."
+            )
+        kind = adapter.kind  # a kind with a PEFT layout has LoRA's rank, alpha, rslora, dropout
+        dora.add(written == "dora")
+        names = _PEFT_FACTORS[written]
         f = {k: _numpy(adapter.factors[k]) for k in names}
         if f["a"].ndim == 2:
             per_module = {module_name(path): f}

@@ -25,7 +25,7 @@ from jax import lax
 
 from lowrank_jax.adapters import fused, quant
 from lowrank_jax.adapters.core import Adapter, delta, needs_kernel
-from lowrank_jax.adapters.kinds import LoRA, dropout
+from lowrank_jax.adapters.kinds import dropout
 
 __all__ = [
     "AdaptedArray",
@@ -228,7 +228,9 @@ def _(lhs: AdaptedArray, rhs: AdaptedArray, **params: Any) -> Any:
 
 def _lora_only(w: AdaptedArray) -> bool:
     return (
-        not w.blocks()[0] and not w.transposed and all(isinstance(a.kind, LoRA) for a in w.adapters)
+        not w.blocks()[0]
+        and not w.transposed
+        and all(a.kind.lowrank_factors(a.factors) is not None for a in w.adapters)
     )
 
 
@@ -250,9 +252,9 @@ def _(operand: AdaptedArray, indices: jax.typing.ArrayLike, **params: Any) -> An
         return lax.gather_p.bind(w.materialise(), indices, **params)
     out = lax.gather_p.bind(quant.dequantize(w.base()), indices, **params)
     for ad in w.adapters:
-        a = ad.factors["a"]
+        a, b, scale = ad.kind.lowrank_factors(ad.factors)
         picked = lax.gather_p.bind(a, indices, **{**params, "slice_sizes": (1, a.shape[1])})
-        d = (picked @ ad.factors["b"]) * jnp.asarray(ad.kind.scale, a.dtype)  # (..., r) -> (..., m)
+        d = (picked @ b) * jnp.asarray(scale, a.dtype)  # (..., r) -> (..., m)
         out = out + d.astype(out.dtype)
     return out
 
@@ -276,14 +278,14 @@ def _(lhs: jax.typing.ArrayLike, rhs: AdaptedArray, **params: Any) -> Any:
     out = lax.conv_general_dilated_p.bind(lhs, quant.dequantize(w.base()), **params)
     feature = dn.out_spec[1]
     for ad, key in zip(w.adapters, w.keys, strict=True):
-        a, b = ad.factors["a"], ad.factors["b"]
+        a, b, scale = ad.kind.lowrank_factors(ad.factors)
         x = dropout(jnp.asarray(lhs), key, ad.kind.dropout).astype(a.dtype)
         kernel_a = jnp.reshape(a, (*w.shape[:-1], a.shape[-1]))
         u = lax.conv_general_dilated_p.bind(
             x, kernel_a, **{**params, "preferred_element_type": None}
         )
         u = jnp.moveaxis(u, feature, -1)
-        d = (u @ b) * jnp.asarray(ad.kind.scale, a.dtype)
+        d = (u @ b) * jnp.asarray(scale, a.dtype)
         out = out + jnp.moveaxis(d, -1, feature).astype(out.dtype)
     return out
 

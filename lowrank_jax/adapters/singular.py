@@ -27,6 +27,8 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 
+from lowrank_jax.adapters.kinds import AdapterKind
+
 __all__ = [
     "Spectral",
     "SpectralInit",
@@ -45,7 +47,7 @@ def random_stiefel(key: jax.Array, n: int, r: int, dtype: Any = jnp.float32) -> 
 
 
 @dataclasses.dataclass(frozen=True)
-class Spectral:
+class Spectral(AdapterKind):
     """Spectral adapter ``ΔW = scale · U diag(σ) Vᵀ`` with ``r = rank`` (``r_max`` for SBVI).
 
     Attributes:

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lowrank_jax.adapters.kinds import matrix_dims
+from lowrank_jax.adapters.kinds import AdapterKind, matrix_dims
 
 __all__ = [
     "VeRA",
@@ -47,7 +47,7 @@ def vera_projections(n: int, m: int, *, rank: int, seed: int = 0) -> tuple[np.nd
 
 
 @dataclasses.dataclass(frozen=True)
-class VeRA:
+class VeRA(AdapterKind):
     """VeRA adapter ``ΔW = Aᵀ diag(d) Bᵀ diag(b)`` with shared frozen ``A``, ``B``.
 
     Factors ``{"d": (r,), "b": (m,)}``; the methods take the matrix view ``shape = (n, m)``

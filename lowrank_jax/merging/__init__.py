@@ -6,9 +6,12 @@
   :mod:`~lowrank_jax.merging.extrapolation`; its pass 1 ``sketch_trajectory`` in
   :mod:`~lowrank_jax.merging.sketch`), all built on the one-pass ``weighted_sums`` of
   :mod:`~lowrank_jax.merging.streaming` (which also reads and checks the checkpoints).
-* Task-vector merges on adapter products (:mod:`~lowrank_jax.merging.task_vectors`):
+* Task-vector merges on adapter products (:mod:`~lowrank_jax.merging.task_merges`):
   ``merge_task_arithmetic``, ``merge_ties``, ``merge_dare``, ``merge_dare_ties``,
-  ``merge_magnitude_prune``, any rule via ``merge_per_kernel``; PEFT's eleven
+  ``merge_magnitude_prune``, all run by the one driver ``merge_per_kernel``
+  (:mod:`~lowrank_jax.merging.per_kernel`), which also runs any rule, over task vectors
+  (:mod:`~lowrank_jax.merging.task_vectors`: adapter sets of any kind, DoRA with ``base=``, or
+  dense updates, ``task_vector``); PEFT's eleven
   ``add_weighted_adapter`` combination types on products
   (:mod:`~lowrank_jax.merging.peft_combinations`); mergekit's SLERP, Model Stock, Breadcrumbs and
   DELLA (:mod:`~lowrank_jax.merging.mergekit`); CASA, LoRA transfer to a fine-tuned or
@@ -40,12 +43,8 @@ from lowrank_jax.merging.mergekit import (
 )
 from lowrank_jax.merging.peft_combinations import COMBINATION_TYPES, add_weighted_adapter
 from lowrank_jax.merging.sketch import sketch_trajectory
-from lowrank_jax.merging.task_vectors import (
-    merge_dare,
-    merge_task_arithmetic,
-    merge_ties,
-    task_vector,
-)
+from lowrank_jax.merging.task_merges import merge_dare, merge_task_arithmetic, merge_ties
+from lowrank_jax.merging.task_vectors import task_vector
 
 __all__ = [
     "COMBINATION_TYPES",

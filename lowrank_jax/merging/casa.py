@@ -436,7 +436,7 @@ def _kernels(source_params: Any, target_params: Any, adapters: Mapping[str, Adap
                 f"(source) and {jnp.shape(tgt[path])} (target)."
             )
     out = {}
-    for path, (views, layout) in task_vector_matrices([dict(adapters)]).items():
+    for path, (views, layout) in task_vector_matrices([dict(adapters)], base=source_params).items():
         delta = views[0]
         _, n, m = delta.shape
         w_s = jnp.reshape(jnp.asarray(src[path], jnp.float32), (-1, n, m))

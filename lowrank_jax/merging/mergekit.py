@@ -33,6 +33,7 @@ import jax.numpy as jnp
 
 from lowrank_jax.adapters.core import Adapter
 from lowrank_jax.merging import task_vectors as tv
+from lowrank_jax.merging.per_kernel import merge_per_kernel
 from lowrank_jax.merging.sparsify import task_weights
 
 __all__ = [
@@ -267,7 +268,7 @@ def merge_slerp(
     """
     if not isinstance(t, int | float):
         raise TypeError(f"t must be a float; got {type(t).__name__}.")
-    return tv.merge_per_kernel([tv0, tv1], lambda d, w: slerp_delta(d[0], d[1], t=t), rank=rank)
+    return merge_per_kernel([tv0, tv1], lambda d, w: slerp_delta(d[0], d[1], t=t), rank=rank)
 
 
 def merge_model_stock(
@@ -278,7 +279,7 @@ def merge_model_stock(
     Returns ``{path: Adapter}`` (LoRA, scale 1) encoding ``w_H - w_0``; ``rank`` as
     :func:`~lowrank_jax.merging.merge_task_arithmetic`.
     """
-    return tv.merge_per_kernel(task_vectors, lambda d, w: model_stock_delta(d), rank=rank)
+    return merge_per_kernel(task_vectors, lambda d, w: model_stock_delta(d), rank=rank)
 
 
 def merge_breadcrumbs(
@@ -295,7 +296,7 @@ def merge_breadcrumbs(
     """
     _fraction(density, "density")
     _fraction(gamma, "gamma", low_open=False)
-    return tv.merge_per_kernel(
+    return merge_per_kernel(
         task_vectors,
         lambda d, w: breadcrumbs_delta(d, density=density, gamma=gamma, weights=w),
         weights=weights,
@@ -326,4 +327,4 @@ def merge_della(
         keep = jax.random.bernoulli(key_l, probs(d))
         return della_delta(d, keep, density=density, epsilon=epsilon, weights=w, scale=scale)
 
-    return tv.merge_per_kernel(task_vectors, combine, weights=weights, key=key, rank=rank)
+    return merge_per_kernel(task_vectors, combine, weights=weights, key=key, rank=rank)

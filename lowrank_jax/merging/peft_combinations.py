@@ -46,7 +46,8 @@ import jax.numpy as jnp
 
 from lowrank_jax.adapters.core import Adapter, AdapterSet
 from lowrank_jax.adapters.kinds import LoRA
-from lowrank_jax.merging import task_vectors as tv
+from lowrank_jax.merging import task_merges as tm
+from lowrank_jax.merging.task_vectors import task_vector_matrices
 
 __all__ = ["COMBINATION_TYPES", "add_weighted_adapter"]
 
@@ -67,25 +68,34 @@ COMBINATION_TYPES: tuple[str, ...] = CombinationType.__args__
 _NEEDS_DENSITY = ("ties", "dare", "magnitude_prune")
 
 
-def _lora_adapters(adapters: Sequence[AdapterSet], path: str, what: str) -> list[Adapter]:
+def _lowrank_forms(
+    adapters: Sequence[AdapterSet], path: str, what: str
+) -> list[tuple[jax.Array, jax.Array, float]]:
+    """Each set's product form ``(a, b, scale)`` at ``path`` (the kind's ``lowrank_factors``)."""
     ads = [s[path] for s in adapters]
-    if not all(isinstance(a, Adapter) and isinstance(a.kind, LoRA) for a in ads):
-        raise TypeError(f"combination_type={what!r} needs LoRA adapters; {path!r} has another.")
-    return ads
+    forms = [a.kind.lowrank_factors(a.factors) if isinstance(a, Adapter) else None for a in ads]
+    if any(f is None for f in forms):
+        raise TypeError(
+            f"combination_type={what!r} needs adapters in product form (LoRA); {path!r} has "
+            "another kind or a dense update."
+        )
+    return forms
 
 
 def _cat(adapters: Sequence[AdapterSet], weights: jax.Array) -> AdapterSet:
     """``[w_k s_k a_k]_k [b_k]_k`` per kernel: PEFT's exact ``cat``."""
     out = {}
     for path in adapters[0]:
-        ads = _lora_adapters(adapters, path, "cat")
-        layouts = {(a.in_ndim, a.out_ndim, a.matrix, a.factors["a"].shape[:-2]) for a in ads}
+        forms = _lowrank_forms(adapters, path, "cat")
+        ads = [s[path] for s in adapters]
+        layouts = {
+            (ad.in_ndim, ad.out_ndim, ad.matrix, a.shape[:-2])
+            for ad, (a, _, _) in zip(ads, forms, strict=True)
+        }
         if len(layouts) != 1:
             raise ValueError(f"the adapters at {path!r} differ in layout or shape: {layouts}.")
-        a = jnp.concatenate(
-            [w * ad.kind.scale * ad.factors["a"] for w, ad in zip(weights, ads, strict=True)], -1
-        )
-        b = jnp.concatenate([ad.factors["b"] for ad in ads], -2)
+        a = jnp.concatenate([w * s * a for w, (a, _, s) in zip(weights, forms, strict=True)], -1)
+        b = jnp.concatenate([b for _, b, _ in forms], -2)
         n, m = ads[0].matrix
         r = a.shape[-1]
         kind = LoRA(rank=r, alpha=float(r), in_ndim=ads[0].in_ndim, out_ndim=ads[0].out_ndim)
@@ -169,15 +179,15 @@ def add_weighted_adapter(
     if base.startswith("dare") and key is None:
         raise ValueError(f"combination_type={combination_type!r} needs a PRNG key for its masks.")
     if combination_type == "cat":
-        tv.task_vector_matrices(adapters)  # same paths and shapes, or a clear error
+        task_vector_matrices(adapters)  # same paths and shapes, or a clear error
         return _cat(adapters, jnp.asarray(weights, jnp.float32))
     truncate = combination_type.endswith("svd")
     rank = (svd_rank if svd_rank is not None else _default_ranks(adapters)) if truncate else None
     tvs = list(adapters)
     if base in ("svd", "linear"):
-        return tv.merge_task_arithmetic(tvs, weights=weights, rank=rank)
+        return tm.merge_task_arithmetic(tvs, weights=weights, rank=rank)
     if base == "ties":
-        return tv.merge_ties(
+        return tm.merge_ties(
             tvs,
             density=density,
             weights=weights,
@@ -186,9 +196,9 @@ def add_weighted_adapter(
             rank=rank,
         )
     if base == "dare_linear":
-        return tv.merge_dare(tvs, key, density=density, weights=weights, rank=rank)
+        return tm.merge_dare(tvs, key, density=density, weights=weights, rank=rank)
     if base == "dare_ties":
-        return tv.merge_dare_ties(
+        return tm.merge_dare_ties(
             tvs, key, density=density, weights=weights, majority=majority_sign_method, rank=rank
         )
-    return tv.merge_magnitude_prune(tvs, density=density, weights=weights, rank=rank)
+    return tm.merge_magnitude_prune(tvs, density=density, weights=weights, rank=rank)

@@ -1,8 +1,8 @@
 """Per-matrix cores of TIES, DARE and magnitude pruning, on stacks of updates ``(K, n, m)``.
 
 Each function takes the ``K`` task updates of one kernel matrix (any views of the same shape) and
-returns the merged update; :mod:`lowrank_jax.merging.task_vectors` applies them to every kernel
-of a task vector (and :func:`~lowrank_jax.merging.task_vectors.merge_per_kernel` applies any of
+returns the merged update; :mod:`lowrank_jax.merging.task_merges` applies them to every kernel
+of a task vector (and :func:`~lowrank_jax.merging.per_kernel.merge_per_kernel` applies any of
 them). The rules, with weights ``w_k``:
 
 * TIES (Yadav et al. 2023): trim each update to its ``⌊density · D⌋`` largest-magnitude entries

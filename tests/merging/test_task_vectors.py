@@ -9,7 +9,7 @@ import pytest
 
 from lowrank_jax import adapters, merging
 from lowrank_jax.merging.sparsify import dare_delta, dare_masks, ties_delta
-from lowrank_jax.merging.task_vectors import trim_task_vectors
+from lowrank_jax.merging.task_merges import trim_task_vectors
 
 PARAMS = {
     "l1": {"kernel": jnp.zeros((6, 5))},
@@ -309,3 +309,58 @@ def test_every_merge_rejects_mismatched_trees_naming_the_first_differing_path():
         merging.merge_ties([a, b], density=0.5, rank=5)
     with pytest.raises(TypeError):
         merging.merge_ties(a, density=0.5)
+
+
+def _dora_sets(k=3, stacked=True):
+    """``k`` DoRA sets with moved directions and magnitudes over random base kernels (one
+    stacked), and their dense updates ``{path: ΔW}``."""
+    params = {"l1": {"kernel": jax.random.normal(jax.random.key(7), (6, 5))}}
+    rules = [(r"l1/kernel", adapters.dora(2, alpha=4.0))]
+    if stacked:
+        params["stack"] = {"kernel": jax.random.normal(jax.random.key(8), (3, 4, 6))}
+        rules.append((r"stack/kernel", adapters.dora(2, in_ndim=1, out_ndim=1)))
+    sets, dense = [], []
+    for seed in range(k):
+        ads = adapters.init(jax.random.key(seed), params, rules)
+        noise = jax.random.key(50 + seed)
+        ads = jax.tree.map(lambda x, k=noise: x + 0.3 * jax.random.normal(k, x.shape), ads)
+        sets.append(ads)
+        kernels = {p: params[p.split("/")[0]]["kernel"] for p in ads}
+        dense.append({p: adapters.delta(ad, kernels[p].shape, kernels[p]) for p, ad in ads.items()})
+    return params, sets, dense
+
+
+def _shape(params, path):
+    return params[path.split("/")[0]]["kernel"].shape
+
+
+def test_dora_sets_merge_through_their_dense_updates():
+    params, sets, dense = _dora_sets()
+    weights = (0.5, -1.0, 2.0)
+    merged = merging.merge_task_arithmetic(sets, weights=weights, base=params)
+    for path, ad in merged.items():
+        want = sum(w * np.asarray(d[path], np.float64) for w, d in zip(weights, dense, strict=True))
+        got = adapters.delta(ad, _shape(params, path))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_every_rule_merges_dora_sets_as_their_dense_updates():
+    params, sets, dense = _dora_sets(stacked=False)  # dense 3-D updates would need a layout
+    pairs = [
+        (
+            merging.merge_ties(sets, density=0.4, rank=2, base=params),
+            merging.merge_ties(dense, density=0.4, rank=2),
+        ),
+        (
+            merging.merge_dare(sets, jax.random.key(3), density=0.5, base=params),
+            merging.merge_dare(dense, jax.random.key(3), density=0.5),
+        ),
+    ]
+    for got, want in pairs:
+        for path in got:
+            np.testing.assert_allclose(
+                adapters.delta(got[path], _shape(params, path)),
+                adapters.delta(want[path], _shape(params, path)),
+                rtol=1e-5,
+                atol=1e-6,
+            )

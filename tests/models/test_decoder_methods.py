@@ -15,7 +15,7 @@ import pytest
 from lowrank_jax import adapters, continual, merging, models
 from lowrank_jax.adapters.paths import named_leaves
 from lowrank_jax.merging.sparsify import ties_delta
-from lowrank_jax.merging.task_vectors import trim_task_vectors
+from lowrank_jax.merging.task_merges import trim_task_vectors
 
 CONFIG = models.DecoderConfig(
     vocab_size=32,
