@@ -239,7 +239,7 @@ def _search(config, method, seed, objective, shape, embs):
             objective, emb, key=key, n_init=s.n_init, budget=s.budget, residual_dim=q,
             fit_steps=s.fit_steps, xi=s.xi,
         )  # fmt: skip
-    return {"indices": r.indices.tolist(), "values": r.values.tolist()}
+    return {"indices": r.points.tolist(), "values": r.values.tolist()}
 
 
 def _describe(cfg, i) -> str:

@@ -3,9 +3,9 @@
 For each instance family (``config.data.parts``), each repetition draws ``max(ns)`` training
 instances; for each N the tuners see the first N. Tuners (``lowrank_jax.tuning``), all with
 ``config.tune.budget`` candidate evaluations: ``grid`` (p = 1, :func:`tuning.log_grid`),
-``rs`` (p > 1, :func:`tuning.sample_log_uniform` + :func:`tuning.coordinate_refine`, i.e.
-:func:`tuning.tune_random_refine` with the random stage's losses computed once on all instances
-and averaged over each prefix) and ``tpe`` (:func:`tuning.tune_tpe`). The true risk ``R`` of a
+``rs`` (p > 1, log-uniform candidates + :func:`tuning.lasso_tuners.coordinate_refine`, i.e.
+:func:`tuning.random_refine_search` with the random stage's losses computed once on all instances
+and averaged over each prefix) and ``tpe`` (:func:`tuning.tpe_search`). The true risk ``R`` of a
 chosen α̂ is its mean validation loss on ``num_test`` fresh instances (one fixed set per family);
 the generalisation gap is ``R(α̂) − R̂_N(α̂)``; the excess risk is ``R(α̂) − R(α*_p)`` with ``α*_p``
 tuned on the fresh instances themselves (``oracle_budget``). Cells (one per family and
@@ -27,7 +27,8 @@ from experiments.common import multidim_tuning_report as report
 from experiments.common import sweep
 from lowrank_jax import tuning
 from lowrank_jax.tuning.lasso import fused_lasso, prepare_instances
-from lowrank_jax.tuning.lasso_tuners import TuneResult, instance_losses
+from lowrank_jax.tuning.lasso_tuners import instance_losses
+from lowrank_jax.tuning.search import LogBox, SearchResult
 from lowrank_jax.tuning.signal_banks import weekly_windows
 from lowrank_jax.tuning.synthetic import (
     sample_fused_instances,
@@ -177,7 +178,7 @@ class PrefixLosses:
         return self.losses(alphas, n)
 
 
-def tune(config, method, p, losses, seed, num_instances) -> TuneResult:
+def tune(config, method, p, losses, seed, num_instances) -> SearchResult:
     """One tuner on the first ``num_instances`` instances of ``losses`` (``(alphas, n) ->
     (n, C)``), with ``config.tune.budget`` candidate evaluations."""
     t = config.tune
@@ -187,16 +188,15 @@ def tune(config, method, p, losses, seed, num_instances) -> TuneResult:
         return losses(a, num_instances).mean(0)
 
     if method == "grid":
-        return tuning.tune_grid(f, budget=t.budget, low=lo, high=hi)
-    if method == "tpe":
-        return tuning.tune_tpe(f, p=p, budget=t.budget, low=lo, high=hi, seed=seed)
-    return tuning.tune_random_refine(
+        return tuning.log_grid_search(f, budget=t.budget, low=lo, high=hi)
+    box = LogBox(p, lo, hi)
+    if method == "tpe":  # Optuna's default 10 random start-up trials
+        return tuning.tpe_search(f, box, seed=seed, budget=t.budget, n_init=10, goal="min")
+    return tuning.random_refine_search(
         f,
-        jax.random.key(seed),
-        p=p,
+        box,
+        key=jax.random.key(seed),
         budget=t.budget,
-        low=lo,
-        high=hi,
         refine_fraction=t.refine_fraction,
         num_points=t.num_points,
     )
@@ -213,11 +213,11 @@ def rep_cell(config, part, rep, pen, sample, num_iters, test_f) -> dict:
             tune(config, method, p, losses, 1000 * rep + 10 * p + i, n)
             for i, n in enumerate(config.data.ns)
         ]
-        alphas = np.stack([r.alpha for r in res])
+        alphas = np.stack([r.best_point for r in res])
         true = test_f(alphas).mean(0)
         out[f"{method}_p{p}"] = {
             "alpha": alphas.tolist(),
-            "empirical": [r.loss for r in res],
+            "empirical": [r.best_value for r in res],
             "true": true.tolist(),
             "evals": [r.num_evals for r in res],
         }
@@ -229,7 +229,7 @@ def oracle_cell(config, method, p, test_f, num_test) -> dict:
     c = config.copy_and_resolve_references()
     c.tune.budget = config.tune.oracle_budget
     r = tune(c, method, p, lambda a, n: test_f(a)[:n], 7 + p, num_test)
-    return {"alpha": r.alpha.tolist(), "true": r.loss}
+    return {"alpha": r.best_point.tolist(), "true": r.best_value}
 
 
 def run_part(config: Any, workdir: str, store: sweep.CellStore, part: str):

@@ -3,7 +3,8 @@
 * :mod:`~lowrank_jax.tuning.lasso` (P12): FISTA for the weighted group lasso and the weighted
   fused lasso, vmapped over problem instances and candidate weight vectors.
 * :mod:`~lowrank_jax.tuning.lasso_tuners` (P12): tuners of ``p`` tied weights on the mean validation
-  loss of ``N`` instances: scalar grid, random search + coordinate refinement, Optuna TPE.
+  loss of ``N`` instances: scalar grid, random search + coordinate refinement (the baselines
+  random search and Optuna TPE of :mod:`~lowrank_jax.tuning.search` serve both P12 and P15).
 * :mod:`~lowrank_jax.tuning.bounds` (P12): the pseudo-dimension generalisation bound (Warren's
   polynomial count for the lasso families, uniform convergence with explicit constants).
 * :mod:`~lowrank_jax.tuning.synthetic` (P12): the synthetic instance distributions of specs §12,
@@ -15,13 +16,7 @@
 
 from lowrank_jax.tuning.bo import CandidateEmbedding, bayes_opt
 from lowrank_jax.tuning.lasso import group_lasso, validation_losses
-from lowrank_jax.tuning.lasso_tuners import (
-    empirical_risk,
-    log_grid,
-    tune_grid,
-    tune_random_refine,
-    tune_tpe,
-)
+from lowrank_jax.tuning.lasso_tuners import empirical_risk, log_grid_search, random_refine_search
 from lowrank_jax.tuning.lora_grid import score_lora_group
 from lowrank_jax.tuning.lora_space import (
     LoraSearchSpace,
@@ -31,29 +26,38 @@ from lowrank_jax.tuning.lora_space import (
     standardize_features,
     value_tokens,
 )
-from lowrank_jax.tuning.search import random_search, simple_regret
+from lowrank_jax.tuning.search import (
+    LogBox,
+    SearchResult,
+    log_grid,
+    random_search,
+    simple_regret,
+    tpe_search,
+)
 from lowrank_jax.tuning.synthetic import sample_group_instances
 from lowrank_jax.tuning.text_embedding import minilm_embedding
 
 __all__ = [
     "CandidateEmbedding",
+    "LogBox",
     "LoraSearchSpace",
+    "SearchResult",
     "bayes_opt",
     "describe_configurations",
     "empirical_risk",
     "group_lasso",
     "knowledge_features",
     "log_grid",
+    "log_grid_search",
     "lora_grid_configurations",
     "minilm_embedding",
+    "random_refine_search",
     "random_search",
     "sample_group_instances",
     "score_lora_group",
     "simple_regret",
     "standardize_features",
-    "tune_grid",
-    "tune_random_refine",
-    "tune_tpe",
+    "tpe_search",
     "validation_losses",
     "value_tokens",
 ]

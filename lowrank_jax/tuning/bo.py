@@ -50,7 +50,7 @@ import optax
 from jax.scipy.stats import norm
 
 from lowrank_jax.tuning import search
-from lowrank_jax.tuning.search import BOResult
+from lowrank_jax.tuning.search import SearchResult, search_result
 
 __all__ = [
     "CandidateEmbedding",
@@ -336,7 +336,7 @@ def bayes_opt(
     learning_rate: float = 0.05,
     xi: float = 0.01,
     warm_start: bool = True,
-) -> BOResult:
+) -> SearchResult:
     """Maximises ``objective`` over the candidates by GP-EI (see the module docstring).
 
     ``n_init`` candidates are drawn uniformly without replacement; then, ``budget - n_init`` times:
@@ -355,7 +355,7 @@ def bayes_opt(
       warm_start: start each fit from the previous fit's parameters (else from the initial ones).
 
     Returns:
-      :class:`BOResult` with ``budget`` evaluations.
+      :class:`~lowrank_jax.tuning.search.SearchResult` with ``budget`` evaluations.
 
     Raises:
       ValueError or TypeError: a bad embedding, table, or budget.
@@ -389,4 +389,4 @@ def bayes_opt(
             ei[idx[:t]] = -np.inf
         i = int(np.argmax(ei))
         idx[t], y[t], mask[t] = i, f(i), True
-    return BOResult(idx.copy(), y.astype(np.float64), np.maximum.accumulate(y).astype(np.float64))
+    return search_result(idx.copy(), y.astype(np.float64))

@@ -3,15 +3,18 @@ r"""Data-driven tuning of ``p`` tied regularisation weights from ``N`` instances
 The learner of specs §12 picks :math:`\hat α = \arg\min_α \frac1N \sum_i u(x_i, α)` over
 ``α ∈ [low, high]^p`` (log scale), where ``u`` is an instance's validation loss after the inner
 solve (:func:`lowrank_jax.tuning.lasso.validation_losses`). The tuners here see that empirical
-risk only through a *batched objective* ``f(alphas (C, p)) -> (C,)`` and spend an explicit budget
-of evaluations (one evaluation = one candidate ``α`` solved on all ``N`` instances), so every tuner
-gets the same budget:
+risk only through a *batched objective* ``f(alphas (C, p)) -> (C,)`` over the box
+:class:`~lowrank_jax.tuning.search.LogBox` ``[low, high]^p`` and spend an explicit budget of
+evaluations (one evaluation = one candidate ``α`` solved on all ``N`` instances), so every tuner
+gets the same budget; each returns a :class:`~lowrank_jax.tuning.search.SearchResult` with
+``goal="min"`` (``best_point`` is ``α̂``, ``best_value`` its empirical risk):
 
-* :func:`tune_grid`: ``p = 1``, a log-spaced grid of ``budget`` points;
-* :func:`tune_random` + :func:`coordinate_refine` (= :func:`tune_random_refine`): log-uniform
-  candidates, then cyclic coordinate search on a shrinking log-grid around the incumbent;
-* :func:`tune_tpe`: Optuna's TPE sampler (the peer tuner; ``optuna`` is imported lazily and is
-  a ``peers`` dependency), one candidate per trial.
+* :func:`log_grid_search`: ``p = 1``, a log-spaced grid of ``budget`` points;
+* :func:`~lowrank_jax.tuning.search.random_search` + :func:`coordinate_refine`
+  (= :func:`random_refine_search`): log-uniform candidates, then cyclic coordinate search on a
+  shrinking log-grid around the incumbent;
+* :func:`~lowrank_jax.tuning.search.tpe_search`: Optuna's TPE sampler (the peer tuner;
+  ``optuna`` is imported lazily and is a ``peers`` dependency), one candidate per trial.
 
 :func:`empirical_risk` builds ``f`` from ``N`` instances (the mean of :func:`instance_losses`). The quantities of the guarantee are then
 the generalisation gap ``R(α̂) − R̂_N(α̂)`` (true risk ``R`` estimated on fresh instances) and the
@@ -24,59 +27,30 @@ References:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
 
 import jax
 import numpy as np
 
 from lowrank_jax.tuning import lasso
+from lowrank_jax.tuning.search import (
+    LogBox,
+    SearchResult,
+    check_range,
+    evaluate_batch,
+    log_grid,
+    random_search,
+    search_result,
+)
 
 __all__ = [
-    "TuneResult",
     "coordinate_refine",
     "empirical_risk",
     "instance_losses",
-    "log_grid",
-    "sample_log_uniform",
-    "tune_grid",
-    "tune_random",
-    "tune_random_refine",
-    "tune_tpe",
+    "log_grid_search",
+    "random_refine_search",
 ]
 
 Objective = Callable[[np.ndarray], np.ndarray]
-
-
-class TuneResult(NamedTuple):
-    """A tuner's answer.
-
-    Attributes:
-      alpha: ``(p,)`` the chosen weights ``α̂``.
-      loss: the objective (mean validation loss over the ``N`` instances) at ``α̂``.
-      num_evals: candidates evaluated (never more than the budget).
-    """
-
-    alpha: np.ndarray
-    loss: float
-    num_evals: int
-
-
-def _check_range(low: float, high: float) -> None:
-    if not 0 < low < high:
-        raise ValueError(f"need 0 < low < high for a log-scale search, got low={low}, high={high}")
-
-
-def _check_budget(budget: int, least: int = 1) -> int:
-    if int(budget) < least:
-        raise ValueError(f"budget must be an int >= {least}, got {budget}")
-    return int(budget)
-
-
-def _evaluate(f: Objective, alphas: np.ndarray) -> np.ndarray:
-    losses = np.asarray(f(np.asarray(alphas, np.float64)), np.float64)
-    if losses.shape != (len(alphas),):
-        raise ValueError(f"the objective returned shape {losses.shape}, expected ({len(alphas)},)")
-    return np.where(np.isfinite(losses), losses, np.inf)
 
 
 def _power_of_two(n: int) -> int:
@@ -167,7 +141,7 @@ def empirical_risk(
 
     Example:
       >>> f = empirical_risk((xt, yt), (xv, yv), lasso.group_lasso((5,) * 8))
-      >>> res = tune_random_refine(f, jax.random.key(0), p=4, budget=200, low=1e-3, high=10.)
+      >>> res = random_refine_search(f, LogBox(4, 1e-3, 10.0), key=jax.random.key(0), budget=200)
     """
     g = instance_losses(
         train, val, penalty, num_iters=num_iters, ridge=ridge, chunk_size=chunk_size
@@ -175,35 +149,10 @@ def empirical_risk(
     return lambda alphas: g(alphas).mean(0)
 
 
-def log_grid(num: int, *, low: float, high: float) -> np.ndarray:
-    """``(num, 1)`` log-spaced scalar candidates in ``[low, high]``."""
-    _check_range(low, high)
-    return np.geomspace(low, high, _check_budget(num))[:, None]
-
-
-def sample_log_uniform(key: jax.Array, num: int, p: int, *, low: float, high: float) -> np.ndarray:
-    """``(num, p)`` candidates with each coordinate log-uniform on ``[low, high]`` (float64)."""
-    _check_range(low, high)
-    u = np.asarray(jax.random.uniform(key, (_check_budget(num), int(p))), np.float64)
-    return np.exp(np.log(low) + u * (np.log(high) - np.log(low)))
-
-
-def tune_grid(f: Objective, *, budget: int, low: float, high: float) -> TuneResult:
-    """The scalar tuner (``p = 1``): ``argmin`` of ``f`` over a ``budget``-point log grid."""
+def log_grid_search(f: Objective, *, budget: int, low: float, high: float) -> SearchResult:
+    """The scalar tuner (``p = 1``): ``f`` on a ``budget``-point log grid (``goal="min"``)."""
     grid = log_grid(budget, low=low, high=high)
-    losses = _evaluate(f, grid)
-    i = int(np.argmin(losses))
-    return TuneResult(grid[i], float(losses[i]), len(grid))
-
-
-def tune_random(
-    f: Objective, key: jax.Array, *, p: int, budget: int, low: float, high: float
-) -> TuneResult:
-    """``argmin`` of ``f`` over ``budget`` log-uniform candidates in ``[low, high]^p``."""
-    cands = sample_log_uniform(key, budget, p, low=low, high=high)
-    losses = _evaluate(f, cands)
-    i = int(np.argmin(losses))
-    return TuneResult(cands[i], float(losses[i]), len(cands))
+    return search_result(grid, evaluate_batch(f, grid), "min")
 
 
 def coordinate_refine(
@@ -217,7 +166,7 @@ def coordinate_refine(
     num_points: int = 4,
     span: float = 1.0,
     shrink: float = 0.5,
-) -> TuneResult:
+) -> SearchResult:
     """Cyclic coordinate search around ``alpha`` on a shrinking log grid, ``budget`` evaluations.
 
     Coordinate ``j`` (cycling ``0..p-1``) tries ``num_points`` values
@@ -228,13 +177,14 @@ def coordinate_refine(
     Args:
       f: batched objective ``(C, p) -> (C,)``.
       alpha: ``(p,)`` start (e.g. the best random candidate) and ``loss`` its objective.
-      budget: evaluations allowed (0 returns the start).
+      budget: evaluations allowed (0 evaluates nothing).
       num_points: trial values per coordinate step (even, so the incumbent is not re-tried).
 
     Returns:
-      The best point found (the start if nothing improves it).
+      The evaluations (``goal="min"``; none when ``budget`` is below ``num_points``): their best is
+      below ``loss`` exactly when the search improved on the start.
     """
-    _check_range(low, high)
+    check_range(low, high)
     if int(budget) < 0 or num_points < 1:
         raise ValueError(f"need budget >= 0 and num_points >= 1, got {budget}, {num_points}")
     best = np.array(alpha, np.float64)
@@ -242,10 +192,13 @@ def coordinate_refine(
     offsets = np.linspace(-1.0, 1.0, num_points + 1 if num_points % 2 == 0 else num_points)
     offsets = offsets[offsets != 0][:num_points]
     p = best.shape[0]
+    points, values = [np.zeros((0, p))], [np.zeros(0)]
     while used + len(offsets) <= budget:
         cands = np.repeat(best[None], len(offsets), axis=0)
         cands[:, j] = np.clip(best[j] * 10.0 ** (span * offsets), low, high)
-        losses = _evaluate(f, cands)
+        losses = evaluate_batch(f, cands)
+        points.append(cands)
+        values.append(losses)
         used += len(offsets)
         i = int(np.argmin(losses))
         if losses[i] < best_loss:
@@ -253,54 +206,31 @@ def coordinate_refine(
         j = (j + 1) % p
         if j == 0:
             span *= shrink
-    return TuneResult(best, best_loss, used)
+    return search_result(np.concatenate(points), np.concatenate(values), "min")
 
 
-def tune_random_refine(
+def random_refine_search(
     f: Objective,
-    key: jax.Array,
+    space: LogBox,
     *,
-    p: int,
+    key: jax.Array,
     budget: int,
-    low: float,
-    high: float,
     refine_fraction: float = 0.25,
     num_points: int = 4,
-) -> TuneResult:
+) -> SearchResult:
     """Random search on ``(1 − refine_fraction)·budget`` candidates, then :func:`coordinate_refine`
-    with the rest (the spec's tuner for ``p ∈ {2, 4, 8}``)."""
-    budget = _check_budget(budget)
+    with the rest (the spec's tuner for ``p ∈ {2, 4, 8}``); ``goal="min"``, both stages' evaluations
+    in order."""
+    if int(budget) < 1:
+        raise ValueError(f"budget must be an int >= 1, got {budget}")
     if not 0 <= refine_fraction < 1:
         raise ValueError(f"refine_fraction must lie in [0, 1), got {refine_fraction}")
     n_random = max(1, int(round(budget * (1 - refine_fraction))))
-    r = tune_random(f, key, p=p, budget=n_random, low=low, high=high)
+    r = random_search(f, space, key=key, budget=n_random, goal="min")
     c = coordinate_refine(
-        f, r.alpha, r.loss, budget=budget - n_random, low=low, high=high, num_points=num_points
+        f, r.best_point, r.best_value, budget=int(budget) - n_random, low=space.low,
+        high=space.high, num_points=num_points,
+    )  # fmt: skip
+    return search_result(
+        np.concatenate([r.points, c.points]), np.concatenate([r.values, c.values]), "min"
     )
-    return TuneResult(c.alpha, c.loss, r.num_evals + c.num_evals)
-
-
-def tune_tpe(
-    f: Objective, *, p: int, budget: int, low: float, high: float, seed: int = 0
-) -> TuneResult:
-    """Optuna TPE over ``[low, high]^p`` (log scale), ``budget`` trials of one candidate each.
-
-    Raises:
-      ImportError: ``optuna`` is not installed (``pip install optuna``, the ``peers`` extra).
-    """
-    import optuna  # noqa: PLC0415 - a peer dependency, imported only when used
-
-    _check_range(low, high)
-    budget = _check_budget(budget)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(sampler=optuna.samplers.TPESampler(seed=int(seed)))
-
-    def objective(trial):
-        a = np.array([trial.suggest_float(f"a{j}", low, high, log=True) for j in range(p)])
-        loss = float(_evaluate(f, a[None])[0])
-        return loss if np.isfinite(loss) else 1e30
-
-    study.optimize(objective, n_trials=budget)
-    best = study.best_trial
-    alpha = np.array([best.params[f"a{j}"] for j in range(p)])
-    return TuneResult(alpha, float(best.value), len(study.trials))

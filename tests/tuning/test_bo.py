@@ -148,8 +148,8 @@ def test_bo_beats_random_search_on_a_discrete_function_in_expectation_over_seeds
     for seed in range(4):
         key = jax.random.key(seed)
         r = tuning.bayes_opt(f, emb, key=key, n_init=5, budget=16, fit_steps=100)
-        assert len(set(r.indices.tolist())) == 16  # each candidate at most once
-        np.testing.assert_allclose(r.values, f[r.indices])
+        assert len(set(r.points.tolist())) == 16  # each candidate at most once
+        np.testing.assert_allclose(r.values, f[r.points])
         bo_regret.append(tuning.simple_regret(r, f.max())[-1])
         rs = tuning.random_search(f, len(f), key=key, budget=16)
         rs_regret.append(tuning.simple_regret(rs, f.max())[-1])
@@ -161,13 +161,13 @@ def test_random_and_tpe_searches_follow_the_table():
     pytest.importorskip("optuna")
     g, f = _synthetic()
     r = tuning.random_search(f, len(f), key=jax.random.key(0), budget=10)
-    assert len(set(r.indices.tolist())) == 10
-    np.testing.assert_allclose(r.best_so_far, np.maximum.accumulate(f[r.indices]))
+    assert len(set(r.points.tolist())) == 10
+    np.testing.assert_allclose(r.best_so_far, np.maximum.accumulate(f[r.points]))
     t = tpe_search(f, (7, 6, 5), seed=0, budget=12, n_init=4)
-    np.testing.assert_allclose(t.values, f[t.indices])
-    assert t.indices.shape == (12,)
-    assert tpe_search(f, (7, 6, 5), seed=0, budget=12, n_init=4).indices.tolist() == (
-        t.indices.tolist()
+    np.testing.assert_allclose(t.values, f[t.points])
+    assert t.points.shape == (12,)
+    assert tpe_search(f, (7, 6, 5), seed=0, budget=12, n_init=4).points.tolist() == (
+        t.points.tolist()
     )
 
 
@@ -191,5 +191,5 @@ def test_bad_inputs_raise_clear_errors():
         init_gp_params(tuning.CandidateEmbedding(jnp.asarray(g)))
     with pytest.raises(TypeError, match="CandidateEmbedding"):
         bo.init_gp_params(np.zeros((3, 2)))
-    with pytest.raises(ValueError, match="grid_shape"):
+    with pytest.raises(ValueError, match="grid shape"):
         tpe_search(f, (), seed=0)

@@ -8,7 +8,8 @@ import pytest
 
 from lowrank_jax import tuning
 from lowrank_jax.tuning.lasso import prepare_instances, tie_weights
-from lowrank_jax.tuning.lasso_tuners import coordinate_refine, instance_losses, tune_random
+from lowrank_jax.tuning.lasso_tuners import coordinate_refine, instance_losses
+from lowrank_jax.tuning.search import LogBox
 
 TARGET = np.array([0.03, 0.3, 3.0, 0.1])
 
@@ -28,48 +29,54 @@ class Counter:
 
 def test_grid_search_picks_the_grid_argmin():
     f = Counter()
-    r = tuning.tune_grid(f, budget=41, low=1e-3, high=10.0)
+    r = tuning.log_grid_search(f, budget=41, low=1e-3, high=10.0)
     grid = np.geomspace(1e-3, 10.0, 41)
-    assert r.alpha[0] == pytest.approx(grid[np.argmin(np.abs(np.log10(grid / 0.03)))])
+    assert r.best_point[0] == pytest.approx(grid[np.argmin(np.abs(np.log10(grid / 0.03)))])
     assert f.n == r.num_evals == 41
 
 
 def test_random_search_refine_respects_budget_and_improves():
     f = Counter()
     key = jax.random.key(0)
-    rs = tune_random(_bowl, key, p=4, budget=60, low=1e-3, high=10.0)
-    r = tuning.tune_random_refine(f, key, p=4, budget=80, low=1e-3, high=10.0, refine_fraction=0.25)
+    rs = tuning.random_search(_bowl, LogBox(4, 1e-3, 10.0), key=key, budget=60, goal="min")
+    r = tuning.random_refine_search(
+        f, LogBox(4, 1e-3, 10.0), key=key, budget=80, refine_fraction=0.25
+    )
     assert f.n == r.num_evals <= 80
-    assert r.loss <= rs.loss and r.loss < 0.5 * rs.loss  # refinement helps on a bowl
-    assert r.loss == pytest.approx(_bowl(r.alpha[None])[0])
-    assert np.all((r.alpha >= 1e-3) & (r.alpha <= 10.0))
+    assert (
+        r.best_value <= rs.best_value and r.best_value < 0.5 * rs.best_value
+    )  # refinement helps on a bowl
+    assert r.best_value == pytest.approx(_bowl(r.best_point[None])[0])
+    assert np.all((r.best_point >= 1e-3) & (r.best_point <= 10.0))
 
 
 def test_coordinate_refine_finds_a_separable_minimum():
     r = coordinate_refine(
         _bowl, np.ones(2), float(_bowl(np.ones((1, 2)))[0]), budget=200, low=1e-3, high=10.0
     )
-    np.testing.assert_allclose(np.log10(r.alpha), np.log10(TARGET[:2]), atol=0.05)
+    np.testing.assert_allclose(np.log10(r.best_point), np.log10(TARGET[:2]), atol=0.05)
     assert r.num_evals <= 200
 
 
 def test_tpe_peer_uses_its_budget():
     pytest.importorskip("optuna")
     f = Counter()
-    r = tuning.tune_tpe(f, p=2, budget=30, low=1e-3, high=10.0, seed=0)
+    r = tuning.tpe_search(f, LogBox(2, 1e-3, 10.0), seed=0, budget=30, n_init=10, goal="min")
     assert f.n == r.num_evals == 30
-    assert r.loss == pytest.approx(_bowl(r.alpha[None])[0], rel=1e-9)
-    assert r.loss < 1.0
+    assert r.best_value == pytest.approx(_bowl(r.best_point[None])[0], rel=1e-9)
+    assert r.best_value < 1.0
 
 
 def test_bad_tuner_input_raises():
     with pytest.raises(ValueError, match="low < high"):
-        tuning.tune_grid(_bowl, budget=5, low=1.0, high=0.1)
+        tuning.log_grid_search(_bowl, budget=5, low=1.0, high=0.1)
     with pytest.raises(ValueError, match="budget"):
-        tune_random(_bowl, jax.random.key(0), p=2, budget=0, low=0.1, high=1.0)
+        tuning.random_search(
+            _bowl, LogBox(2, 0.1, 1.0), key=jax.random.key(0), budget=0, goal="min"
+        )
     with pytest.raises(ValueError, match="refine_fraction"):
-        tuning.tune_random_refine(
-            _bowl, jax.random.key(0), p=2, budget=5, low=0.1, high=1.0, refine_fraction=1.0
+        tuning.random_refine_search(
+            _bowl, LogBox(2, 0.1, 1.0), key=jax.random.key(0), budget=5, refine_fraction=1.0
         )
 
 
