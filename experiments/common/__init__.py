@@ -1,13 +1,17 @@
 """Shared training machinery for every experiment family (each module's docstrings are its API).
 
 * :mod:`~experiments.common.loop`: ``fit`` (resumable, data-parallel, functional loop),
-  ``MapBatches``, ``FitResult``, ``train_options`` (``config.train`` for every ``fit`` call).
+  ``FitResult``, ``fit_options``; :mod:`~experiments.common.steps`: the step ``fit`` jits
+  (``fit_step`` for lowering, ``NonFiniteError``); :mod:`~experiments.common.batches`:
+  ``MapBatches``; :mod:`~experiments.common.evaluation`: ``padded_batches``, ``padded_means``.
+* :mod:`~experiments.common.options`: ``TrainOptions``, the run-wide options of every trainer
+  (``config.train``, ``config.hardware``, ``config.profile``), one explicit value per run.
 * :mod:`~experiments.common.sharding`: ``make_mesh``, ``shard_batch``, ``param_sharding``,
   ``initialize_distributed``.
 * :mod:`~experiments.common.cost`: a run's throughput, FLOPs, utilisation, peak memory and
   profiler trace (``config.hardware``, ``config.profile``), used by ``fit`` and the sweeps.
 * :mod:`~experiments.common.lowering`: ``Step`` (a jitted program on abstract arguments, what
-  every experiment's ``steps(config, mesh)`` returns), ``fit_step``, ``export_step``,
+  every experiment's ``steps(config, mesh)`` returns), ``export_step``,
   ``check_exported`` (host callbacks, float64, lost shardings) for the TPU/GPU lowering test.
 * :mod:`~experiments.common.checkpoint`: orbax ``make_manager``, ``save``, ``restore_latest``.
 * :mod:`~experiments.common.metrics`: ``MetricWriter`` (``metrics.jsonl`` + TensorBoard),
@@ -21,6 +25,7 @@
   LoRA-DA studies; :mod:`~experiments.common.kge_report`: the KGE study's checks and tables.
 """
 
+from experiments.common.batches import MapBatches, ResumableIterator
 from experiments.common.checkpoint import CheckpointError, make_manager, restore_latest, save
 from experiments.common.config_checks import (
     ConfigError,
@@ -35,19 +40,8 @@ from experiments.common.config_checks import (
     explain_unknown_key,
     get_path,
 )
-from experiments.common.loop import (
-    FitResult,
-    MapBatches,
-    NonFiniteError,
-    ResumableIterator,
-    fit,
-    fit_options,
-    fit_step,
-    on_start,
-    padded_batches,
-    train_options,
-    training_started,
-)
+from experiments.common.evaluation import padded_batches
+from experiments.common.loop import FitResult, fit, fit_options
 from experiments.common.lowering import Step, eval_shape_with_static, placed, sharded_batch
 from experiments.common.metrics import (
     MetricWriter,
@@ -58,6 +52,7 @@ from experiments.common.metrics import (
     write_json,
     write_results_md,
 )
+from experiments.common.options import TrainOptions
 from experiments.common.plots import plot_curves, plot_metrics
 from experiments.common.sharding import (
     batch_sharding,
@@ -67,6 +62,7 @@ from experiments.common.sharding import (
     replicated,
     shard_batch,
 )
+from experiments.common.steps import NonFiniteError, fit_step
 from experiments.common.workdir import WorkdirError, lock_workdir
 
 __all__ = [
@@ -78,6 +74,7 @@ __all__ = [
     "NonFiniteError",
     "ResumableIterator",
     "Step",
+    "TrainOptions",
     "WorkdirError",
     "batch_sharding",
     "check_choice",
@@ -99,7 +96,6 @@ __all__ = [
     "lock_workdir",
     "make_manager",
     "make_mesh",
-    "on_start",
     "padded_batches",
     "param_sharding",
     "placed",
@@ -112,8 +108,6 @@ __all__ = [
     "shard_batch",
     "sharded_batch",
     "to_scalars",
-    "train_options",
-    "training_started",
     "write_config_json",
     "write_json",
     "write_results_md",
