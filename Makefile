@@ -35,7 +35,7 @@ demo: install-core
 
 # Every tier (tests/tiers.py): what CI runs.
 test: install
-	$(PYTHON) -m ruff check lowrank_jax experiments configs tests tools colabs
+	$(PYTHON) -m ruff check lowrank_jax experiments configs tests tools docs/notes/scripts colabs
 	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) --dist worksteal -q --durations=30 tests
 
 # The unit tier, with no install step (run `make install` once): what to run while working.
@@ -47,12 +47,12 @@ durations:
 	$(PYTHON) tools/test_durations.py --workers $(PYTEST_WORKERS)
 
 lint:
-	$(PYTHON) -m ruff check lowrank_jax experiments configs tests tools colabs
-	$(PYTHON) -m ruff format --check lowrank_jax experiments configs tests tools
+	$(PYTHON) -m ruff check lowrank_jax experiments configs tests tools docs/notes/scripts colabs
+	$(PYTHON) -m ruff format --check lowrank_jax experiments configs tests tools docs/notes/scripts
 
 format:
-	$(PYTHON) -m ruff format lowrank_jax experiments configs tests tools
-	$(PYTHON) -m ruff check --fix lowrank_jax experiments configs tests tools
+	$(PYTHON) -m ruff format lowrank_jax experiments configs tests tools docs/notes/scripts
+	$(PYTHON) -m ruff check --fix lowrank_jax experiments configs tests tools docs/notes/scripts
 
 # The Status table (docs/papers/index.md), the pages' verdicts and the README's paper lines,
 # rendered from the status registry docs/papers/status.toml (tests/test_status.py checks them).
@@ -62,7 +62,7 @@ status:
 # The documentation site (docs/): warnings are errors (broken cross-references, docstring markup,
 # pages outside the toctree). The API pages are generated at build time from each subpackage's
 # __all__; the notebooks are rendered with the outputs stored in docs/notebooks/*.ipynb (written by
-# python -m experiments.tools.render_notebooks; a stored copy that is not current is an error).
+# python -m tools.render_notebooks; a stored copy that is not current is an error).
 # Open docs/_build/html/index.html. Installs the library with the docs extra first (as `make demo`
 # installs what it runs), so it works on a fresh clone.
 docs:

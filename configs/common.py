@@ -101,8 +101,9 @@ def parse_arg(arg: str | None, **defaults: Any) -> types.SimpleNamespace:
 def train_section() -> ml_collections.ConfigDict:
     """``config.train``: options of the shared training loop, in every config that trains through it.
 
-    The runner (``python -m experiments.train``) hands them to every ``experiments.common.fit``
-    call of the experiment, so no experiment passes them itself:
+    They become the run's ``experiments.common.TrainOptions`` (built by the runner, ``python -m
+    experiments.train``, or by the experiment's ``run(config, workdir)`` when called without
+    one), which every ``experiments.common.fit`` call of the experiment is given:
 
     * ``skip_nonfinite`` (default False): a step whose loss, metrics or new state are NaN/Inf keeps
       the previous state and is counted in ``train/skipped_steps`` (as ``optax.apply_if_finite``),

@@ -15,7 +15,7 @@ Runtime: about 15 minutes on a 2-core CPU shared with other jobs (7 policies x 1
 them: ``docs/papers/p14_fp8.md``; each trend check's outcome: ``docs/papers/status.toml`` (P14),
 rendered into that page's verdict. Why the bound is exceeded (the
 tokens' directions align with ``W^Q W^{K⊤}``, not their norms or a bias): ``docs/notes/p14_fp8.md`` and
-``python -m experiments.tools.fp8_isotropy_probe``. The online correction (no hand-set
+``python docs/notes/scripts/fp8_isotropy_probe.py``. The online correction (no hand-set
 calibration): ``"--config.policies=('rank_aware:auto+online',)"`` (knobs ``policy.online_*``).
 
 ``arg``: ``"smoke"`` (tiny model, 120 steps).

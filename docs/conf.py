@@ -10,7 +10,7 @@ One thing is generated here, before Sphinx reads a page, and not committed:
   and so the build, several times slower).
 
 The notebooks are the executed copies committed in ``notebooks/*.ipynb`` (``colabs/*.ipynb`` run in
-smoke mode by ``python -m experiments.tools.render_notebooks``), rendered with their stored outputs
+smoke mode by ``python -m tools.render_notebooks``), rendered with their stored outputs
 and not executed here; a copy that is not current (other cells than its colab, a cell not run) is a
 warning, so an error with ``-W``.
 
@@ -78,7 +78,7 @@ html_css_files = ["custom.css"]
 # --- MyST / myst-nb ---------------------------------------------------------------------------
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "deflist"]
 myst_heading_anchors = 3
-nb_execution_mode = "off"  # stored outputs (experiments/tools/render_notebooks.py), checked below
+nb_execution_mode = "off"  # stored outputs (tools/render_notebooks.py), checked below
 nb_merge_streams = True
 
 # --- autodoc / autosummary / napoleon ------------------------------------------------------------
@@ -280,14 +280,12 @@ def write_api_pages() -> None:
 
 def _check_notebooks(app) -> None:
     """A warning for each stored notebook that is not its colab executed (or is missing)."""
-    from experiments.tools import render_notebooks
+    from tools import render_notebooks
 
     for colab in sorted((REPO / "colabs").glob("*.ipynb")):
         reason = render_notebooks.stale(colab, DOCS / "notebooks" / colab.name)
         if reason:
-            _LOGGER.warning(
-                f"{reason}: run python -m experiments.tools.render_notebooks {colab.stem}"
-            )
+            _LOGGER.warning(f"{reason}: run python -m tools.render_notebooks {colab.stem}")
 
 
 write_api_pages()

@@ -213,11 +213,12 @@ def minilm_cell(config: Any, x0, beta, att, width, head) -> dict:
     }
 
 
-def run(config: Any, workdir: str) -> dict:
+def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -> dict:
     """Runs the synthetic grid and the MiniLM heads; writes results.md, summary.json, plots."""
     check_config(config)
+    options = common.TrainOptions.from_config(config, workdir) if options is None else options
     common.write_config_json(workdir, config)
-    store = sweep.CellStore(workdir, resume=config.ckpt.resume)
+    store = sweep.CellStore(workdir, options=options, resume=config.ckpt.resume)
     dd = config.data
     grid = [
         (model, d, g, s)

@@ -119,7 +119,7 @@ def _task_splits(config: Any, seed: int) -> dict[str, dict[str, dict[str, np.nda
 # Training (through common.fit).
 
 
-def _fit(config, state, frozen, step, arrays, seed, workdir, name, steps):
+def _fit(config, state, frozen, step, arrays, seed, workdir, name, steps, options):
     batches = data.BatchIterator(arrays, batch_size=config.data.batch_size, seed=seed)
     result = common.fit(
         state,
@@ -134,6 +134,7 @@ def _fit(config, state, frozen, step, arrays, seed, workdir, name, steps):
         max_to_keep=1,
         progress=config.log.progress,
         description=name,
+        options=options,
     )
     return jax.device_get(result.state)
 
@@ -168,16 +169,15 @@ def _target_setup(config, model, feats, source, x, key, *, std):
     return {"params": params, "opt_state": tx.init(params), "step": 0}, step
 
 
-def _train_target(config, model, feats, source, splits, seed, workdir):
+def _train_target(config, model, feats, source, splits, seed, workdir, options):
     """Full fine-tuning of the top layers + genre head: CE on noisy inputs + self-distillation."""
     x = splits["genre"]["train"]["x"]
     state, step = _target_setup(
         config, model, feats, source, x, jax.random.key(seed), std=float(np.std(x))
     )
-    steps = config.target.steps
-    return _fit(
-        config, state, source, step, splits["genre"]["train"], seed, workdir, "target", steps
-    )["params"]
+    steps, train = config.target.steps, splits["genre"]["train"]
+    out = _fit(config, state, source, step, train, seed, workdir, "target", steps, options)
+    return out["params"]
 
 
 def _lora_setup(config, model, body, x, seed):
@@ -208,10 +208,12 @@ def _lora_setup(config, model, body, x, seed):
     return {**trained, "opt_state": tx.init(trained), "step": 0}, step
 
 
-def _train_lora(config, model, body, arrays, seed, workdir, name):
+def _train_lora(config, model, body, arrays, seed, workdir, name, options):
     """LoRA (on ``config.adapter.targets``) + a fresh head on frozen ``body``; returns both."""
     state, step = _lora_setup(config, model, body, arrays["x"], seed)
-    out = _fit(config, state, body, step, arrays, seed, workdir, name, config.adapter.steps)
+    out = _fit(
+        config, state, body, step, arrays, seed, workdir, name, config.adapter.steps, options
+    )
     return out["lora"], out["head"]
 
 
@@ -343,7 +345,7 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
     ]
 
 
-def _run_seed(config, seed, workdir, bert_config):
+def _run_seed(config, seed, workdir, bert_config, options):
     splits = _task_splits(config, seed)
     _, _, top = split_encoder(*models.load_minilm()[:2], config.model.first_layer)
     source = jax.device_get(top)
@@ -359,14 +361,14 @@ def _run_seed(config, seed, workdir, bert_config):
         return run
 
     fns = {"logits": batched(_logits), "features": batched(jax.jit(feats))}
-    target_all = _train_target(config, genre_model, feats, source, splits, seed, workdir)
+    target_all = _train_target(config, genre_model, feats, source, splits, seed, workdir, options)
     genre_head = target_all.pop("head")
     target = target_all
     lora, play_head = _train_lora(
-        config, play_model, source, splits["play"]["train"], seed, workdir, "lora"
+        config, play_model, source, splits["play"]["train"], seed, workdir, "lora", options
     )
     oracle, oracle_head = _train_lora(
-        config, play_model, target, splits["play"]["train"], seed, workdir, "oracle"
+        config, play_model, target, splits["play"]["train"], seed, workdir, "oracle", options
     )
 
     target_genre = {s: np.argmax(fns["logits"]({**target, "head": genre_head}, splits["genre"][s]["x"]), -1) for s in ("valid", "test")}  # fmt: skip
@@ -391,8 +393,9 @@ def _run_seed(config, seed, workdir, bert_config):
     return {"rows": rows, "diagnostics": diagnostics, "per_kernel": diag}
 
 
-def run(config: Any, workdir: str) -> dict[str, Any]:
+def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -> dict[str, Any]:
     """Runs every seed (skipping finished ones) and writes the tables; returns the summary."""
+    options = common.TrainOptions.from_config(config, workdir) if options is None else options
     check_config(config)
     bert_config = models.BertConfig.from_json(models.minilm_dir() / "config.json")
     results = []
@@ -400,7 +403,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
         path = os.path.join(workdir, f"seed_{seed}", "result.json")
         if not os.path.exists(path):
             logging.info("casa: seed %d", seed)
-            common.write_json(path, _run_seed(config, seed, os.path.join(workdir, f"seed_{seed}"), bert_config))  # fmt: skip
+            common.write_json(path, _run_seed(config, seed, os.path.join(workdir, f"seed_{seed}"), bert_config, options))  # fmt: skip
         with open(path) as f:
             results.append(json.load(f))
     return casa_report.write_report(config, workdir, results, methods=METHODS)

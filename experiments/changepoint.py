@@ -337,8 +337,9 @@ def flights(config: Any, key: jax.Array) -> dict:
     }
 
 
-def run(config: Any, workdir: str) -> dict:
+def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -> dict:
     """Runs the synthetic grid and the flights study; writes results.md, JSON cells, plots."""
+    del options  # no trainer of experiments.common runs here
     check_config(config)
     common.write_config_json(workdir, config)
     key = jax.random.key(config.seed)

@@ -263,9 +263,18 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
 
 
 def run_method(
-    config: Any, name: str, seed: int, stream: Stream, model: Any, variables: Any, workdir: str
+    config: Any,
+    name: str,
+    seed: int,
+    stream: Stream,
+    model: Any,
+    variables: Any,
+    workdir: str,
+    *,
+    options: common.TrainOptions,
 ) -> dict[str, Any]:
-    """Runs one method over the stream; returns its accuracy matrix and diagnostics."""
+    """Runs one method over the stream (every task through ``common.fit`` with ``options``);
+    returns its accuracy matrix and diagnostics."""
     c = config
     num_tasks = len(stream.tasks)
     method = make_method(c, name, model.apply, stream.protocol, seed)
@@ -302,6 +311,7 @@ def run_method(
             max_to_keep=c.ckpt.max_to_keep,
             progress=c.log.progress,
             description=f"{name} seed {seed} {label}",
+            options=options,
         )
         if result.interrupted:
             return {"interrupted": True}
@@ -344,21 +354,22 @@ def _finished(cells: sweep.CellStore, key: str, compute: Any) -> dict[str, Any]:
 GROWABLE = ("seeds", "methods")
 
 
-def run(config: Any, workdir: str) -> dict[str, Any]:
+def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -> dict[str, Any]:
     """Runs every method of ``config.methods`` for every seed; writes and prints the table.
 
     Returns:
       ``{"benchmark", "table": {method: {metric: mean}}, "interrupted"}``.
     """
     check_config(config)
+    options = common.TrainOptions.from_config(config, workdir) if options is None else options
     bench = config.data.benchmark
     records: dict[str, list[dict[str, Any]]] = {m: [] for m in config.methods}
     chosen: dict[str, dict[str, Any]] = {}  # the validation search's choice per method
-    finished = sweep.CellStore(workdir, log_metrics=False)
+    finished = sweep.CellStore(workdir, options=options, log_metrics=False)
     for seed in config.seeds:
         stream = load_stream(config, seed)
         model, variables = build_backbone(
-            config, stream, seed, os.path.join(workdir, f"seed_{seed}")
+            config, stream, seed, os.path.join(workdir, f"seed_{seed}"), options=options
         )
         searching = config.search.trials or config.search.heads
         for name in config.methods if searching and seed == config.seeds[0] else ():
@@ -367,9 +378,15 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
                 name,
                 stream,
                 functools.partial(
-                    run_method, name=name, seed=seed, model=model, variables=variables
+                    run_method,
+                    name=name,
+                    seed=seed,
+                    model=model,
+                    variables=variables,
+                    options=options,
                 ),
                 workdir,
+                options=options,
             )
             if chosen[name] is None:
                 return {"benchmark": bench, "interrupted": True}
@@ -386,6 +403,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
                     model,
                     variables,
                     os.path.join(workdir, name, f"seed_{seed}"),
+                    options=options,
                 ),
             )
             if out["interrupted"]:

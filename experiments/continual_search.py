@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from experiments.common import sweep
+from experiments.common.options import TrainOptions
 from lowrank_jax.continual import TaskStream as Stream
 
 __all__ = [
@@ -182,7 +183,13 @@ RunFn = Callable[..., dict[str, Any]]
 
 
 def search(
-    config: Any, method: str, stream: Stream, run_fn: RunFn, workdir: str
+    config: Any,
+    method: str,
+    stream: Stream,
+    run_fn: RunFn,
+    workdir: str,
+    *,
+    options: TrainOptions,
 ) -> dict[str, Any] | None:
     """Runs ``method``'s trials on the validation stream of ``stream``; returns the choice.
 
@@ -193,6 +200,7 @@ def search(
       run_fn: ``(*, config, stream, workdir) -> {"R": accuracy matrix, "interrupted": bool}``, one
         run of ``method`` (``experiments.continual.run_method``).
       workdir: the run directory; trials live in ``<workdir>/search/``.
+      options: the run's options (the trials' store reports the run's start to them).
 
     Returns:
       ``{"values": chosen {path: value}, "valid_final_acc": its score, "trials": [{"values",
@@ -200,7 +208,7 @@ def search(
     """
     valid = validation_stream(stream, fraction=config.data.valid_fraction, seed=config.seeds[0])
     root = os.path.join(workdir, "search")
-    cells = sweep.CellStore(root, log_metrics=False)
+    cells = sweep.CellStore(root, options=options, log_metrics=False)
     scored = []
     for key, name, values in candidates(config, method):
         if key not in cells:

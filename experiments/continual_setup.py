@@ -350,7 +350,9 @@ def pretrain_setup(config: Any, model: Any, x_shape: tuple[int, ...], key: jax.A
     return state, step
 
 
-def _pretrain(config: Any, stream: Stream, key: jax.Array, workdir: str) -> Any:
+def _pretrain(
+    config: Any, stream: Stream, key: jax.Array, workdir: str, options: common.TrainOptions
+) -> Any:
     """Trains the whole model on the base session; returns its variables."""
     model = make_model(config, stream.base_classes)
     state, step = pretrain_setup(config, model, stream.base["x"].shape[1:], key)
@@ -368,14 +370,18 @@ def _pretrain(config: Any, stream: Stream, key: jax.Array, workdir: str) -> Any:
         max_to_keep=1,
         progress=config.log.progress,
         description="base session",
+        options=options,
     )
     return jax.device_get(result.state["params"])
 
 
-def build_backbone(config: Any, stream: Stream, seed: int, workdir: str) -> tuple[Any, Any]:
+def build_backbone(
+    config: Any, stream: Stream, seed: int, workdir: str, *, options: common.TrainOptions
+) -> tuple[Any, Any]:
     """``(model, variables)``: the backbone with a fresh head over all classes of the stream.
 
-    With a base session (``stream.base``) the whole model is first trained on it; its body is
+    With a base session (``stream.base``) the whole model is first trained on it (``common.fit``
+    with ``options``); its body is
     kept, and its head rows too when ``stream.keep_base_head``. The MiniLM model starts from the
     pretrained top layers.
     """
@@ -389,7 +395,7 @@ def build_backbone(config: Any, stream: Stream, seed: int, workdir: str) -> tupl
         _, _, top = split_encoder(bert_config, encoder_vars, config.model.first_layer)
         variables = {"params": {**variables["params"], **top}}
     if stream.base is not None and config.model.pretrain_steps:
-        pre = _pretrain(config, stream, k_pre, workdir)["params"]
+        pre = _pretrain(config, stream, k_pre, workdir, options)["params"]
         body = {k: v for k, v in pre.items() if k != "head"}
         params = {**variables["params"], **body}
         if stream.keep_base_head:

@@ -18,6 +18,7 @@ Writes ``config.json``, ``runs/<opt>_s<seed>/{const,wsd}`` (fit's workdirs), ``c
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -200,7 +201,7 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
     return [*out, common.Step("eval chunk", _loss_chunk(model), chunk)]
 
 
-def _train(config, model, arrays, name, seed, workdir, *, decay, phases):
+def _train(config, model, arrays, name, seed, workdir, *, decay, phases, options):
     """Trains through ``common.fit`` in ``phases`` = ((until_step, ckpt_every), ...): each phase
     resumes from the previous one's checkpoint, so the interval can tighten in the window."""
     tx = _optimizer(config, name, decay=decay)
@@ -227,6 +228,7 @@ def _train(config, model, arrays, name, seed, workdir, *, decay, phases):
             max_to_keep=keep,
             progress=config.log.progress,
             description=f"{name}/s{seed}/{'wsd' if decay else 'const'}",
+            options=options,
         )
     return result
 
@@ -236,17 +238,15 @@ def _best(losses: dict[Any, float]) -> tuple[Any, float]:
     return key, losses[key]
 
 
-def _cell(config, model, arrays, name, seed, root) -> dict[str, Any]:
+def _cell(config, model, arrays, name, seed, root, options) -> dict[str, Any]:
     const_dir = os.path.join(root, "const")
     wsd_dir = os.path.join(root, "wsd")
     n = config.schedule.num_checkpoints
     total = config.schedule.num_steps
     start = total - round(config.schedule.window_fraction * total)
     every = (total - start) // n
-    const = _train(
-        config, model, arrays, name, seed, const_dir, decay=False,
-        phases=((start, start), (total, every)),
-    )  # fmt: skip
+    train = functools.partial(_train, config, model, arrays, name, seed, options=options)
+    const = train(const_dir, decay=False, phases=((start, start), (total, every)))
     steps = saved_steps(os.path.join(const_dir, "checkpoints"))[-(n + 1) :]
     if steps[0] != start:
         raise RuntimeError(f"expected checkpoints from step {start} on in {const_dir}: {steps}")
@@ -254,7 +254,7 @@ def _cell(config, model, arrays, name, seed, root) -> dict[str, Any]:
     branch = os.path.join(wsd_dir, "checkpoints", str(steps[0]))
     if not os.path.exists(os.path.join(wsd_dir, "checkpoints")):
         shutil.copytree(os.path.join(const_dir, "checkpoints", str(steps[0])), branch)
-    wsd = _train(config, model, arrays, name, seed, wsd_dir, decay=True, phases=((total, total),))
+    wsd = train(wsd_dir, decay=True, phases=((total, total),))
 
     ckpt_dir = os.path.join(const_dir, "checkpoints")
     ckpts = list(CheckpointSequence(ckpt_dir, target=const.state, steps=steps[1:]))  # θ_1 ... θ_N
@@ -345,9 +345,10 @@ def _summary(config, cells) -> tuple[list[dict], list[str]]:
     return rows, checks
 
 
-def run(config: Any, workdir: str) -> dict[str, Any]:
+def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -> dict[str, Any]:
     """Trains, merges and evaluates every (optimizer, seed); writes the tables and plots."""
     check_config(config)
+    options = common.TrainOptions.from_config(config, workdir) if options is None else options
     workdir = os.fspath(workdir)
     cell_dir = os.path.join(workdir, "cells")
     os.makedirs(cell_dir, exist_ok=True)
@@ -365,7 +366,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
                     cells.append(json.load(f))
                 continue
             root = os.path.join(workdir, "runs", f"{name}_s{seed}")
-            cell = _cell(config, model, arrays, name, seed, root)
+            cell = _cell(config, model, arrays, name, seed, root, options)
             common.write_json(path, cell)
             cells.append(cell)
             if not config.ckpt.keep_runs:

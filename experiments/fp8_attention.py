@@ -299,9 +299,11 @@ def _split_setup(setup):
     return (state, frozen), (step, track)
 
 
-def train_run(p: Policy, config, workdir: str, donor=None) -> common.FitResult:
-    """One resumable run through ``common.fit``: the donor (``donor=None``: float32 from
-    ``seed + 1``, no transients) or a run under policy ``p`` with the transients."""
+def train_run(
+    p: Policy, config, workdir: str, donor=None, *, options: common.TrainOptions
+) -> common.FitResult:
+    """One resumable run through ``common.fit`` (with ``options``): the donor (``donor=None``:
+    float32 from ``seed + 1``, no transients) or a run under policy ``p`` with the transients."""
     is_donor = donor is None
     n = config.transients.donor_steps if is_donor else config.schedule.num_steps
     state, frozen, step, track = run_setup(p, config, donor)
@@ -321,6 +323,7 @@ def train_run(p: Policy, config, workdir: str, donor=None) -> common.FitResult:
         ckpt_every=config.ckpt.every,
         progress=config.log.progress,
         description=p.name,
+        options=options,
     )
 
 
@@ -355,20 +358,23 @@ def check_config(config) -> None:
         raise c.ConfigError(f"config.data.seq_len={config.data.seq_len} is invalid: must be >= 4")
 
 
-def run(config, workdir: str) -> dict[str, Any]:
+def run(config, workdir: str, options: common.TrainOptions | None = None) -> dict[str, Any]:
     """Runs every policy in ``config.policies`` (resuming finished ones) and writes the outputs."""
     check_config(config)
+    options = common.TrainOptions.from_config(config, workdir) if options is None else options
     workdir = os.fspath(workdir)
     common.write_config_json(workdir, config)
     t0 = time.time()
-    donor = train_run(Policy("none", "none"), config, workdir)
+    donor = train_run(Policy("none", "none"), config, workdir, options=options)
     all_series, n = {}, config.schedule.num_steps
     for name in config.policies:
         logging.info("fp8_attention: policy %s", name)
         result = (
             donor
             if donor.interrupted
-            else train_run(parse_policy(name), config, workdir, donor.state["params"])
+            else train_run(
+                parse_policy(name), config, workdir, donor.state["params"], options=options
+            )
         )
         if result.interrupted:  # Ctrl-C: fit saved a checkpoint; rerun to resume
             return {"interrupted": True}

@@ -110,8 +110,9 @@ def check_config(config) -> None:
     common.check_choice(config, "policy.fmt", ("e4m3", "e5m2"))
 
 
-def run(config, workdir: str) -> dict[str, Any]:
+def run(config, workdir: str, options: common.TrainOptions | None = None) -> dict[str, Any]:
     """Computes the per-layer table and writes the outputs."""
+    del options  # no trainer of experiments.common runs here
     check_config(config)
     workdir = os.fspath(workdir)
     common.write_config_json(workdir, config)

@@ -92,13 +92,16 @@ def _full_loss(model):
     return loss
 
 
-def run_cell(config: Any, make_spec, lr: float, seed: int, *, valid: bool) -> dict[str, Any]:
-    """Trains one method at one learning rate and seed; its accuracy on the valid or test split.
+def run_cell(
+    config: Any, make_spec, lr: float, seed: int, *, valid: bool, options: common.TrainOptions
+) -> dict[str, Any]:
+    """Trains one method at one learning rate and seed (``train_scan`` with the run's
+    ``options``); its accuracy on the valid or test split.
 
     Returns ``{"accuracy", "final_train_loss", "params"}`` and, for FrameFT, ``"delta_flops"``
     (the multiply-adds of forming ``ΔW`` over the adapted kernels).
     """
-    model, variables, _ = digits_shift.source_model(config)
+    model, variables, _ = digits_shift.source_model(config, options)
     _, tr, va, te = digits_shift.digits_domains(
         seed, num_train=config.data.num_train, noise=config.data.noise,
         num_valid=config.data.num_valid,
@@ -109,7 +112,7 @@ def run_cell(config: Any, make_spec, lr: float, seed: int, *, valid: bool) -> di
     tx, out = sweep.adam(lr), {}
     if make_spec is None:  # full fine-tuning
         p, _, trace = sweep.train_scan(
-            variables, None, train, idx, loss_fn=_full_loss(model), tx=tx
+            variables, None, train, idx, loss_fn=_full_loss(model), tx=tx, options=options
         )
         logits = model.apply(p, ev[0])
         n_params = adapters.count_params(variables)
@@ -117,7 +120,9 @@ def run_cell(config: Any, make_spec, lr: float, seed: int, *, valid: bool) -> di
         spec = make_spec()
         ad = adapters.init(jax.random.key(seed), variables, [(config.adapter.targets, spec)])
         loss = digits_shift.adapter_loss(model)
-        p, _, trace = sweep.train_scan(ad, variables, train, idx, loss_fn=loss, tx=tx)
+        p, _, trace = sweep.train_scan(
+            ad, variables, train, idx, loss_fn=loss, tx=tx, options=options
+        )
         logits = adapters.adapt(model.apply)(variables, p, ev[0])
         n_params = adapters.count_params(ad)
         if isinstance(spec, adapters.FrameFT):
@@ -179,11 +184,12 @@ def _trend_checks(config: Any, table: list[dict[str, Any]]) -> list[dict[str, An
     return checks
 
 
-def run(config: Any, workdir: str) -> dict[str, Any]:
+def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -> dict[str, Any]:
     """Runs (or resumes) every cell; writes the table and trend checks; returns the headlines."""
+    options = common.TrainOptions.from_config(config, workdir) if options is None else options
     os.makedirs(workdir, exist_ok=True)
-    cells = sweep.CellStore(workdir, resume=config.ckpt.resume)
-    _, _, src_acc = digits_shift.source_model(config)
+    cells = sweep.CellStore(workdir, options=options, resume=config.ckpt.resume)
+    _, _, src_acc = digits_shift.source_model(config, options)
     table = []
     seeds = range(config.seed, config.seed + config.eval.num_seeds)
     for name, budget, make in methods(config):
@@ -191,7 +197,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
         val = {
             lr: cells.get(
                 f"{name}/lr={lr}/valid",
-                functools.partial(run_cell, config, make, lr, 0, valid=True),
+                functools.partial(run_cell, config, make, lr, 0, valid=True, options=options),
             )["accuracy"]
             for lr in _lr_grid(config, name)
         }
@@ -199,7 +205,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
         res = [
             cells.get(
                 f"{name}/lr={lr}/seed={s}",
-                functools.partial(run_cell, config, make, lr, s, valid=False),
+                functools.partial(run_cell, config, make, lr, s, valid=False, options=options),
             )
             for s in seeds
         ]

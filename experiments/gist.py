@@ -33,7 +33,7 @@ from experiments import common
 from experiments.common import gist_report as report
 from experiments.common import sweep
 from experiments.common.digits_shift import adapter_loss, xent
-from experiments.common.loop import padded_means
+from experiments.common.evaluation import padded_means
 from lowrank_jax import adapters, data, models, selection
 from lowrank_jax.data.shakespeare import PLAYS
 from lowrank_jax.selection.diagnostics import lora_vs_full_offdiag
@@ -125,7 +125,7 @@ def _make_evaluate(batch_loss, variables, *, accuracy_fn=None, batch_size=256):
     )
 
 
-def _shakespeare_task(config: Any, workdir: str) -> Task:
+def _shakespeare_task(config: Any, workdir: str, options: common.TrainOptions) -> Task:
     d = config.data
     p = selection.make_shakespeare_pool(
         config.seed, seq_len=d.seq_len, pretrain_per_play=d.pretrain_per_play,
@@ -142,7 +142,7 @@ def _shakespeare_task(config: Any, workdir: str) -> Task:
         key=jax.random.key(0), num_steps=config.model.pretrain_steps,
         workdir=os.path.join(workdir, "base"), log_every=config.log.every,
         ckpt_every=config.model.pretrain_steps, progress=config.log.progress,
-        description="base char-GPT",
+        description="base char-GPT", options=options,
     )  # fmt: skip
     variables = {"params": jax.device_get(result.state["params"])}
     batch_loss = _gpt_loss(model)
@@ -233,7 +233,7 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
     return out
 
 
-def _synthetic_task(config: Any) -> Task:
+def _synthetic_task(config: Any, options: common.TrainOptions) -> Task:
     d = config.data
     s = selection.make_synthetic_pool(
         config.seed, num_pool=d.num_pool, noisy=d.distractor_fraction, num_test=d.num_test,
@@ -246,7 +246,7 @@ def _synthetic_task(config: Any) -> Task:
                               config.model.pretrain_steps)  # fmt: skip
     variables, _, _ = sweep.train_scan(
         variables, None, pre, jnp.asarray(idx), loss_fn=_full_mlp_loss(model),
-        tx=sweep.adam(config.model.pretrain_lr), trace=False,
+        tx=sweep.adam(config.model.pretrain_lr), trace=False, options=options,
     )  # fmt: skip
     batch_loss, acc = adapter_loss(model), _mlp_accuracy(model)
     kind = np.asarray([0, 1, 2])[s.pool_kind]
@@ -282,7 +282,7 @@ def _warmup_tx(lr: float, steps: int) -> tuple[optax.GradientTransformation, opt
     return selection.warmup_optimizer(lr, num_steps=steps)  # one per (lr, steps): compiled once
 
 
-def _warmup(config: Any, task: Task, seed: int, pool: Any) -> list:
+def _warmup(config: Any, task: Task, seed: int, pool: Any, options: common.TrainOptions) -> list:
     """LoRA warmed up on a random slice of the pool: one checkpoint (and Adam state) per epoch."""
     rng = np.random.default_rng([seed, 5])
     n, b = len(task.pool_kind), config.warmup.batch_size
@@ -296,17 +296,17 @@ def _warmup(config: Any, task: Task, seed: int, pool: Any) -> list:
         steps = range(e * per_epoch, (e + 1) * per_epoch)
         ad, opt_state, _ = sweep.train_scan(ad, task.variables, pool, jnp.asarray(warm[rows[steps]]),
                                             loss_fn=task.batch_loss, tx=tx, trace=False,
-                                            opt_state=opt_state)  # fmt: skip
+                                            opt_state=opt_state, options=options)  # fmt: skip
         weight = float(np.mean([sched(i) for i in steps]))
         ckpts.append(selection.warmup_checkpoint(ad, opt_state, weight=weight))
     return ckpts
 
 
-def _select(config: Any, task: Task, seed: int) -> dict[str, Any]:
+def _select(config: Any, task: Task, seed: int, options: common.TrainOptions) -> dict[str, Any]:
     """Warm-up, then every method's selected pool indices, selection time and storage."""
     s, n = config.select, len(task.pool_kind)
     pool = jax.tree.map(jnp.asarray, task.pool)
-    ckpts = _warmup(config, task, seed, pool)
+    ckpts = _warmup(config, task, seed, pool, options)
     last = ckpts[-1]
     common_args = (task.example_loss, last.trainable, task.variables, pool, task.val)
     kw = {"num_subtasks": task.num_subtasks, "chunk_size": s.chunk_size}
@@ -347,11 +347,11 @@ def _select(config: Any, task: Task, seed: int) -> dict[str, Any]:
             "num_params": len(last.mu), "less_paper_bytes": nbytes(s.less_paper_dim, len(ckpts))}  # fmt: skip
 
 
-def _offdiag(config: Any, task: Task, seed: int) -> dict[str, Any]:
+def _offdiag(config: Any, task: Task, seed: int, options: common.TrainOptions) -> dict[str, Any]:
     """Specs §11 (4a): off-diagonal energy of LoRA vs full-parameter gradients, at the last
     warm-up checkpoint (the same as the selection's), on the validation set and a pool sample."""
     pool = jax.tree.map(jnp.asarray, task.pool)
-    last, n = _warmup(config, task, seed, pool)[-1], len(task.pool_kind)
+    last, n = _warmup(config, task, seed, pool, options)[-1], len(task.pool_kind)
     sub = np.random.default_rng([seed, 7]).choice(n, min(n, config.select.offdiag_pool), False)
     sets = (("val", task.val), ("pool", jax.tree.map(lambda a: a[sub], pool)))
     return {name: lora_vs_full_offdiag(task.example_loss, last.trainable, task.variables,
@@ -360,7 +360,9 @@ def _offdiag(config: Any, task: Task, seed: int) -> dict[str, Any]:
             for name, ex in sets}  # fmt: skip
 
 
-def _finetune(config: Any, task: Task, chosen: list[int], seed: int) -> dict[str, Any]:
+def _finetune(
+    config: Any, task: Task, chosen: list[int], seed: int, options: common.TrainOptions
+) -> dict[str, Any]:
     """LoRA from the base on ``chosen``; target metrics after each of ``schedule.eval_steps``."""
     chosen = np.asarray(chosen)
     ad = adapters.init(jax.random.key(seed + 3), task.variables, task.rules)
@@ -371,7 +373,8 @@ def _finetune(config: Any, task: Task, chosen: list[int], seed: int) -> dict[str
     for stop in stops:  # constant-rate Adam continued segment by segment = one run
         ad, opt_state, _ = sweep.train_scan(ad, task.variables, pool, jnp.asarray(rows[start:stop]),
                                             loss_fn=task.batch_loss, opt_state=opt_state,
-                                            tx=sweep.adam(config.optim.learning_rate), trace=False)  # fmt: skip
+                                            tx=sweep.adam(config.optim.learning_rate), trace=False,
+                                            options=options)  # fmt: skip
         test, val = task.evaluate(ad, task.test), task.evaluate(ad, _with_y(task.val))
         out[str(stop)] = {f"test_{k}": v for k, v in test.items()} | {"valid_loss": val["loss"]}
         start = stop
@@ -387,24 +390,27 @@ def _with_y(arrays):
 # The run.
 
 
-def run(config: Any, workdir: str) -> dict[str, Any]:
+def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -> dict[str, Any]:
     """Runs (or resumes) every cell; writes the table and trend checks; returns the headlines."""
     check_config(config)
+    options = common.TrainOptions.from_config(config, workdir) if options is None else options
     os.makedirs(workdir, exist_ok=True)
     text = config.data.name == "shakespeare"
-    task = _shakespeare_task(config, workdir) if text else _synthetic_task(config)
+    task = _shakespeare_task(config, workdir, options) if text else _synthetic_task(config, options)
     base = task.evaluate(adapters.init(jax.random.key(0), task.variables, task.rules), task.test)
-    cells = sweep.CellStore(workdir, resume=config.ckpt.resume)
+    cells = sweep.CellStore(workdir, options=options, resume=config.ckpt.resume)
     seeds = range(config.seed, config.seed + config.eval.num_seeds)
     res: dict[str, list] = {}
     sels = []
     for seed in seeds:
-        sel = cells.get(f"select/seed={seed}", functools.partial(_select, config, task, seed))
+        sel = cells.get(
+            f"select/seed={seed}", functools.partial(_select, config, task, seed, options)
+        )
         sels.append({**sel, "offdiag": cells.get(f"offdiag/seed={seed}",
-                                                 functools.partial(_offdiag, config, task, seed))})  # fmt: skip
+                                                 functools.partial(_offdiag, config, task, seed, options))})  # fmt: skip
         for name, v in sel["methods"].items():
             cell = cells.get(f"{name}/seed={seed}",
-                             functools.partial(_finetune, config, task, v["indices"], seed))  # fmt: skip
+                             functools.partial(_finetune, config, task, v["indices"], seed, options))  # fmt: skip
             res.setdefault(name, []).append({**cell, "time_s": v["time_s"], "bytes": v["bytes"]})
     cells.close()
     return report.write_results(config, workdir, res, sels, base)

@@ -204,7 +204,7 @@ def _pair(setup):
     return params, (epoch_fn, batch_size)
 
 
-def _train(config, g, *, scorer, output, dim, components, seed):
+def _train(config, g, *, scorer, output, dim, components, seed, options):
     """Trains one model on graph ``g``: ``(params, number of parameters, loss curve)``."""
     t = g["targets"]
     q = len(t.queries)
@@ -217,7 +217,7 @@ def _train(config, g, *, scorer, output, dim, components, seed):
     params, _, curve = sweep.train_epochs(
         epoch_fn, params, sweep.adam(lr).init(params), rng, jnp.asarray(t.queries),
         jnp.asarray(t.objects), num_epochs=config.schedule.epochs, log_every=config.log.every,
-        examples_per_epoch=q, steps_per_epoch=-(-q // batch_size),
+        examples_per_epoch=q, steps_per_epoch=-(-q // batch_size), options=options,
     )  # fmt: skip
     return params, n_params, curve
 
@@ -236,7 +236,7 @@ def _evaluate(g, score, config) -> dict[str, float]:
     return out
 
 
-def _run_cell(g, cell, config) -> dict[str, Any]:
+def _run_cell(g, cell, config, options) -> dict[str, Any]:
     t0 = time.time()
     if cell["kind"] == "ensemble":
         members, curves, n_params = [], [], 0
@@ -249,6 +249,7 @@ def _run_cell(g, cell, config) -> dict[str, Any]:
                 dim=cell["d"],
                 components=1,
                 seed=config.seed + 1000 * i,
+                options=options,
             )
             members.append(params)
             curves.append(curve)
@@ -266,6 +267,7 @@ def _run_cell(g, cell, config) -> dict[str, Any]:
             dim=cell["d"],
             components=cell["K"],
             seed=config.seed,
+            options=options,
         )
         score = jax.tree_util.Partial(_score_fn(cell["scorer"], cell["output"]), params)
     result = dict(cell)
@@ -341,8 +343,8 @@ def _cells(config, graphs) -> list[dict[str, Any]]:
 # --------------------------------------------------------------------------------------------
 
 
-def _compute_cell(graphs, cell, config, i, n) -> dict[str, Any]:
-    result = _run_cell(graphs[cell["dataset"]], cell, config)
+def _compute_cell(graphs, cell, config, i, n, options) -> dict[str, Any]:
+    result = _run_cell(graphs[cell["dataset"]], cell, config, options)
     logging.info(
         "kge [%d/%d] %s: train NLL %.3f MRR %.3f perfect %.3f, test MRR %.3f (%.1fs)",
         i + 1, n, cell["id"], result["train_nll"], result["train_mrr"],
@@ -352,9 +354,10 @@ def _compute_cell(graphs, cell, config, i, n) -> dict[str, Any]:
     return result
 
 
-def run(config, workdir: str) -> dict[str, Any]:
+def run(config, workdir: str, options: common.TrainOptions | None = None) -> dict[str, Any]:
     """Runs every cell (resuming finished ones) and writes the outputs into ``workdir``."""
     check_config(config)
+    options = common.TrainOptions.from_config(config, workdir) if options is None else options
     workdir = os.fspath(workdir)
     common.write_config_json(workdir, config)
     t0 = time.time()
@@ -364,12 +367,13 @@ def run(config, workdir: str) -> dict[str, Any]:
         for n, g in graphs.items()
     }
     cells = _cells(config, graphs)
-    store = sweep.CellStore(workdir, resume=config.ckpt.resume, log_metrics=False)
+    store = sweep.CellStore(workdir, options=options, resume=config.ckpt.resume, log_metrics=False)
     results = []
     for i, cell in enumerate(cells):
         results.append(
             store.get(
-                cell["id"], functools.partial(_compute_cell, graphs, cell, config, i, len(cells))
+                cell["id"],
+                functools.partial(_compute_cell, graphs, cell, config, i, len(cells), options),
             )
         )
 

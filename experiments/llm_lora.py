@@ -190,7 +190,9 @@ def make_step(forward: Any, tx: optax.GradientTransformation, key: str):
 # The two stages.
 
 
-def pretrain(config: Any, texts: dict, workdir: str, mesh: Any) -> tuple[Any, dict[str, float]]:
+def pretrain(
+    config: Any, texts: dict, workdir: str, mesh: Any, *, options: common.TrainOptions
+) -> tuple[Any, dict[str, float]]:
     """Pretrains (or resumes) the decoder, saves and reloads it as an HF checkpoint.
 
     Returns:
@@ -217,6 +219,7 @@ def pretrain(config: Any, texts: dict, workdir: str, mesh: Any) -> tuple[Any, di
         mesh=mesh,
         **common.fit_options(config),
         description="pretrain",
+        options=options,
     )
     if result.interrupted:
         return None, {}
@@ -256,6 +259,8 @@ def finetune(
     workdir: str,
     mesh: Any,
     evaluate: Any,
+    *,
+    options: common.TrainOptions,
 ) -> dict[str, Any]:
     """One fine-tuning cell: LoRA on ``frozen`` (``variables`` stored as ``base``) at peak rate
     ``lr``; ``evaluate`` is ``make_evaluate(lora_forward(config), ...)``, shared by the cells so
@@ -280,6 +285,7 @@ def finetune(
         mesh=mesh,
         **common.fit_options(config),
         description=f"finetune {name}",
+        options=options,
     )
     out = {"base": base, "lr": lr, "interrupted": result.interrupted, "history": result.history}
     if not result.interrupted:
@@ -293,7 +299,7 @@ def finetune(
 # The run.
 
 
-def run(config: Any, workdir: str) -> dict[str, Any]:
+def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -> dict[str, Any]:
     """Pretrains, fine-tunes every (method, learning rate) cell and writes the report.
 
     Returns:
@@ -301,12 +307,13 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
       "test/ppl_after", "base_bytes", ...}}, "base_bytes": {...}, "interrupted"}``.
     """
     check_config(config)
+    options = common.TrainOptions.from_config(config, workdir) if options is None else options
     workdir = os.fspath(workdir)
     mesh = common.make_mesh()
     for path in ("data.batch_size", "eval.batch_size"):
         common.check_divisible(config, path, mesh.size, why=f"the {mesh.size} devices")
     texts = load_text(config)
-    variables, pre = pretrain(config, texts, workdir, mesh)
+    variables, pre = pretrain(config, texts, workdir, mesh, options=options)
     if variables is None:
         return {"interrupted": True}
 
@@ -326,10 +333,9 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
 
     cells = {}
     for base in config.finetune.methods:
+        shared = (variables, frozen[base], texts, workdir, mesh, evaluate)
         for lr in config.finetune.learning_rates:
-            cell = finetune(
-                config, base, lr, variables, frozen[base], texts, workdir, mesh, evaluate
-            )
+            cell = finetune(config, base, lr, *shared, options=options)
             if cell["interrupted"]:
                 return {"interrupted": True}
             cells[(base, lr)] = cell

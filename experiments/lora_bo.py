@@ -95,7 +95,7 @@ def _pretrain_options(model):
     return {"loss_fn": _xent(model), "tx": sweep.adam(1e-3), "trace": False}
 
 
-def _task(config):
+def _task(config, options):
     """``(model, params, train, valid, test)``: pre-trained on the source digits, new head."""
     ds = data.load_digits()
     x, y = np.asarray(ds.x, np.float32), np.asarray(ds.y)
@@ -107,7 +107,7 @@ def _task(config):
     )
     train = {"x": jnp.asarray(x[src]), "y": jnp.asarray(y[src])}
     params, _, _ = sweep.train_scan(
-        params, None, train, jnp.asarray(idx), **_pretrain_options(model)
+        params, None, train, jnp.asarray(idx), **_pretrain_options(model), options=options
     )
     classes = sorted(set(y[~src].tolist()))
     xt, yt = x[~src], np.searchsorted(classes, y[~src]).astype(np.int32)
@@ -120,7 +120,7 @@ def _task(config):
     return target, params, (xt[tr], yt[tr]), (xt[va], yt[va]), (xt[te], yt[te])
 
 
-def score_table(config, workdir: str) -> dict[str, np.ndarray]:
+def score_table(config, workdir: str, options: common.TrainOptions) -> dict[str, np.ndarray]:
     """Full and proxy scores of every configuration, each ``(c,)`` in grid C order, plus the
     default configuration's scores (``default_*``, scalars)."""
     path = os.path.join(workdir, "scores.npz")
@@ -129,10 +129,10 @@ def score_table(config, workdir: str) -> dict[str, np.ndarray]:
         with np.load(path) as f:
             if tuple(f["shape"]) == space.shape:
                 return dict(f)
-    model, params, train, valid, test = _task(config)
+    model, params, train, valid, test = _task(config, options)
     n_proxy = max(int(round(config.data.proxy_fraction * len(train[1]))), 1)
     proxy = (train[0][:n_proxy], train[1][:n_proxy])
-    cells = sweep.CellStore(workdir, resume=config.ckpt.resume)
+    cells = sweep.CellStore(workdir, options=options, resume=config.ckpt.resume)
     grid = np.stack(
         np.meshgrid(space.alphas, space.learning_rates, space.batch_sizes, indexing="ij"), -1
     )
@@ -246,16 +246,17 @@ def _describe(cfg, i) -> str:
     return tuning.describe_configurations({k: v[i : i + 1] for k, v in cfg.items()})[0]
 
 
-def run(config, workdir: str) -> dict[str, Any]:
+def run(config, workdir: str, options: common.TrainOptions | None = None) -> dict[str, Any]:
     """Scores the grid, runs the searchers, writes ``results.md``; returns the headline numbers."""
-    scores = score_table(config, workdir)
+    options = common.TrainOptions.from_config(config, workdir) if options is None else options
+    scores = score_table(config, workdir, options)
     space = _space(config)
     cfg = tuning.lora_grid_configurations(space)
     full, proxy, test = scores["full_valid"], scores["proxy_valid"], scores["full_test"]
     rho = float(stats.spearmanr(proxy, full).statistic)
     searched = proxy if config.search.objective == "proxy" else full
     embs = embeddings(config, workdir)
-    cells = sweep.CellStore(workdir, resume=config.ckpt.resume)
+    cells = sweep.CellStore(workdir, options=options, resume=config.ckpt.resume)
     jobs = [(m, s) for m in config.search.methods for s in range(config.search.num_seeds)]
     runs = {}
     for m, s in tqdm.tqdm(jobs, desc="searches", disable=not config.log.progress):

@@ -117,9 +117,12 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
     return out
 
 
-def run_cell(config: Any, name: str, init_fn, rank: int, seed: int) -> dict[str, Any]:
-    """One initialiser at one rank and seed: losses along training, test accuracy, timings."""
-    model, variables, _ = digits_shift.source_model(config)
+def run_cell(
+    config: Any, name: str, init_fn, rank: int, seed: int, *, options: common.TrainOptions
+) -> dict[str, Any]:
+    """One initialiser at one rank and seed: losses along training, test accuracy, timings
+    (``train_scan`` with the run's ``options``)."""
+    model, variables, _ = digits_shift.source_model(config, options)
     _, tr, _, te = digits_shift.digits_domains(
         seed, num_train=config.data.num_train, noise=config.data.noise
     )
@@ -146,9 +149,9 @@ def run_cell(config: Any, name: str, init_fn, rank: int, seed: int) -> dict[str,
     steps = config.schedule.num_steps
     idx = sweep.batch_indices(seed, len(tr[1]), config.data.batch_size, steps)
     kw = dict(loss_fn=digits_shift.adapter_loss(model), tx=sweep.adam(config.optim.learning_rate))
-    sweep.train_scan(ad, base, train, idx, **kw)[2].block_until_ready()  # compile
+    sweep.train_scan(ad, base, train, idx, **kw, options=options)[2].block_until_ready()  # compile
     t0 = time.perf_counter()
-    p, _, trace = sweep.train_scan(ad, base, train, idx, **kw)
+    p, _, trace = sweep.train_scan(ad, base, train, idx, **kw, options=options)
     trace.block_until_ready()
     train_s = time.perf_counter() - t0
     logits = adapters.adapt(model.apply)(base, p, te[0])
@@ -204,11 +207,12 @@ def _trend_checks(config: Any, per: dict) -> list[dict[str, Any]]:
     return checks
 
 
-def run(config: Any, workdir: str) -> dict[str, Any]:
+def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -> dict[str, Any]:
     """Runs (or resumes) every cell; writes the table, trend checks and plot; returns headlines."""
+    options = common.TrainOptions.from_config(config, workdir) if options is None else options
     os.makedirs(workdir, exist_ok=True)
-    cells = sweep.CellStore(workdir, resume=config.ckpt.resume)
-    _, _, src_acc = digits_shift.source_model(config)
+    cells = sweep.CellStore(workdir, options=options, resume=config.ckpt.resume)
+    _, _, src_acc = digits_shift.source_model(config, options)
     table, per = [], {}
     seeds = range(config.seed, config.seed + config.eval.num_seeds)
     loss_cols = ["loss@0", *(f"loss@{k}" for k in config.eval.loss_steps)]
@@ -217,7 +221,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
             res = [
                 cells.get(
                     f"r={rank}/{name}/seed={s}",
-                    functools.partial(run_cell, config, name, fn, rank, s),
+                    functools.partial(run_cell, config, name, fn, rank, s, options=options),
                 )
                 for s in seeds
             ]

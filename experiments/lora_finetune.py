@@ -35,7 +35,7 @@ from absl import logging
 from experiments import common
 from experiments.common import config_checks, lowering, optimizers
 from experiments.common import lora_finetune_report as report
-from experiments.common.loop import padded_means
+from experiments.common.evaluation import padded_means
 from lowrank_jax import adapters, data, models
 from lowrank_jax.adapters.finetune import classifier_sums, make_classifier_step, trained_parts
 from lowrank_jax.adapters.quant import BASE_DTYPES
@@ -235,7 +235,7 @@ def make_evaluate(logits_fn: Callable[..., jax.Array], mesh: Any, *, batch_size:
 
     Runs the jitted :func:`lowrank_jax.adapters.finetune.classifier_sums` over all examples of
     ``arrays`` (``(N, ...)`` host arrays with ``"y"``) in sharded batches of ``batch_size``,
-    the last one padded with zero-weight rows (:func:`experiments.common.loop.padded_means`).
+    the last one padded with zero-weight rows (:func:`experiments.common.evaluation.padded_means`).
     """
     sums = jax.jit(classifier_sums(logits_fn))
 
@@ -319,7 +319,7 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
 # The run.
 
 
-def run(config: Any, workdir: str) -> dict[str, Any]:
+def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -> dict[str, Any]:
     """Trains and evaluates one method; returns the final metrics.
 
     Returns:
@@ -327,6 +327,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
       "trainable_params", "total_params", "step_time_s", "steps", "interrupted"}``.
     """
     check_config(config)
+    options = common.TrainOptions.from_config(config, workdir) if options is None else options
     mesh = common.make_mesh()
     for path in ("data.batch_size", "eval.batch_size"):
         common.check_divisible(config, path, mesh.size, why=f"the {mesh.size} devices")
@@ -362,6 +363,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
         mesh=mesh,
         **common.fit_options(config),
         description=f"{config.model.name}/{method}",
+        options=options,
     )
     final = {
         "method": method,

@@ -17,6 +17,7 @@ transition checks of specs §3. Writes ``config.json`` (by ``experiments.train``
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 from typing import Any
@@ -175,12 +176,18 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
     return [*out, common.Step("pool", _pool(cfg), (variables["params"], ids, mask))]
 
 
-def run(config: Any, workdir: str) -> dict[str, Any]:
-    """Trains the value-only LoRA (stage 1), then relates ``‖ΔV_h‖/gap_h`` to embedding drift."""
+def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -> dict[str, Any]:
+    """Trains the value-only LoRA (stage 1), then relates ``‖ΔV_h‖/gap_h`` to embedding drift.
+
+    Stage 1 trains with the options of its own config (``config.finetune.train``, ...) and reports
+    to this run's log (its cost rows, its start).
+    """
     check_config(config)
+    options = common.TrainOptions.from_config(config, workdir) if options is None else options
     finetune_dir = os.path.join(workdir, "finetune")
     module = importlib.import_module(f"experiments.{config.finetune.experiment}")
-    trained = module.run(config.finetune, finetune_dir)
+    stage = common.TrainOptions.from_config(config.finetune, workdir)
+    trained = module.run(config.finetune, finetune_dir, dataclasses.replace(stage, log=options.log))
     if trained.get("interrupted"):
         return {"interrupted": True}
 
@@ -222,7 +229,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
 
     base = encode(params)
     logging.info("held-out: %d passages of %s", len(ds.x), ", ".join(h.plays))
-    store = sweep.CellStore(workdir)
+    store = sweep.CellStore(workdir, options=options)
     layers = sorted(deltas)
     cells = {
         la: store.get(

@@ -266,11 +266,12 @@ def run_part(config: Any, workdir: str, store: sweep.CellStore, part: str):
     return rows, checks, report.extra_summary(config, oracles, loss_range, bounds)
 
 
-def run(config: Any, workdir: str) -> dict:
+def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -> dict:
     """Runs every family; writes results.md, summary.json and gap/excess/risk plots."""
     check_config(config)
+    options = common.TrainOptions.from_config(config, workdir) if options is None else options
     common.write_config_json(workdir, config)
-    store = sweep.CellStore(workdir, resume=config.ckpt.resume)
+    store = sweep.CellStore(workdir, options=options, resume=config.ckpt.resume)
     rows, checks, extra = [], [], {}
     for part in config.data.parts:
         r, c, e = run_part(config, workdir, store, part)

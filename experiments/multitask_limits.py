@@ -383,12 +383,13 @@ def _checks(cells, tasks, ns, part):
     ]
 
 
-def run(config: Any, workdir: str) -> dict:
+def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -> dict:
     """Runs the synthetic grid, the MNIST and nlschools versions and the lower-bound packing;
     writes results.md, lower_bound.md, summary.json, plots."""
     check_config(config)
+    options = common.TrainOptions.from_config(config, workdir) if options is None else options
     common.write_config_json(workdir, config)
-    store = sweep.CellStore(workdir, resume=config.ckpt.resume)
+    store = sweep.CellStore(workdir, options=options, resume=config.ckpt.resume)
     key = jax.random.key(config.seed)
     d = config.data
     rows, checks, extra = [], [], {}

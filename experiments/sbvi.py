@@ -170,9 +170,15 @@ def validation_split(config: Any, seed: int, target: Any, model: Any):
 
 
 def run_cell(
-    config: Any, method: str, seed: int, *, friction: float | None = None
+    config: Any,
+    method: str,
+    seed: int,
+    *,
+    friction: float | None = None,
+    options: common.TrainOptions,
 ) -> dict[str, Any]:
-    """Trains one method on one seed's teacher-student problem.
+    """Trains one method on one seed's teacher-student problem (``train_scan`` with the run's
+    ``options``).
 
     ``method``: ``"lora_r<k>"``, ``"adalora"``, ``"sbvi"`` or ``"sbvi_T=<temperature>"``;
     ``friction`` overrides SBVI's ``optim.friction`` (the tuned hyper-parameter). Returns
@@ -190,7 +196,9 @@ def run_cell(
     key = jax.random.key(seed)
     ad, tx, orth = _method(config, method, teacher, key, steps, seed, friction)
     loss = _mse_loss(model, orth) if orth else _mse_loss(model)
-    p, state, trace = sweep.train_scan(ad, teacher, train, idx, loss_fn=loss, tx=tx)
+    p, state, trace = sweep.train_scan(
+        ad, teacher, train, idx, loss_fn=loss, tx=tx, options=options
+    )
     is_sbvi = method.startswith("sbvi")
     if is_sbvi:  # the parameters hold a sample of q(σ); evaluate its mean
         p = sbvi_mean(p, state)
@@ -304,20 +312,21 @@ def _trend_checks(config: Any, per: dict, table: list[dict[str, Any]]) -> list[d
     return checks
 
 
-def run(config: Any, workdir: str) -> dict[str, Any]:
+def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -> dict[str, Any]:
     """Runs (or resumes) every cell; writes the table, trend checks and plot; returns headlines.
 
     LoRA and AdaLoRA run at their configured settings. Every SBVI arm (one per temperature in
     ``optim.temperatures``) gets the same budget: the frictions ``optim.friction_grid`` on the
     first seed, the one with the lowest validation MSE then on the other seeds.
     """
+    options = common.TrainOptions.from_config(config, workdir) if options is None else options
     os.makedirs(workdir, exist_ok=True)
-    cells = sweep.CellStore(workdir, resume=config.ckpt.resume)
+    cells = sweep.CellStore(workdir, options=options, resume=config.ckpt.resume)
     methods = [f"lora_r{r}" for r in config.adapter.lora_ranks] + ["adalora"]
     seeds = list(range(config.seed, config.seed + config.eval.num_seeds))
     cell = lambda m, s, **kw: cells.get(
         f"{m}/" + "".join(f"{k}={v:g}/" for k, v in kw.items()) + f"seed={s}",
-        functools.partial(run_cell, config, m, s, **kw),
+        functools.partial(run_cell, config, m, s, **kw, options=options),
     )
     per = {m: [cell(m, s) for s in seeds] for m in methods}
     tuning, chosen = [], {}

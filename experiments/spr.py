@@ -189,7 +189,7 @@ def _pretrain_step(config: Any, model):
     return tx, step
 
 
-def _pretrainer(config: Any, model):
+def _pretrainer(config: Any, model, options: common.TrainOptions):
     """``pretrain(arrays, seed, workdir)``: the backbone trained on complete pairs through
     ``common.fit``. Its step and forward are built once, so later seeds reuse the compilations."""
     num = len(config.data.views)
@@ -218,6 +218,7 @@ def _pretrainer(config: Any, model):
             log_every=min(config.log.every, steps),
             ckpt_every=max(1, steps // 4),
             description=f"pre-train seed {seed}",
+            options=options,
         )
         return {"params": result.state["params"], "complete_valid_accuracy": result.last_eval}
 
@@ -258,7 +259,7 @@ def _with_missing(arrays, missing) -> dict[str, Any]:
     return {**arrays, "missing": np.asarray(missing)}
 
 
-def _cell(config, ctx, method, fns, seed: int) -> dict[str, Any]:
+def _cell(config, ctx, method, fns, seed: int, options: common.TrainOptions) -> dict[str, Any]:
     loss_fn, logits_fn = fns
     num = len(config.data.views)
     train, valid = ctx["train"], ctx["valid"]
@@ -278,7 +279,7 @@ def _cell(config, ctx, method, fns, seed: int) -> dict[str, Any]:
         opt_state.hyperparams["learning_rate"] = jnp.asarray(lr, jnp.float32)
         trainable, _, _ = sweep.train_scan(
             trainable, ctx["frozen"], train, idx, loss_fn=loss_fn, tx=tx, trace=False,
-            opt_state=opt_state,
+            opt_state=opt_state, options=options,
         )  # fmt: skip
         trials.append((macro_f1(trainable, valid), lr, trainable))
     best_f1, best_lr, trainable = max(trials, key=lambda t: t[0])
@@ -376,9 +377,10 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
     return out
 
 
-def run(config: Any, workdir: str) -> dict[str, Any]:
+def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -> dict[str, Any]:
     check_config(config)
-    store = sweep.CellStore(workdir)
+    options = common.TrainOptions.from_config(config, workdir) if options is None else options
+    store = sweep.CellStore(workdir, options=options)
     num = len(config.data.views)
     methods = {arm: (_method(config, m, num), mode) for arm, (m, mode) in arms(config).items()}
     model, fns = None, {}
@@ -395,14 +397,15 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
             widths = tuple(arrays["train"][f"x{i}"].shape[1] for i in range(num))
             models = {mode: _model(config, widths, mode) for mode in MISSING_INPUTS}
             model = models["blank"]  # pre-trained on complete pairs: both modes agree there
-            pretrain = _pretrainer(config, model)
+            pretrain = _pretrainer(config, model, options)
             fns = {
                 m: _method_fns(models[mode], method, num) for m, (method, mode) in methods.items()
             }
         pre = pretrain(arrays, seed, workdir)
         ctx = _context(config, arrays, pre, seed)
         for m, (method, _) in methods.items():
-            store.get(keys[m], functools.partial(_cell, config, ctx, method, fns[m], seed))
+            cell = functools.partial(_cell, config, ctx, method, fns[m], seed, options)
+            store.get(keys[m], cell)
             bar.update()
     bar.close()
     store.close()

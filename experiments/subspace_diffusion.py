@@ -211,11 +211,12 @@ def _cached(path: str, resume: bool, fn):
     return out
 
 
-def run(config, workdir: str) -> dict[str, Any]:
+def run(config, workdir: str, options: common.TrainOptions | None = None) -> dict[str, Any]:
     """Runs every cell (resuming finished ones), then writes the tables, checks and plots."""
     from tqdm import tqdm
 
     check_config(config)
+    options = common.TrainOptions.from_config(config, workdir) if options is None else options
     common.write_config_json(workdir, config)
     cdir = os.path.join(workdir, "cells")
     resume = config.ckpt.resume
@@ -239,7 +240,8 @@ def run(config, workdir: str) -> dict[str, Any]:
             "%s: %s", cells[-1]["id"],
             {k: round(v, 4) for k, v in cells[-1].items() if k.startswith("w1_")},
         )  # fmt: skip
-    mlp_rows = mlp.tuned_mlp_rows(config, sources, lambda p, fn: _cached(p, resume, fn), cdir)
+    cached = lambda p, fn: _cached(p, resume, fn)
+    mlp_rows = mlp.tuned_mlp_rows(config, sources, cached, cdir, options=options)
     rows = summaries(config, sources, cells, floors)
     by_d = d_rows(config, sources, cells, floors, mlp_rows)
     trend = checks(config, rows, by_d)

@@ -84,9 +84,12 @@ def _data_std(x: np.ndarray, parameterisation: str) -> float | None:
     return None if parameterisation == "eps" else float(np.sqrt(np.mean(x**2)))
 
 
-def run_mlp_cell(config, src, lr: float, param: str, seed: int, workdir: str) -> dict[str, Any]:
+def run_mlp_cell(
+    config, src, lr: float, param: str, seed: int, workdir: str, *, options: common.TrainOptions
+) -> dict[str, Any]:
     """Trains the score on seed ``seed``'s training set with learning rate ``lr`` and
-    parameterisation ``param``; ``W₁`` of its samples to the validation and the seed's test draw."""
+    parameterisation ``param`` (``common.fit`` with the run's ``options``); ``W₁`` of its samples
+    to the validation and the seed's test draw."""
     n, k = config.model.mlp_n, src["k"]
     x = src["train"](n, seed).astype(np.float32)
     data_std = _data_std(x, param)
@@ -104,6 +107,7 @@ def run_mlp_cell(config, src, lr: float, param: str, seed: int, workdir: str) ->
         log_every=min(config.log.every, num_steps),
         ckpt_every=num_steps,
         progress=False,
+        options=options,
     )
     times = geometric_time_grid(t_max, t0, config.model.num_steps)
     z = jax.random.normal(jax.random.key(config.seed + 2 + 100 * seed), (src["m"], x.shape[1]))
@@ -124,7 +128,9 @@ def run_mlp_cell(config, src, lr: float, param: str, seed: int, workdir: str) ->
     }
 
 
-def tuned_mlp_rows(config, sources, cached, cdir: str) -> list[dict[str, Any]]:
+def tuned_mlp_rows(
+    config, sources, cached, cdir: str, *, options: common.TrainOptions
+) -> list[dict[str, Any]]:
     """For every ``D`` of ``config.model.mlp_dims`` (at ``k = config.model.mlp_k``): the
     (learning rate, parameterisation) with the smallest validation ``W₁`` on seed 0, then that
     choice on every seed.
@@ -145,7 +151,9 @@ def tuned_mlp_rows(config, sources, cached, cdir: str) -> list[dict[str, Any]]:
             cid = f"mlp-{src['id']}-n{config.model.mlp_n}-{param}-lr{lr:g}-s{seed}"
             return cached(
                 os.path.join(cdir, f"{cid}.json"),
-                lambda: run_mlp_cell(config, src, lr, param, seed, os.path.join(cdir, cid)),
+                lambda: run_mlp_cell(
+                    config, src, lr, param, seed, os.path.join(cdir, cid), options=options
+                ),
             )
 
         grid = [

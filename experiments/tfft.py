@@ -229,7 +229,7 @@ def _split(setup):
     return state, (net, step)
 
 
-def _pretrain(config: Any, src: dict[str, Any], seed: int, workdir: str):
+def _pretrain(config: Any, src: dict[str, Any], seed: int, workdir: str, options):
     dim = src["train"].shape[1]
     net, state, step = _flow_setup(config, src["features"], dim, seed)
     steps = config.schedule.pretrain_steps
@@ -244,6 +244,7 @@ def _pretrain(config: Any, src: dict[str, Any], seed: int, workdir: str):
         log_every=min(config.log.every, steps),
         ckpt_every=max(1, steps // 4),
         description=f"pre-train {src['name']} seed {seed}",
+        options=options,
     )
     return net, result.state["params"]
 
@@ -372,8 +373,9 @@ def _cell(config, method, multiple, src, seed, net, pre_params, pre_eval) -> dic
     return out
 
 
-def run(config: Any, workdir: str) -> dict[str, Any]:
-    store = sweep.CellStore(workdir)
+def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -> dict[str, Any]:
+    options = common.TrainOptions.from_config(config, workdir) if options is None else options
+    store = sweep.CellStore(workdir, options=options)
     builders = {"ring": ring_source, "mnist": mnist_source}
     runs = report.method_runs(config)  # (method, α multiple), the plain ones first
     bar = tqdm(total=len(config.sources) * len(config.seeds) * len(runs), desc="tfft cells",
@@ -389,7 +391,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
                 bar.update(len(keys))
                 continue
             src = src or builders[name](config)
-            net, pre = _pretrain(config, src, seed, workdir)
+            net, pre = _pretrain(config, src, seed, workdir, options)
             pre_eval = np.asarray(
                 _sample(config, net, pre, jax.random.key(10_000 + seed), config.eval.num_samples)
             )

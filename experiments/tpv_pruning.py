@@ -123,7 +123,7 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
 _DIGITS, _DIGIT_SHAPE = 1797, (8, 8, 1)
 
 
-def _train(model, key, train, *, kind, steps, batch_size, lr, wd=0.0, seed=0):
+def _train(model, key, train, *, kind, steps, batch_size, lr, wd=0.0, seed=0, options):
     params = model.init(key, train["x"][:1])
     idx = sweep.batch_indices(seed, len(train["x"]), min(batch_size, len(train["x"])), steps)
     params, _, _ = sweep.train_scan(
@@ -134,6 +134,7 @@ def _train(model, key, train, *, kind, steps, batch_size, lr, wd=0.0, seed=0):
         loss_fn=_loss(model, kind),
         tx=_tx(lr, wd),
         trace=False,
+        options=options,
     )
     return params
 
@@ -204,7 +205,7 @@ def _prune_all(config, model, params, groups, xtr, ytr, acc, seed, chunk) -> dic
     return out
 
 
-def pruning_cell(config: Any, seed: int) -> dict:
+def pruning_cell(config: Any, seed: int, options: common.TrainOptions) -> dict:
     """Trains one MLP on digits and prunes it with every criterion; test accuracy per step."""
     (xtr, ytr), (xte, yte) = _digits_split(seed, config.data.num_test)
     model = MLP(tuple(config.model.features), 10)
@@ -212,13 +213,14 @@ def pruning_cell(config: Any, seed: int) -> dict:
     params = _train(
         model, jax.random.key(seed), train, kind="ce", steps=config.schedule.num_steps,
         batch_size=config.data.batch_size, lr=config.optim.learning_rate, seed=seed,
+        options=options,
     )  # fmt: skip
     acc = _accuracy_fn(model, xte, yte, len(yte))
     groups = analysis.mlp_groups(params)
     return _prune_all(config, model, params, groups, xtr, ytr, acc, seed, len(xtr))
 
 
-def pruning_cnn_cell(config: Any, seed: int) -> dict:
+def pruning_cnn_cell(config: Any, seed: int, options: common.TrainOptions) -> dict:
     """Trains one CNN on an MNIST subset and prunes channels and units with every criterion."""
     c = config.cnn
     tr, te = data.load_mnist("train"), data.load_mnist("test")
@@ -229,13 +231,16 @@ def pruning_cnn_cell(config: Any, seed: int) -> dict:
     params = _train(
         model, jax.random.key(seed), train, kind="ce", steps=c.num_steps,
         batch_size=config.data.batch_size, lr=config.optim.learning_rate, seed=seed,
+        options=options,
     )  # fmt: skip
     acc = _accuracy_fn(model, te.x[: c.num_test], te.y[: c.num_test], c.eval_chunk)
     groups = sequential_groups(params)
     return _prune_all(config, model, params, groups, xtr, ytr, acc, seed, c.eval_chunk)
 
 
-def stability_cell(config: Any, teacher: str, d: int, width: int, n: int) -> dict:
+def stability_cell(
+    config: Any, teacher: str, d: int, width: int, n: int, options: common.TrainOptions
+) -> dict:
     """TPV_train / TPV_test (quantisation and label noise) of one trained student."""
     s = config.stability
     kx, kt, kn, ks, kr = jax.random.split(jax.random.key(1000 * d + 10 * width + n), 5)
@@ -248,8 +253,9 @@ def stability_cell(config: Any, teacher: str, d: int, width: int, n: int) -> dic
     y = f + 0.1 * jax.random.normal(kn, f.shape)
     model = MLP((width,), 1)
     train = {"x": x[:n], "y": y[:n]}
+    lr = config.optim.learning_rate
     params = _train(
-        model, ks, train, kind="mse", steps=s.steps, batch_size=64, lr=config.optim.learning_rate
+        model, ks, train, kind="mse", steps=s.steps, batch_size=64, lr=lr, options=options
     )
 
     def apply1(q, xi):
@@ -284,7 +290,7 @@ def stability_cell(config: Any, teacher: str, d: int, width: int, n: int) -> dic
     }  # fmt: skip
 
 
-def selection_cell(config: Any, wd: float, smoothing: float) -> dict:
+def selection_cell(config: Any, wd: float, smoothing: float, options: common.TrainOptions) -> dict:
     """Training-set label-noise TPV and clean test loss of one recipe on noisy digits."""
     s = config.selection
     (xtr, ytr), (xte, yte) = _digits_split(config.seed, config.data.num_test)
@@ -296,7 +302,7 @@ def selection_cell(config: Any, wd: float, smoothing: float) -> dict:
     train = {"x": jnp.asarray(xtr), "t": t}
     params = _train(
         model, jax.random.key(config.seed), train, kind="ce", steps=config.schedule.num_steps,
-        batch_size=config.data.batch_size, lr=config.optim.learning_rate, wd=wd,
+        batch_size=config.data.batch_size, lr=config.optim.learning_rate, wd=wd, options=options,
     )  # fmt: skip
 
     def apply1(q, xi):
@@ -351,11 +357,12 @@ def _pruning_report(workdir, cells, p, part, title):
     return rows, checks, {f"{part}: dense accuracy": dense}
 
 
-def run(config: Any, workdir: str) -> dict:
+def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -> dict:
     """Runs the selected parts; writes results.md, summary.json, plots."""
     check_config(config)
+    options = common.TrainOptions.from_config(config, workdir) if options is None else options
     common.write_config_json(workdir, config)
-    store = sweep.CellStore(workdir, resume=config.ckpt.resume)
+    store = sweep.CellStore(workdir, options=options, resume=config.ckpt.resume)
     bar = not config.log.progress
     rows, checks, extra = [], [], {}
     cells_of = {
@@ -367,7 +374,7 @@ def run(config: Any, workdir: str) -> dict:
             continue
         p = config.pruning
         cells = [
-            store.get(f"{part}/seed={s}", lambda s=s, f=cell_fn: f(config, s))
+            store.get(f"{part}/seed={s}", lambda s=s, f=cell_fn: f(config, s, options))
             for s in tqdm.trange(config.seed, config.seed + p.num_seeds, disable=bar, desc=part)
         ]
         r, c, e = _pruning_report(workdir, cells, p, part, title)
@@ -381,7 +388,7 @@ def run(config: Any, workdir: str) -> dict:
         ]
         st = []
         for t, d, w, n in tqdm.tqdm(grid, disable=bar, desc="stability"):
-            cell = store.get(f"stability/{t}/d={d}/w={w}/n={n}", lambda a=(t, d, w, n): stability_cell(config, *a))  # fmt: skip
+            cell = store.get(f"stability/{t}/d={d}/w={w}/n={n}", lambda a=(t, d, w, n): stability_cell(config, *a, options))  # fmt: skip
             st.append({"teacher": t, "d": d, "width": w, "n_train": n, **cell})
         for n in s.n_trains:
             sel = [x for x in st if x["n_train"] == n]
@@ -406,7 +413,7 @@ def run(config: Any, workdir: str) -> dict:
                 "smoothing": ls,
                 **store.get(
                     f"selection/wd={wd}/ls={ls}",
-                    lambda wd=wd, ls=ls: selection_cell(config, wd, ls),
+                    lambda wd=wd, ls=ls: selection_cell(config, wd, ls, options),
                 ),
             }  # fmt: skip
             for wd in tqdm.tqdm(s.weight_decays, disable=bar, desc="selection")

@@ -8,7 +8,11 @@ Examples::
 
 ``config.experiment`` names the module ``experiments/<experiment>.py``; its
 ``check_config(config)`` (if any) validates the config before anything is computed and its
-``run(config, workdir)`` trains and returns the final metrics. ``--workdir`` defaults to
+``run(config, workdir, options)`` trains and returns the final metrics. ``options`` is the run's
+:class:`~experiments.common.options.TrainOptions`, built from the config as ``run`` itself builds
+it when called without (a notebook), plus what only the runner does: ``config.json`` written once
+the first trainer has built its state, and the cost table appended to ``results.md``.
+``--workdir`` defaults to
 ``runs/<config-name>[_<arg>]``; rerunning the same command resumes from the latest checkpoint
 there. Ctrl-C, SIGTERM and SIGUSR1 (a scheduler's preemption notice) save a checkpoint of the
 current step, print one line saying so, release the workdir and exit with ``128 + signal``
@@ -36,13 +40,14 @@ from experiments.common import (
     checkpoint,
     config_checks,
     cost,
-    loop,
     metrics,
     sharding,
     signals,
+    steps,
     supervisor,
 )
 from experiments.common import workdir as workdir_lock
+from experiments.common.options import TrainOptions
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config",
@@ -263,7 +268,7 @@ class _QuietLibraries(stdlib_logging.Filter):
 # Errors a user can act on: reported in one line (set LOWRANK_JAX_TRACEBACK=1 for the traceback).
 _USER_ERRORS = (
     config_checks.ConfigError,
-    loop.NonFiniteError,
+    steps.NonFiniteError,
     checkpoint.CheckpointError,
     ValueError,
     OSError,
@@ -282,14 +287,11 @@ def _run(config, workdir: str) -> dict:
         def write_config() -> None:
             metrics.write_config_json(workdir, config)
 
-        # cost.run_options: config.hardware and config.profile; the cost table in results.md
-        with (
-            loop.train_options(config),
-            cost.run_options(config, workdir),
-            loop.on_start(write_config),
-        ):
-            result = module.run(config, workdir)
-            loop.training_started()  # an experiment that neither calls fit nor sweeps cells
+        # config.train, config.hardware and config.profile: every trainer of the run gets them
+        options = TrainOptions.from_config(config, workdir, on_start=write_config)
+        result = module.run(config, workdir, options)
+        options.log.started()  # an experiment that neither calls fit nor sweeps cells
+        cost.append_cost_table(workdir, options)
         return result
 
 

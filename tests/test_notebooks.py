@@ -8,7 +8,7 @@ import pathlib
 import nbformat
 import pytest
 
-from experiments.tools import colab_cells, render_notebooks
+from tools import colab_cells, render_notebooks
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((REPO / "colabs").glob("*.ipynb"))
@@ -27,7 +27,7 @@ def test_notebook_is_clean_and_starts_right(path):
     )
     # Badge, install cell and devices cell are exactly what colab_cells generates from setup.cfg.
     assert nb.cells[:3] == colab_cells.expected_cells(path).cells[:3], (
-        f"{path.name}: run python -m experiments.tools.colab_cells"
+        f"{path.name}: run python -m tools.colab_cells"
     )
     url = colab_cells.repo_url()
     title, install, devices = (c.source for c in nb.cells[:3])
@@ -68,7 +68,7 @@ def test_site_copy_is_current(path):
     # every code cell run in order without an error, and plots among the outputs.
     stored = REPO / "docs" / "notebooks" / path.name
     reason = render_notebooks.stale(path, stored)
-    assert reason is None, f"{reason}: run python -m experiments.tools.render_notebooks {path.stem}"
+    assert reason is None, f"{reason}: run python -m tools.render_notebooks {path.stem}"
     nb = nbformat.read(stored, as_version=4)
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert any("image/png" in o.get("data", {}) for o in outputs), f"{stored.name} shows no plot"

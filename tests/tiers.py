@@ -175,6 +175,10 @@ RULES: tuple[tuple[str, str], ...] = (
     ),
     ("tests/experiments/test_lowering.py::*", "slow"),
     ("tests/experiments/test_multidim_tuning.py::*", "slow"),
+    (
+        "tests/experiments/test_options.py::test_run_without_options_builds_them_from_its_config",
+        "slow",
+    ),
     ("tests/experiments/test_peft_studies.py::*", "slow"),
     ("tests/experiments/test_resume.py::*", "slow"),
     ("tests/experiments/test_spr.py::test_smoke_run_writes_a_ci_table_and_resumes", "slow"),

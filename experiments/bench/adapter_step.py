@@ -484,7 +484,7 @@ def report(
         if "peft" in timings
         else None,
         # The step's own transient (peak − RSS before the step) next to PEFT's: the peak RSS of
-        # one process holding every method shares the rest (experiments/tools/adapter_rss_phases.py).
+        # one process holding every method shares the rest (docs/notes/scripts/adapter_rss_phases.py).
         "lora_vs_peft_rss_rise": _ratio(timings["lora-fused"].rss_rise, timings["peft"].rss_rise)
         if "peft" in timings
         else None,

@@ -1,13 +1,17 @@
 """Shared training machinery for every experiment family (each module's docstrings are its API).
 
 * :mod:`~experiments.common.loop`: ``fit`` (resumable, data-parallel, functional loop),
-  ``MapBatches``, ``FitResult``, ``train_options`` (``config.train`` for every ``fit`` call).
+  ``FitResult``, ``fit_options``; :mod:`~experiments.common.steps`: the step ``fit`` jits
+  (``fit_step`` for lowering, ``NonFiniteError``); :mod:`~experiments.common.batches`:
+  ``MapBatches``; :mod:`~experiments.common.evaluation`: ``padded_batches``, ``padded_means``.
+* :mod:`~experiments.common.options`: ``TrainOptions``, the run-wide options of every trainer
+  (``config.train``, ``config.hardware``, ``config.profile``), one explicit value per run.
 * :mod:`~experiments.common.sharding`: ``make_mesh``, ``shard_batch``, ``param_sharding``,
   ``initialize_distributed``.
 * :mod:`~experiments.common.cost`: a run's throughput, FLOPs, utilisation, peak memory and
   profiler trace (``config.hardware``, ``config.profile``), used by ``fit`` and the sweeps.
 * :mod:`~experiments.common.lowering`: ``Step`` (a jitted program on abstract arguments, what
-  every experiment's ``steps(config, mesh)`` returns), ``fit_step``, ``export_step``,
+  every experiment's ``steps(config, mesh)`` returns), ``export_step``,
   ``check_exported`` (host callbacks, float64, lost shardings) for the TPU/GPU lowering test.
 * :mod:`~experiments.common.checkpoint`: orbax ``make_manager``, ``save``, ``restore_latest``.
 * :mod:`~experiments.common.metrics`: ``MetricWriter`` (``metrics.jsonl`` + TensorBoard),
@@ -24,6 +28,7 @@
   the language-model data tests read.
 """
 
+from experiments.common.batches import MapBatches, ResumableIterator
 from experiments.common.checkpoint import CheckpointError, make_manager, restore_latest, save
 from experiments.common.config_checks import (
     ConfigError,
@@ -38,19 +43,8 @@ from experiments.common.config_checks import (
     explain_unknown_key,
     get_path,
 )
-from experiments.common.loop import (
-    FitResult,
-    MapBatches,
-    NonFiniteError,
-    ResumableIterator,
-    fit,
-    fit_options,
-    fit_step,
-    on_start,
-    padded_batches,
-    train_options,
-    training_started,
-)
+from experiments.common.evaluation import padded_batches
+from experiments.common.loop import FitResult, fit, fit_options
 from experiments.common.lowering import Step, eval_shape_with_static, placed, sharded_batch
 from experiments.common.metrics import (
     MetricWriter,
@@ -61,6 +55,7 @@ from experiments.common.metrics import (
     write_json,
     write_results_md,
 )
+from experiments.common.options import TrainOptions
 from experiments.common.plots import plot_curves, plot_metrics
 from experiments.common.sharding import (
     batch_sharding,
@@ -70,6 +65,7 @@ from experiments.common.sharding import (
     replicated,
     shard_batch,
 )
+from experiments.common.steps import NonFiniteError, fit_step
 from experiments.common.workdir import WorkdirError, lock_workdir
 
 __all__ = [
@@ -81,6 +77,7 @@ __all__ = [
     "NonFiniteError",
     "ResumableIterator",
     "Step",
+    "TrainOptions",
     "WorkdirError",
     "batch_sharding",
     "check_choice",
@@ -102,7 +99,6 @@ __all__ = [
     "lock_workdir",
     "make_manager",
     "make_mesh",
-    "on_start",
     "padded_batches",
     "param_sharding",
     "placed",
@@ -115,8 +111,6 @@ __all__ = [
     "shard_batch",
     "sharded_batch",
     "to_scalars",
-    "train_options",
-    "training_started",
     "write_config_json",
     "write_json",
     "write_results_md",

@@ -24,13 +24,24 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+from collections.abc import Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
-__all__ = ["CheckpointError", "abstract_like", "make_manager", "restore_latest", "save"]
+__all__ = [
+    "CheckpointError",
+    "abstract_like",
+    "key_from_json",
+    "key_to_json",
+    "make_manager",
+    "restore_latest",
+    "save",
+]
 
 
 def make_manager(
@@ -95,6 +106,19 @@ def save(
         args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
         force=True,
     )
+
+
+def key_to_json(key: jax.Array) -> dict[str, Any]:
+    """A PRNG key (typed or raw ``uint32``) as JSON, for a checkpoint's metadata."""
+    typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+    data = jax.random.key_data(key) if typed else key
+    return {"typed": bool(typed), "data": np.asarray(data).tolist()}
+
+
+def key_from_json(meta: Mapping[str, Any]) -> jax.Array:
+    """The key that :func:`key_to_json` wrote."""
+    data = jnp.asarray(np.asarray(meta["data"], np.uint32))
+    return jax.random.wrap_key_data(data) if meta["typed"] else data
 
 
 def abstract_like(tree: Any) -> Any:

@@ -17,9 +17,11 @@ reports, with its ``train/*`` records in ``metrics.jsonl`` and TensorBoard:
   where the backend reports ``device.memory_stats()``: GPU, TPU) or else
   ``cost/peak_host_rss_bytes`` (the process's peak resident set, e.g. on CPU).
 
-``python -m experiments.train`` wraps a run in :func:`run_options`, which applies
-``config.hardware`` and ``config.profile`` and, when the run ends, appends a "Cost" table (one row
-per ``fit`` description or sweep loss) to ``<workdir>/results.md``.
+The peak and the trace come from the run's :class:`~experiments.common.options.TrainOptions`
+(``config.hardware``, ``config.profile``), which every trainer is given; each trainer adds its row
+to the options' :class:`~experiments.common.options.RunLog`, and ``python -m experiments.train``
+appends the "Cost" table of those rows (one per ``fit`` description or sweep loss) to
+``<workdir>/results.md`` when the run ends (:func:`append_cost_table`).
 
 Profiling: ``--config.profile.start_step=N --config.profile.num_steps=K`` traces the training
 steps ``N .. N+K-1`` of the run's first ``fit`` that reaches step ``N`` with ``jax.profiler``
@@ -33,25 +35,24 @@ of a ``train_scan`` program are those of one of its steps (with the per-step tra
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import dataclasses
 import math
 import os
 import resource
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 from absl import logging
 
+from experiments.common.options import TrainOptions
+
 __all__ = [
     "PEAK_TFLOPS",
-    "RunOptions",
     "StepMeter",
+    "append_cost_table",
     "batch_size_of",
     "compiled_flops",
     "cost_table",
@@ -59,7 +60,7 @@ __all__ = [
     "peak_tflops",
     "program_flops",
     "record_steps",
-    "run_options",
+    "summarise",
     "timed_call",
 ]
 
@@ -138,108 +139,20 @@ def batch_size_of(batch: Any) -> tuple[int, int]:
 
 
 # ----------------------------------------------------------------------------------------------
-# The run's options and its cost records (set by the runner; defaults without it).
+# The run's cost records (in its TrainOptions' RunLog) and its cost table.
 
 
-@dataclasses.dataclass
-class RunOptions:
-    """``config.hardware`` and ``config.profile`` of a run, and the cost rows it has gathered."""
-
-    peak_tflops: float | None = None
-    profile_start: int = 0
-    profile_steps: int = 0
-    profile_dir: str | None = None
-    profiled: bool = False
-    rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+def _record(options: TrainOptions, row: dict[str, Any]) -> None:
+    options.log.rows.append(row)
 
 
-_OPTIONS: contextvars.ContextVar[RunOptions | None] = contextvars.ContextVar(
-    "cost_options", default=None
-)
-# The cost rows of the calls inside one sweep cell (see ``collect``).
-_CELL: contextvars.ContextVar[list[dict[str, Any]] | None] = contextvars.ContextVar(
-    "cost_cell", default=None
-)
-
-
-def _options() -> RunOptions:
-    options = _OPTIONS.get()
-    return options if options is not None else RunOptions(peak_tflops=peak_tflops())
-
-
-def _int_option(section: Any, name: str, where: str) -> int:
-    value = section.get(name, 0) if section is not None else 0
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"config.{where}.{name}={value!r} is invalid: must be an integer >= 0")
-    return value
-
-
-@contextlib.contextmanager
-def run_options(config: Any, workdir: str | os.PathLike | None = None) -> Iterator[RunOptions]:
-    """Applies ``config.hardware`` and ``config.profile`` to every ``fit`` and sweep in the block.
-
-    ``config.hardware.peak_tflops`` (None: :func:`peak_tflops` of the first device) is the peak of
-    one device that utilisation is measured against; ``config.profile.start_step`` and
-    ``num_steps`` (0: off) ask for a trace in ``<workdir>/profile``. A config without these
-    sections gets the defaults. When the block ends, the cost table of its ``fit`` calls and sweep
-    trainers is appended to ``<workdir>/results.md`` (if the run wrote one).
-
-    Raises:
-      ValueError: for a peak that is not a positive number, or a negative or non-integer step.
-    """
-    get = config.get if hasattr(config, "get") else (lambda *_: None)
-    hardware, profile = get("hardware", None), get("profile", None)
-    peak = hardware.get("peak_tflops", None) if hardware is not None else None
-    if peak is not None and (
-        isinstance(peak, bool) or not isinstance(peak, int | float) or not peak > 0
-    ):
-        raise ValueError(
-            f"config.hardware.peak_tflops={peak!r} is invalid: the peak dense TFLOP/s of one "
-            "device (e.g. 275 for a TPU v4 chip), or None to detect it from the device kind"
-        )
-    start = _int_option(profile, "start_step", "profile")
-    steps = _int_option(profile, "num_steps", "profile")
-    if steps and start < 1:
-        raise ValueError(
-            f"config.profile.start_step={start} is invalid: the first traced step, >= 1 "
-            "(step 1 includes compilation; a later one shows the steady state)"
-        )
-    options = RunOptions(
-        peak_tflops=float(peak) if peak is not None else peak_tflops(),
-        profile_start=start,
-        profile_steps=steps,
-        profile_dir=os.path.join(os.fspath(workdir), "profile") if workdir is not None else None,
-    )
-    token = _OPTIONS.set(options)
-    try:
-        yield options
-    finally:
-        _OPTIONS.reset(token)
-    if workdir is not None and options.rows and jax.process_index() == 0:
-        path = os.path.join(os.fspath(workdir), "results.md")
-        if os.path.exists(path):
-            with open(path, "a") as f:
-                f.write("\n" + cost_table(options.rows, peak=options.peak_tflops) + "\n")
-
-
-def _record(row: dict[str, Any]) -> None:
-    options = _OPTIONS.get()
-    if options is not None:
-        options.rows.append(row)
-    cell = _CELL.get()
-    if cell is not None:
-        cell.append(row)
-
-
-@contextlib.contextmanager
-def collect() -> Iterator[list[dict[str, Any]]]:
-    """Gathers the cost rows of the trainers called in the block (a sweep cell's)."""
-    rows: list[dict[str, Any]] = []
-    token = _CELL.set(rows)
-    try:
-        yield rows
-    finally:
-        _CELL.reset(token)
+def append_cost_table(workdir: str | os.PathLike, options: TrainOptions) -> None:
+    """Appends the cost table of the run's trainers (``options.log.rows``) to
+    ``<workdir>/results.md``, if the run wrote one and a trainer ran (process 0 only)."""
+    path = os.path.join(os.fspath(workdir), "results.md")
+    if options.log.rows and jax.process_index() == 0 and os.path.exists(path):
+        with open(path, "a") as f:
+            f.write("\n" + cost_table(options.log.rows, peak=options.peak_tflops) + "\n")
 
 
 def _rates(
@@ -267,10 +180,9 @@ def _rates(
     return out
 
 
-def summarise(rows: Sequence[Mapping[str, Any]], *, peak: float | None = None) -> dict[str, float]:
+def summarise(rows: Sequence[Mapping[str, Any]], *, peak: float | None) -> dict[str, float]:
     """The cost of several calls of one kind: total steps and time, their throughput and FLOPs
-    (and utilisation of ``peak`` TFLOP/s per device; default: the run's)."""
-    peak = _options().peak_tflops if peak is None else peak
+    (and utilisation of ``peak`` TFLOP/s per device; None: none)."""
     steps = sum(r["steps"] for r in rows)
     seconds = sum(r["seconds"] for r in rows)
     flops = [r["flops"] for r in rows if r.get("flops") is not None]
@@ -333,12 +245,12 @@ class StepMeter:
     steps have run and :meth:`summary` at the end.
     """
 
-    def __init__(self, description: str) -> None:
+    def __init__(self, description: str, options: TrainOptions) -> None:
         self.description = description
         self.flops: float | None = None
         self.examples = self.tokens = 0
         self._mark = (0, 0.0)  # (timed steps, train seconds) at the previous log
-        self._options = _options()
+        self._options = options
         self._tracing = False
         self._stop_after = 0
 
@@ -357,8 +269,8 @@ class StepMeter:
         begin = time.perf_counter()
         if self._tracing and step > self._stop_after:
             self.stop(state)
-        elif o.profile_steps and not o.profiled and o.profile_dir and step == o.profile_start:
-            o.profiled = self._tracing = True
+        elif o.profile_steps and not o.log.profiled and o.profile_dir and step == o.profile_start:
+            o.log.profiled = self._tracing = True
             self._stop_after = step + o.profile_steps - 1
             logging.info("Profiling steps %d-%d into %s", step, self._stop_after, o.profile_dir)
             jax.profiler.start_trace(o.profile_dir)
@@ -394,8 +306,8 @@ class StepMeter:
             "flops": self.flops,
         }
         if timed_steps or self.flops is not None:
-            _record(row)
-        return {**summarise([row]), **peak_memory()}
+            _record(self._options, row)
+        return {**summarise([row], peak=self._options.peak_tflops), **peak_memory()}
 
 
 # Compiled sweep programs' FLOPs, by (function, argument shapes and static arguments).
@@ -431,6 +343,7 @@ def program_flops(jitted: Callable[..., Any], *args: Any, **kwargs: Any) -> floa
 def record_steps(
     label: str,
     *,
+    options: TrainOptions,
     steps: int,
     seconds: float,
     examples: float,
@@ -438,9 +351,10 @@ def record_steps(
     flops: float | None = None,
 ) -> None:
     """Adds ``steps`` training steps (``examples`` examples and ``tokens`` tokens each, ``flops``
-    per step on one device) that took ``seconds`` to the run's cost table and the current sweep
-    cell's metrics."""
+    per step on one device) that took ``seconds`` to the run's cost rows (``options.log``: the
+    run's cost table, and the metrics of the sweep cell being computed)."""
     _record(
+        options,
         {
             "label": label,
             "steps": steps,
@@ -448,13 +362,14 @@ def record_steps(
             "examples": examples,
             "tokens": tokens,
             "flops": flops,
-        }
+        },
     )
 
 
 def timed_call(
     jitted: Callable[..., Any],
     *args: Any,
+    options: TrainOptions,
     label: str,
     steps: int,
     examples: int,
@@ -464,12 +379,20 @@ def timed_call(
     """``jitted(*args, **kwargs)``, compiled beforehand (not timed), then timed to its end.
 
     Records ``steps`` training steps of ``examples`` examples (and ``tokens`` tokens) each, with
-    the compiled program's FLOPs, by :func:`record_steps`. Blocks until the result is ready (once
-    per call: a sweep trainer's call is many steps).
+    the compiled program's FLOPs, in ``options.log`` (:func:`record_steps`). Blocks until the
+    result is ready (once per call: a sweep trainer's call is many steps).
     """
     flops = program_flops(jitted, *args, **kwargs)
     start = time.perf_counter()
     out = jax.block_until_ready(jitted(*args, **kwargs))
     seconds = time.perf_counter() - start
-    record_steps(label, steps=steps, seconds=seconds, examples=examples, tokens=tokens, flops=flops)
+    record_steps(
+        label,
+        options=options,
+        steps=steps,
+        seconds=seconds,
+        examples=examples,
+        tokens=tokens,
+        flops=flops,
+    )
     return out

@@ -16,6 +16,7 @@ import numpy as np
 import optax
 
 from experiments.common import lowering, sweep
+from experiments.common.options import TrainOptions
 from lowrank_jax import adapters, data, models
 
 __all__ = [
@@ -88,12 +89,14 @@ def _smoothed_loss(model):
 
 
 @functools.lru_cache(maxsize=8)
-def pretrain_mlp(features: tuple[int, ...], steps: int, seed: int = 0):
+def pretrain_mlp(
+    features: tuple[int, ...], steps: int, seed: int = 0, *, options: TrainOptions | None = None
+):
     """An MLP trained on the source digits: ``(model, variables, source train accuracy)``.
 
     Adam 1e-3, batch 64 (drawn with replacement), label smoothing 0.1 (which keeps the logits
     moderate, so that the shifted domain starts at a finite loss rather than at a saturated,
-    over-confident model).
+    over-confident model). ``options``: the run's, for the cost of the ``train_scan``.
     """
     (x, y), *_ = digits_domains(0, num_train=1, noise=0.0)
     x, y = jnp.asarray(x), jnp.asarray(y)
@@ -102,7 +105,7 @@ def pretrain_mlp(features: tuple[int, ...], steps: int, seed: int = 0):
     idx = np.random.default_rng(seed).integers(0, len(y), (steps, 64))
     train = {"x": x, "y": optax.smooth_labels(jax.nn.one_hot(y, 10), 0.1)}
     variables, _, _ = sweep.train_scan(
-        variables, None, train, jnp.asarray(idx), **_pretrain_options(model)
+        variables, None, train, jnp.asarray(idx), **_pretrain_options(model), options=options
     )
     return model, variables, accuracy(model.apply(variables, x), y)
 
@@ -141,6 +144,8 @@ def adapter_scan_step(name, config, model, adapter, base, *, lr: float) -> lower
     )
 
 
-def source_model(config):
-    """:func:`pretrain_mlp` for a study config (``model.features``, ``model.pretrain_steps``)."""
-    return pretrain_mlp(tuple(config.model.features), config.model.pretrain_steps)
+def source_model(config, options: TrainOptions):
+    """:func:`pretrain_mlp` for a study config (``model.features``, ``model.pretrain_steps``) and
+    the run's ``options``."""
+    features, steps = tuple(config.model.features), config.model.pretrain_steps
+    return pretrain_mlp(features, steps, options=options)

@@ -331,6 +331,7 @@ def results_md(config, graphs, results, bounds, checks) -> str:
             [("dataset", "dataset"), ("scorer", "scorer"), ("d", "d"), ("K", "K"), *metric_cols],
         ),
     ]
+    first = [("dataset", "dataset"), ("scorer", "scorer")]
     base_rows = [r for r in results if r["group"] == "baseline"]
     base_rows += [
         r
@@ -349,14 +350,7 @@ def results_md(config, graphs, results, bounds, checks) -> str:
         "",
         sweep_lib.markdown_table(
             sorted(base_rows, key=lambda r: (r["dataset"], r["scorer"], r["kind"], r["K"])),
-            [
-                ("dataset", "dataset"),
-                ("scorer", "scorer"),
-                ("model", "kind"),
-                ("d", "d"),
-                ("K", "K"),
-                *metric_cols,
-            ],
+            [*first, ("model", "kind"), ("d", "d"), ("K", "K"), *metric_cols],
         ),
     ]
     syn = [r for r in results if r["group"] == "synthetic"]

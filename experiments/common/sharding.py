@@ -28,6 +28,7 @@ __all__ = [
     "initialize_distributed",
     "make_mesh",
     "param_sharding",
+    "place",
     "put_global",
     "replicated",
     "shard_batch",
@@ -163,6 +164,27 @@ def put_global(tree: Any, shardings: Any) -> Any:
         return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
     return jax.tree.map(put, tree, shardings)
+
+
+def place(mesh: Mesh, state: Any, frozen: Any, *, fsdp: bool = False) -> tuple[Any, Any]:
+    """Puts a train state and its frozen arrays on ``mesh`` as ``fit`` trains them: replicated,
+    or FSDP-sharded with ``fsdp`` (:func:`param_sharding`); logs how many arrays are sharded.
+
+    Returns:
+      ``((state, state_shardings), (frozen, frozen_shardings))``, the arrays placed.
+    """
+    state_sh = param_sharding(mesh, state, fsdp=fsdp)
+    frozen_sh = param_sharding(mesh, frozen, fsdp=fsdp)
+    leaves = jax.tree.leaves((state_sh, frozen_sh))
+    logging.info(
+        "Mesh of %d devices; batches split over 'data'; %d of %d parameter/state arrays sharded "
+        "(fsdp=%s), the rest replicated.",
+        mesh.size,
+        sum(not s.is_fully_replicated for s in leaves),
+        len(leaves),
+        fsdp,
+    )
+    return (put_global(state, state_sh), state_sh), (put_global(frozen, frozen_sh), frozen_sh)
 
 
 def shard_batch(mesh: Mesh, batch: Any) -> Any:

@@ -33,7 +33,7 @@ before ``T`` with probability ``≈ α``; every detector is calibrated by the sa
    ``refit`` to re-estimate the plug-ins on a block-bootstrap resample of the training stretch
    for every bootstrap stream (Gandy & Kvaløy 2013). Totals CUSUM of the same setting, averaged
    over 40 training stretches of ``n = 600``: false-alarm rate 0.089 in-sample (0.26 for the
-   worst stretch), 0.046 with re-estimation (``python -m experiments.tools.changepoint_calibration_diag cusum``). Condition 1 still
+   worst stretch), 0.046 with re-estimation (``python docs/notes/scripts/changepoint_calibration_diag.py cusum``). Condition 1 still
    applies: with ``n = 40``, ``T = 100``, ``α = 0.1`` (i.i.d. Poisson, total rate 60) it is 0.22
    with re-estimation and 0.35 in-sample. The scans' plug-ins (``λ̄``, the warm-start basis) only
    weigh the scales; they compare two data means and do not need it (same thresholds with the

@@ -88,7 +88,7 @@ def lowrank_scan(
       svt_scale: ``c_τ`` of ``τ_S``; best calibrated on the training stretch
         (:func:`~lowrank_jax.changepoint.calibration.calibrate_svt_scale`). The default 0.5 is
         what that calibration gives on the synthetic streams of specs §17 without dependence
-        (0.46–0.52 with blocks of 10; 0.64–0.69 with AR(1) ρ = 0.5; ``experiments/tools/changepoint_svt_diag.py``).
+        (0.46–0.52 with blocks of 10; 0.64–0.69 with AR(1) ρ = 0.5; ``docs/notes/scripts/changepoint_svt_diag.py``).
         With the spec's constant 1, a single
         observation's top singular value lies near ``τ_1``, so the window of 1 is estimated as 0
         in some observations and as rank 1 in others, and those jumps set the null maximum.

@@ -189,10 +189,21 @@ def test_one_curve_cell_table_and_plot(tmp_path):
     assert (tmp_path / "curve.png").stat().st_size > 0
 
 
+def _script(name: str):
+    """An investigation script of ``docs/notes/scripts/`` (outside any package), as a module."""
+    spec = importlib.util.spec_from_file_location(
+        name, REPO / "docs" / "notes" / "scripts" / f"{name}.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_gemm_roles_floors():
-    """``experiments.tools.adapter_gemm_roles``: the LoRA step runs the six forwards and the input
-    gradients of out, fc1 and fc2, 21 of the full step's 36 units of ``2·tokens·d²`` matmul FLOPs."""
-    from experiments.tools import adapter_gemm_roles
+    """``docs/notes/scripts/adapter_gemm_roles.py``: the LoRA step runs the six forwards and the
+    input gradients of out, fc1 and fc2, 21 of the full step's 36 units of ``2·tokens·d²`` matmul
+    FLOPs."""
+    adapter_gemm_roles = _script("adapter_gemm_roles")
 
     result = adapter_gemm_roles.measure(tokens=32, d=8, rounds=1)
     assert result["flop_floor"] == pytest.approx(21 / 36, abs=1e-4)

@@ -9,8 +9,8 @@ import nbformat
 import pytest
 from packaging.requirements import Requirement
 
-from experiments.tools import colab_cells, colab_install
 from tests.experiments.test_train_cli import REPO
+from tools import colab_cells, colab_install
 
 ROOT = str(REPO)
 

@@ -54,7 +54,8 @@ def test_projection_methods_do_not_change_old_task_outputs():
     config.method.memory_threshold = 1.0  # memory = everything task 0's layer inputs span
     config.method.memory_examples = 64
     stream = continual.load_stream(config, 0)
-    model, variables = continual.build_backbone(config, stream, 0, "/tmp/unused")
+    options = common.TrainOptions.from_config(config)
+    model, variables = continual.build_backbone(config, stream, 0, "/tmp/unused", options=options)
     method = continual.make_method(config, "gpm_lora", model.apply, "cil")
     x_old = stream.tasks[0]["train"]["x"][:64]
     task0 = lj_continual.Task(
@@ -104,9 +105,13 @@ def test_a_users_own_loop_reproduces_the_experiment(tmp_path):
     config = _tiny("smoke,benchmark=digits_cil")
     config.data.num_tasks = 2
     stream = continual.load_stream(config, 0)
-    model, variables = continual.build_backbone(config, stream, 0, str(tmp_path / "seed_0"))
+    options = common.TrainOptions.from_config(config)
+    workdir = str(tmp_path / "seed_0")
+    model, variables = continual.build_backbone(config, stream, 0, workdir, options=options)
     for name in ("saber", "gr_lora"):
-        out = continual.run_method(config, name, 0, stream, model, variables, str(tmp_path / name))
+        out = continual.run_method(
+            config, name, 0, stream, model, variables, str(tmp_path / name), options=options
+        )
         method = continual.make_method(config, name, model.apply, "cil")
         state = method.init(variables)
         r = np.full((2, 2), np.nan)
@@ -166,7 +171,7 @@ def test_smoke_run_end_to_end_and_resume(tmp_path, monkeypatch):
         f"{m}%2Fseed=0.json" for m in sorted(config.methods)
     ]
     with monkeypatch.context() as m:
-        m.setattr(continual, "run_method", lambda *a: pytest.fail("a finished run was rerun"))
+        m.setattr(continual, "run_method", lambda *a, **k: pytest.fail("a finished run was rerun"))
         again = continual.run(config, workdir)
     np.testing.assert_equal(again["table"], table)
     with open(os.path.join(workdir, "accuracy_matrices.json")) as f:
@@ -286,7 +291,7 @@ def test_real_backbones_run_end_to_end(tmp_path, monkeypatch, name):
     built = []  # the backbone the run starts from (building it again would cost a ViT compile)
     build = continual.build_backbone
     monkeypatch.setattr(
-        continual, "build_backbone", lambda *a: built.append(build(*a)) or built[-1]
+        continual, "build_backbone", lambda *a, **k: built.append(build(*a, **k)) or built[-1]
     )
     out = continual.run(config, str(tmp_path))
     assert not out["interrupted"]

@@ -33,8 +33,12 @@ def test_gr_lora_with_aligned_head_runs_per_module(tmp_path):
     config.log.progress = False
     continual.check_config(config)
     stream = continual.load_stream(config, 0)
-    model, variables = continual.build_backbone(config, stream, 0, str(tmp_path / "seed_0"))
-    out = continual.run_method(config, "gr_lora", 0, stream, model, variables, str(tmp_path))
+    options = common.TrainOptions.from_config(config)
+    workdir = str(tmp_path / "seed_0")
+    model, variables = continual.build_backbone(config, stream, 0, workdir, options=options)
+    out = continual.run_method(
+        config, "gr_lora", 0, stream, model, variables, str(tmp_path), options=options
+    )
     assert np.all(np.isfinite(out["R"][np.tril_indices(2)]))
     method = continual.make_method(config, "gr_lora", model.apply, "cil")
     assert isinstance(method.init(variables).extra, HeadState)

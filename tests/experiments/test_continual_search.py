@@ -67,7 +67,9 @@ def test_search_choice_does_not_change_when_the_test_split_is_poisoned(tmp_path)
     """Test labels shuffled and test images replaced by noise: the same trials, scores, choice."""
     config = _tiny("smoke,benchmark=digits_cil,search=2")
     stream = continual.load_stream(config, 0)
-    model, variables = continual.build_backbone(config, stream, 0, str(tmp_path / "seed_0"))
+    options = common.TrainOptions.from_config(config)
+    workdir = str(tmp_path / "seed_0")
+    model, variables = continual.build_backbone(config, stream, 0, workdir, options=options)
     rng = np.random.default_rng(5)
     poisoned = dataclasses.replace(
         stream,
@@ -85,9 +87,15 @@ def test_search_choice_does_not_change_when_the_test_split_is_poisoned(tmp_path)
     choices = []
     for name, s in (("clean", stream), ("poisoned", poisoned)):
         run = functools.partial(
-            continual.run_method, name="o_lora", seed=0, model=model, variables=variables
+            continual.run_method,
+            name="o_lora",
+            seed=0,
+            model=model,
+            variables=variables,
+            options=options,
         )
-        choices.append(continual_search.search(config, "o_lora", s, run, str(tmp_path / name)))
+        wd = str(tmp_path / name)
+        choices.append(continual_search.search(config, "o_lora", s, run, wd, options=options))
     clean, dirty = choices
     assert len(clean["trials"]) == 2
     assert clean["trials"][0]["values"] != clean["trials"][1]["values"]

@@ -68,14 +68,14 @@ def test_profile_flag_writes_a_tensorboard_trace(smoke_run):
 
 def test_no_profile_by_default(tmp_path):
     workdir = tmp_path / "run"
-    with cost.run_options(
+    options = common.TrainOptions.from_config(
         configs.common.ml_collections.ConfigDict({"profile": configs.common.profile_section()}),
         workdir,
-    ) as options:
-        assert options.profile_steps == 0
-        meter = cost.StepMeter("x")
-        assert all(meter.profile(step, None) == 0.0 for step in range(1, 30))
-    assert not (workdir / "profile").exists()
+    )
+    assert options.profile_steps == 0 and options.profile_dir == str(workdir / "profile")
+    meter = cost.StepMeter("x", options)
+    assert all(meter.profile(step, None) == 0.0 for step in range(1, 30))
+    assert not (workdir / "profile").exists() and not options.log.profiled
 
 
 def test_bad_options_fail_with_the_key():
@@ -83,16 +83,20 @@ def test_bad_options_fail_with_the_key():
         {"hardware": configs.common.hardware_section(), "profile": configs.common.profile_section()}
     )
     config.hardware.peak_tflops = -3.0
-    with (
-        pytest.raises(ValueError, match="config.hardware.peak_tflops=-3.0"),
-        cost.run_options(config),
-    ):
-        pass
+    with pytest.raises(ValueError, match="config.hardware.peak_tflops=-3.0"):
+        common.TrainOptions.from_config(config)
     config.hardware.peak_tflops = None
     config.profile.num_steps = 2
     config.profile.start_step = 0
-    with pytest.raises(ValueError, match="config.profile.start_step=0"), cost.run_options(config):
-        pass
+    with pytest.raises(ValueError, match="config.profile.start_step=0"):
+        common.TrainOptions.from_config(config)
+    config.profile.start_step = 3
+    config.hardware.peak_tflops = 275
+    options = common.TrainOptions.from_config(config, "/run")
+    assert (options.peak_tflops, options.profile_start, options.profile_steps) == (275.0, 3, 2)
+    assert options.profile_dir == "/run/profile"
+    # The peak is detected when the config does not set it (none on CPU), as without a config.
+    assert common.TrainOptions().peak_tflops == cost.peak_tflops()
 
 
 @pytest.mark.parametrize(
@@ -150,24 +154,25 @@ def test_sweep_cells_report_their_cost(tmp_path):
     train = {"x": jnp.asarray(rng.normal(size=(64, 8)), jnp.float32)}
     train["y"] = train["x"] @ jnp.ones(8)
     idx = jnp.asarray(sweep.batch_indices(0, 64, 16, 30))
-    cells = sweep.CellStore(tmp_path)
-    with cost.run_options({}, tmp_path) as options:
+    options = common.TrainOptions.from_config({}, tmp_path)
+    cells = sweep.CellStore(tmp_path, options=options)
 
-        def cell():
-            p, _, trace = sweep.train_scan(
-                jnp.zeros(8), None, train, idx, loss_fn=_loss, tx=optax.sgd(0.1)
-            )
-            return {"loss": float(trace[-1])}
+    def cell():
+        p, _, trace = sweep.train_scan(
+            jnp.zeros(8), None, train, idx, loss_fn=_loss, tx=optax.sgd(0.1), options=options
+        )
+        return {"loss": float(trace[-1])}
 
-        cells.get("a", cell)
-        (tmp_path / "results.md").write_text("# results\n")
+    cells.get("a", cell)
+    (tmp_path / "results.md").write_text("# results\n")
+    cost.append_cost_table(tmp_path, options)
     cells.close()
     [record] = common.read_metrics(tmp_path)
     assert record["a/loss"] < 1.0
     assert record["a/cost/timed_steps"] == 30
     assert record["a/cost/examples_per_s"] > 0
     assert 2 * 16 * 8 <= record["a/cost/flops_per_step"] < 1e6
-    assert options.rows and options.rows[0]["label"] == "train_scan _loss (batch 16)"
+    assert options.log.rows and options.log.rows[0]["label"] == "train_scan _loss (batch 16)"
     text = (tmp_path / "results.md").read_text()
     assert "## Cost" in text and "| train_scan _loss (batch 16) | 1 | 30 |" in text
     assert math.isfinite(record["a/cost/train_s"])

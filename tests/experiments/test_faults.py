@@ -64,8 +64,9 @@ def _state():
     return {"w": w, "opt_state": TX.init(w), "step": jnp.zeros((), jnp.int32)}
 
 
-def _fit(workdir, batches, **kw):
+def _fit(workdir, batches, *, skip_nonfinite=False, max_loss=0.0, **kw):
     kw = {"num_steps": 10, "log_every": 1, "ckpt_every": 5, "progress": False, **kw}
+    kw.setdefault("options", common.TrainOptions(skip_nonfinite=skip_nonfinite, max_loss=max_loss))
     return common.fit(
         _state(), None, step_fn, batches, key=jax.random.key(0), workdir=workdir, **kw
     )
@@ -203,35 +204,38 @@ def test_a_loss_above_max_loss_stops_like_a_nan_or_is_skipped(tmp_path):
     # Off by default (0): the same run trains through the spike.
     assert _fit(tmp_path / "off", Batches(bad_step=7, bad_value=1e3)).skipped_steps == 0
     bad = ml_collections.ConfigDict({"train": {"skip_nonfinite": False, "max_loss": -1.0}})
-    with (
-        pytest.raises(ValueError, match="config.train.max_loss=-1.0 is invalid"),
-        common.train_options(bad),
-    ):
-        pass
+    with pytest.raises(ValueError, match="config.train.max_loss=-1.0 is invalid"):
+        common.TrainOptions.from_config(bad)
 
 
-def test_config_train_skip_nonfinite_reaches_fit_through_train_options(tmp_path):
+def test_config_train_skip_nonfinite_reaches_fit_through_its_options(tmp_path):
     config = digits_mlp.get_config("smoke")
     assert config.train.skip_nonfinite is False  # opt-in
     config.train.skip_nonfinite = True
-    with common.train_options(config):
-        result = _fit(tmp_path / "on", Batches(bad_step=7))  # does not raise
-        # An explicit argument wins over the config.
-        with pytest.raises(common.NonFiniteError, match="at step 7"):
-            _fit(tmp_path / "explicit", Batches(bad_step=7), skip_nonfinite=False)
+    options = common.TrainOptions.from_config(config)
+    assert options.skip_nonfinite and options.max_loss == 0.0
+    result = _fit(tmp_path / "on", Batches(bad_step=7), options=options)  # does not raise
     assert sum(r.get("train/skipped_steps", 0) for r in result.history) == 1
-    # Outside the block, and for configs without a train section, fit stops.
+    # Without options, and for configs without a train section, fit stops.
     with pytest.raises(common.NonFiniteError, match="--config.train.skip_nonfinite=True"):
-        _fit(tmp_path / "off", Batches(bad_step=7))
-    no_section = ml_collections.ConfigDict({"log": {}})
-    with common.train_options(no_section), pytest.raises(common.NonFiniteError):
-        _fit(tmp_path / "none", Batches(bad_step=7))
+        common.fit(
+            _state(),
+            None,
+            step_fn,
+            Batches(bad_step=7),
+            key=jax.random.key(0),
+            workdir=tmp_path / "off",
+            num_steps=10,
+            log_every=1,
+            progress=False,
+        )
+    no_section = common.TrainOptions.from_config(ml_collections.ConfigDict({"log": {}}))
+    assert no_section == common.TrainOptions()
+    with pytest.raises(common.NonFiniteError):
+        _fit(tmp_path / "none", Batches(bad_step=7), options=no_section)
     bad = ml_collections.ConfigDict({"train": {"skip_nonfinite": "yes"}})
-    with (
-        pytest.raises(TypeError, match="config.train.skip_nonfinite='yes' is invalid"),
-        common.train_options(bad),
-    ):
-        pass
+    with pytest.raises(TypeError, match="config.train.skip_nonfinite='yes' is invalid"):
+        common.TrainOptions.from_config(bad)
 
 
 def _experiment_trains_with_fit(config) -> bool:
@@ -459,10 +463,9 @@ def test_a_failed_start_leaves_no_config_json(tmp_path, key, value, message):
     assert str(err.value).startswith(message)
     assert os.listdir(tmp_path) == []  # no config.json, no lock
     calls = []
-    with common.on_start(lambda: calls.append(1)):
-        common.training_started()
-        common.training_started()
-    common.training_started()  # outside the block: nothing
+    log = common.TrainOptions.from_config(config, on_start=lambda: calls.append(1)).log
+    log.started()
+    log.started()  # once only
     assert calls == [1]
 
 

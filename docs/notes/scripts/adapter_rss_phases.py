@@ -1,6 +1,6 @@
 """Where the peak RSS of one adapter step is held: RSS per phase, one process per method.
 
-    python -m experiments.tools.adapter_rss_phases [--batch 64] [--methods lora-fused,lora-quax,full,peft]
+    python docs/notes/scripts/adapter_rss_phases.py [--batch 64] [--methods lora-fused,lora-quax,full,peft]
 
 Each method runs alone in a fresh subprocess (``--one NAME``) that records RSS (MiB) after:
 python + numpy, ``import jax`` and the CPU client, ``import torch`` (PEFT only, or every method
@@ -13,8 +13,11 @@ the benchmark's (``experiments.bench.adapter_step``: d=1024, mlp 4096, 16 heads,
 import argparse
 import json
 import os
+import pathlib
 import subprocess
 import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3]))  # this checkout first
 
 MB = 1 << 20
 
@@ -85,8 +88,7 @@ def main() -> None:
     for name in a.methods.split(","):
         cmd = [
             sys.executable,
-            "-m",
-            "experiments.tools.adapter_rss_phases",
+            __file__,
             "--one",
             name,
             "--batch",

@@ -1,6 +1,6 @@
 """How fast XLA runs each role of the adapter-step benchmark's projection matmuls.
 
-    python -m experiments.tools.adapter_gemm_roles [--batch 64] [--rounds 5]
+    python docs/notes/scripts/adapter_gemm_roles.py [--batch 64] [--rounds 5]
 
 At the shape of ``experiments.bench.adapter_step`` (tokens = batch × seq; d=1024, mlp 4096) every
 projection ``W`` (m×n) of the block takes part in three matmuls, each ``2·tokens·m·n`` FLOPs:
@@ -20,6 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3]))  # this checkout first
 
 PROJECTIONS = {
     "query": (1, 1),
@@ -78,7 +82,7 @@ def measure(tokens: int, d: int, rounds: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m experiments.tools.adapter_gemm_roles")
+    p = argparse.ArgumentParser(prog="python docs/notes/scripts/adapter_gemm_roles.py")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--d", type=int, default=1024)

@@ -1,8 +1,8 @@
 """P17 diagnostics of the SVT window estimates: the calibrated level ``c_τ``, and detection against it.
 
-    python -m experiments.tools.changepoint_svt_diag calibrate             # c_τ per ρ and n
-    python -m experiments.tools.changepoint_svt_diag detect 1.0 0.5 0.3    # detection per c_τ
-    python -m experiments.tools.changepoint_svt_diag ranks 1.0 0.5         # ranks SVT picks
+    python docs/notes/scripts/changepoint_svt_diag.py calibrate             # c_τ per ρ and n
+    python docs/notes/scripts/changepoint_svt_diag.py detect 1.0 0.5 0.3    # detection per c_τ
+    python docs/notes/scripts/changepoint_svt_diag.py ranks 1.0 0.5         # ranks SVT picks
 
 What they diagnose (issue 31; the numbers are quoted on the P17 page, docs/papers/p17_changepoint.md,
 and in ``lowrank_jax.changepoint.lowrank_scan``'s docstring). The setting is the default of
@@ -27,6 +27,10 @@ minutes; ``--streams`` scales the number of streams down for a quick look.
 from __future__ import annotations
 
 import argparse
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3]))  # this checkout first
 
 import jax
 import numpy as np

@@ -1,7 +1,7 @@
 """(Re)writes the first cells of every notebook in ``colabs/`` from ``setup.cfg``'s ``url``.
 
-    python -m experiments.tools.colab_cells           # rewrite the notebooks
-    python -m experiments.tools.colab_cells --check   # exit 1 if a notebook differs (the tests)
+    python -m tools.colab_cells           # rewrite the notebooks
+    python -m tools.colab_cells --check   # exit 1 if a notebook differs (the tests)
 
 Every notebook starts with
 
@@ -9,7 +9,7 @@ Every notebook starts with
 2. the install cell: it looks for the checkout from the kernel's working directory (the
    notebook's folder, where Jupyter starts it) upward and changes into it, installing nothing (it
    never installs a user's checkout by surprise). Where there is none (a fresh Colab runtime), it
-   clones the repository, changes into it and runs ``experiments/tools/colab_install.py`` with
+   clones the repository, changes into it and runs ``tools/colab_install.py`` with
    the notebook's data packages (``pip install -e .`` that keeps the runtime's TPU/GPU jax, then
    the data packages at the repository's pins). Every command's failure raises with its output;
 3. a cell printing the backend and the devices (a Colab TPU runtime has 8).
@@ -28,11 +28,11 @@ import sys
 
 import nbformat
 
-from experiments.tools import colab_install
+from tools import colab_install
 
 __all__ = ["PACKAGES", "badge", "devices_cell", "expected_cells", "install_cell", "write"]
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[1]
 BRANCH = "main"
 
 # The data packages each notebook reads (by name; versions are the repository's pins).
@@ -108,14 +108,14 @@ def install_cell(name: str, url: str) -> str:
         f'repository = "{url}"\n'
         f"data_packages = {data_packages}  # installed at the repository's pins\n"
         "here = pathlib.Path.cwd()\n"
-        'marker = pathlib.Path("experiments", "tools", "colab_install.py")\n'
+        'marker = pathlib.Path("tools", "colab_install.py")\n'
         "checkout = next((p for p in (here, *here.parents) if (p / marker).is_file()), None)\n"
         "if checkout is None:  # a fresh runtime\n"
         f'    checkout = here / "{folder}"\n'
         "    if not checkout.is_dir():\n"
         '        shell("git", "clone", "-q", "--depth=1", repository, str(checkout))\n'
         "    os.chdir(checkout)\n"
-        '    shell(sys.executable, "experiments/tools/colab_install.py", *data_packages)\n'
+        '    shell(sys.executable, "tools/colab_install.py", *data_packages)\n'
         "os.chdir(checkout)\n"
         'print("working directory:", checkout)'
     )
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
     for path in changed:
         print(("differs: " if args.check else "rewrote: ") + str(path.relative_to(REPO)))
     if args.check and changed:
-        sys.exit("run python -m experiments.tools.colab_cells to regenerate them")
+        sys.exit("run python -m tools.colab_cells to regenerate them")
 
 
 if __name__ == "__main__":

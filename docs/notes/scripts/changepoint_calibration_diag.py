@@ -1,10 +1,10 @@
 """P17 diagnostics: why bootstrap-calibrated alarm thresholds missed the false-alarm rate α.
 
-    python -m experiments.tools.changepoint_calibration_diag bootstrap [--ns 600,3000] [--blocks 10]
+    python docs/notes/scripts/changepoint_calibration_diag.py bootstrap [--ns 600,3000] [--blocks 10]
         [--known_only] [--dets lowrank,frobenius,cusum_totals] [--stretches 1] [--reps 200]
-    python -m experiments.tools.changepoint_calibration_diag cusum [--n 600] [--R 40] [--fresh 2000]
-    python -m experiments.tools.changepoint_calibration_diag refit N CELL_MEAN   # e.g. 100 0.2
-    python -m experiments.tools.changepoint_calibration_diag windows
+    python docs/notes/scripts/changepoint_calibration_diag.py cusum [--n 600] [--R 40] [--fresh 2000]
+    python docs/notes/scripts/changepoint_calibration_diag.py refit N CELL_MEAN   # e.g. 100 0.2
+    python docs/notes/scripts/changepoint_calibration_diag.py windows
 
 What they diagnose (issue 15 item 3; the findings and their tables are the appendix
 docs/notes/p17_calibration.md, quoted in ``lowrank_jax/changepoint/calibration.py``). The setting
@@ -33,7 +33,11 @@ from __future__ import annotations
 
 import argparse
 import math
+import pathlib
+import sys
 import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3]))  # this checkout first
 
 import jax
 import numpy as np

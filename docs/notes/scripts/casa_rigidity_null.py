@@ -12,7 +12,7 @@ with the same formulas, over a few random draws. No training; NumPy SVDs only.
 
 Command (about 10 s of CPU)::
 
-    python -m experiments.tools.casa_rigidity_null --out=/tmp/casa_rigidity_null.json
+    python docs/notes/scripts/casa_rigidity_null.py --out=/tmp/casa_rigidity_null.json
 
 Prints, per kernel and as the mean over kernels (the statistic of the P18 table), the mean ± sd
 over draws of ``weight_drift``, ``spectrum_drift`` and ``rigidity_ratio``.
@@ -22,7 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 import re
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3]))  # this checkout first
 
 import numpy as np
 

@@ -1,8 +1,8 @@
 """Executes the notebooks of ``colabs/`` in smoke mode and stores them, outputs included, in ``docs/``.
 
-    python -m experiments.tools.render_notebooks                     # every notebook
-    python -m experiments.tools.render_notebooks 02_fp8_scaling      # some of them
-    python -m experiments.tools.render_notebooks --check             # exit 1 where one is stale
+    python -m tools.render_notebooks                     # every notebook
+    python -m tools.render_notebooks 02_fp8_scaling      # some of them
+    python -m tools.render_notebooks --check             # exit 1 where one is stale
 
 ``colabs/*.ipynb`` are committed without outputs (``tests/test_notebooks.py`` checks it); the site
 renders the executed copies ``docs/notebooks/*.ipynb``, which this module writes: each notebook run
@@ -29,7 +29,7 @@ import nbformat
 
 __all__ = ["SMOKE_ENV", "execute", "render", "stale"]
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+REPO = pathlib.Path(__file__).resolve().parents[1]
 COLABS = REPO / "colabs"
 STORED = REPO / "docs" / "notebooks"
 CHECKOUT = "<checkout>"
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
         for reason in reasons:
             print("stale: " + reason)
         if reasons:
-            sys.exit("run python -m experiments.tools.render_notebooks to re-render them")
+            sys.exit("run python -m tools.render_notebooks to re-render them")
         return
     for path in paths:
         print("wrote:", render(path, timeout=args.timeout).relative_to(REPO), flush=True)

@@ -1,6 +1,6 @@
 """Attempts at the per-iteration bytes of the scanned LoRA step (docs/guides/decoder.md).
 
-    python -m experiments.tools.scan_lora_mem_attempts VARIANT [LAYERS] [llm_lora flags...]
+    python docs/notes/scripts/scan_lora_mem_attempts.py VARIANT [LAYERS] [llm_lora flags...]
 
 VARIANT ``base`` measures ``scan_lora_extra_over_adapter_bytes`` exactly as
 ``experiments.bench.llm_lora`` does (AOT-compiled steps, XLA ``memory_analysis``, 4 tokens);
@@ -11,7 +11,10 @@ beyond the stacked factor gradients and one layer's factor bytes.
 """
 
 import dataclasses
+import pathlib
 import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[3]))  # this checkout first
 
 import jax.numpy as jnp
 import quax

@@ -1,6 +1,6 @@
 """The per-layer factor copy of a scanned LoRA backward, without flax or quax (docs/guides/decoder.md).
 
-    python -m experiments.tools.scan_slice_copy [LAYERS ...]
+    python docs/notes/scripts/scan_slice_copy.py [LAYERS ...]
 
 A plain ``lax.scan`` over ``L`` layers of three projections each (``x @ W + ((x @ A) @ B) / 2``,
 ``W: (L, 3, 1024, 4096)`` frozen, rank 8, 4 tokens, each layer under ``jax.checkpoint``) is

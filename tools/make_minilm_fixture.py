@@ -15,7 +15,7 @@ The fixture holds (no pickled objects; load with `np.load(path)`):
 
 Run once (needs the `peers` extra: torch CPU, sentence-transformers):
 
-    HF_HUB_OFFLINE=1 python -m experiments.tools.make_minilm_fixture
+    HF_HUB_OFFLINE=1 python -m tools.make_minilm_fixture
 
 It takes a few seconds on a CPU.
 """
@@ -35,7 +35,7 @@ SENTENCES = (
     "JAX transforms numerical functions: grad, jit, vmap and pmap.",
 )
 
-OUT = pathlib.Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "minilm_embeddings.npz"
+OUT = pathlib.Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "minilm_embeddings.npz"
 
 
 def minilm_dir() -> pathlib.Path:

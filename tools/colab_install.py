@@ -2,7 +2,7 @@
 
 Run from the checkout's root (the install cell of every notebook in ``colabs/`` does)::
 
-    python experiments/tools/colab_install.py [PACKAGE ...]
+    python tools/colab_install.py [PACKAGE ...]
 
 1. ``pip install -e .``: lowrank_jax and its core requirements from ``setup.cfg``. These pin jax
    (``jax>=0.10.2,<0.11``); on a runtime whose jax is an accelerator build (TPU: ``libtpu``; GPU:
