@@ -260,7 +260,7 @@ def export(
 # The run.
 
 
-def run(config: Any, workdir: str) -> dict[str, Any]:
+def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -> dict[str, Any]:
     """Fine-tunes, exports and reports (module docstring).
 
     Returns:
@@ -269,6 +269,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
     """
     check_config(config)
     workdir = os.fspath(workdir)
+    options = common.TrainOptions.from_config(config, workdir) if options is None else options
     mesh = common.make_mesh()
     for path in ("data.batch_size", "eval.batch_size"):
         common.check_divisible(config, path, mesh.size, why=f"the {mesh.size} devices")
@@ -319,6 +320,7 @@ def run(config: Any, workdir: str) -> dict[str, Any]:
         mesh=mesh,
         **common.fit_options(config),
         description="fine-tune",
+        options=options,
     )
     if result.interrupted:
         return {"interrupted": True}
