@@ -31,12 +31,17 @@ Commands (each produces one table of ``docs/papers/p12_multidim_tuning.md``; ``n
 
 The default (group + diabetes) is the **measured, reduced** grid: budget 100 evaluations per
 tuner instead of 3,000 random candidates, 6 repetitions instead of 30, N ≤ 200, 1,000 fresh
-instances instead of 3,000; ~30 min wall on a 2-core CPU shared with ~20 other processes.
-The fused and chicago runs are further reduced (4 repetitions, 500 fresh instances; fused also
-400 FISTA iterations): ~12 and ~10 min wall on that machine. ``:smoke`` ~30 s of CPU.
-``:spec`` is the spec's budget (3,000 evaluations per tuner, the oracle 9,000, 30 repetitions,
-N up to 500, 3,000 fresh instances): **not run** — estimated at tens of CPU-hours per family
-(measured per-cell timings in ``docs/notes/p11_p12_sel.md``).
+instances instead of 3,000; 38 min wall on the 2-core machine at load 10–13 (the page's rerun of
+2026-12-05). The fused and chicago runs are further reduced (4 repetitions, 500 fresh instances;
+fused also 400 FISTA iterations): 4 and 5 min wall at load ~1 (the same reruns). ``:smoke`` ~30 s
+of CPU. ``:spec`` is the spec's budget (3,000 evaluations per tuner, the oracle 9,000, 30
+repetitions, N up to 500, 3,000 fresh instances): **not run** — about 100 CPU-hours for the four
+families (13 per group-lasso family, 38 per fused one), estimated from the measured per-cell
+timings in ``docs/notes/p11_p12_sel.md``.
+
+The generalisation bound next to the measured gaps (``lowrank_jax.tuning.bounds``) is a
+reconstruction (Warren's component count + Mohri et al.'s uniform convergence, every constant
+explicit), not the paper's bound, whose constants are not public.
 Measured results, with the commands that produced them: ``docs/papers/p12_multidim_tuning.md``; each
 trend check's outcome: ``docs/papers/status.toml`` (P12), rendered into that page's verdict. Earlier
 tables: ``docs/notes/p12_tuning.md``.

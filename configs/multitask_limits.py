@@ -16,8 +16,8 @@ Command::
 
     python -m experiments.train --config=configs/multitask_limits.py --workdir=runs/multitask_limits
 
-Runtime: about 45 minutes on a 2-core CPU shared with ~25 other processes (the N = 256, n = 500
-cell dominates); MNIST: N ≤ 64, 50 draws per family member;
+Runtime: about 35 minutes for the synthetic grid on a 2-core CPU shared with ~25 other processes
+(the N = 256, n = 500 cell dominates; the page's run); MNIST: N ≤ 64, 50 draws per family member;
 ``:smoke`` a few minutes on a loaded machine. Measured results, with the commands that produced
 them: ``docs/papers/p09_multitask_limits.md``; each trend check's outcome:
 ``docs/papers/status.toml`` (P9), rendered into that page's verdict.
@@ -29,13 +29,23 @@ are ``N ∈ {4, 16, 64}`` random other classes with ``n ∈ {5, 10, 20}`` draws 
 replacement), decoy classes get coin-flip labels in the flat zone; 200 draws per family member.
 
 The decoy width is ``analysis.decoy_width(n, c)`` = c · n^(−β/(2−β)): one task's ERM resolution
-at every n, so the n-independence of the synthetic ratios is partly built in.
+at every n, so the n-independence of the synthetic (and nlschools) ratios is built in (by
+construction, not counted).
+
+control (the fixed-width control): the synthetic family with decoy half-widths w ∈ {0.1, 0.3}
+that do not depend on n (the same instance at every n), k ∈ {1, ⌈√N⌉, N}, N ∈ {4, 16, 64},
+n ∈ {20, 100, 500, 2000}, 200 draws per member, seeds 0, 1, 2 (``fixed_width.md``); the checks
+compare the best adaptive method's worst-case ratio at N = 64 between n = 20 and 500 (the spec's
+range) and between 500 and 2000, beyond the seeds' spread. Alone::
+
+    python -m experiments.train --config=configs/multitask_limits.py:synthetic=false,mnist=false,nlschools=false,lower_bound=false \
+        --workdir=runs/multitask_limits_fixed_width
 
 lower_bound (``analysis.multitask_lower_bound.simulate_packing_family``): a Fano-type packing of 5
 thresholds δ apart, δ = 0.5 (n (k + 1))^(−β/(2−β)) (capped so the window is ≤ ¼), k = ⌈√N⌉, decoys
 flat on the window; the Bayes risk floor (good set unknown, exact posterior) and the oracle's Bayes
 risk next to the methods, β ∈ {¼, ½, ¾}, N ∈ {4, 16, 64}, n ∈ {20, 100, 500}, 200 draws per cell
-(``lower_bound.md``). Alone (12 min wall at load ~12, measured)::
+(``lower_bound.md``). Alone (12 min wall at load 10–13, the page's run)::
 
     python -m experiments.train --config=configs/multitask_limits.py:synthetic=false,mnist=false,nlschools=false \
         --workdir=runs/multitask_limits_lower_bound
@@ -43,7 +53,8 @@ risk next to the methods, β ∈ {¼, ½, ¾}, N ∈ {4, 16, 64}, n ∈ {20, 100
 Its measured ratios: the same page and ``lower_bound.md``.
 
 ``arg``: ``"smoke"``; ``synthetic=false`` / ``mnist=false`` / ``nlschools=false`` /
-``lower_bound=false`` skip those parts. The nlschools part alone (about 10 CPU-minutes)::
+``control=false`` / ``lower_bound=false`` skip those parts. The nlschools part alone (5.5 min wall on
+the loaded machine, the page's run)::
 
     python -m experiments.train --config=configs/multitask_limits.py:synthetic=false,mnist=false \
         --workdir=runs/multitask_limits_nlschools
@@ -55,8 +66,11 @@ from configs.common import parse_arg
 
 
 def get_config(arg=None):
-    """``arg``: ``"smoke"``, ``"synthetic|mnist|nlschools|lower_bound=true|false"``, comma-separated."""
-    arg = parse_arg(arg, smoke=False, synthetic=True, mnist=True, nlschools=True, lower_bound=True)
+    """``arg``: ``"smoke"``, ``"synthetic|mnist|nlschools|control|lower_bound=true|false"``,
+    comma-separated."""
+    arg = parse_arg(
+        arg, smoke=False, synthetic=True, mnist=True, nlschools=True, control=True, lower_bound=True
+    )
     c = ml_collections.ConfigDict()
     c.experiment = "multitask_limits"
     c.seed = 0
@@ -90,6 +104,19 @@ def get_config(arg=None):
     c.nlschools.num_tasks = (4,) if arg.smoke else (4, 16, 64)
     c.nlschools.ns = (10,) if arg.smoke else (5, 10, 20)  # classes have 4-33 pupils (median 17)
     c.nlschools.num_draws = 10 if arg.smoke else 200
+
+    # The fixed-width control: the synthetic family with decoy half-widths w that do not depend on
+    # n (the same instance at every n), over several seeds: where n-independence is measured.
+    c.control = ml_collections.ConfigDict()
+    c.control.enabled = arg.control
+    c.control.widths = (0.1, 0.3)
+    c.control.good = ("one", "sqrt", "all")
+    c.control.num_tasks = (4, 16) if arg.smoke else (4, 16, 64)
+    c.control.ns = (20, 100) if arg.smoke else (20, 100, 500, 2000)
+    # (n, n') pairs checked: the spec's range 20 → 500, then beyond it
+    c.control.compare = ((20, 100),) if arg.smoke else ((20, 500), (500, 2000))
+    c.control.num_draws = 10 if arg.smoke else 200
+    c.control.seeds = (0, 1) if arg.smoke else (0, 1, 2)
 
     # The Fano-type packing (analysis.simulate_packing_family): M hypotheses δ apart,
     # δ = c (n (k + 1))^(−β/(2−β)) (the oracle's resolution: the instance is rescaled with n),

@@ -11,6 +11,11 @@ test set. The nlschools version uses real tasks: the 133 school classes of ``MAS
 the target population, each source task is one class (``n`` draws with replacement from its pupils),
 decoy classes get coin-flip labels in the flat zone (``lowrank_jax.analysis.multitask.group_pool``).
 
+The decoys of these three families have an n-scaled width (one task's ERM resolution), so the
+n-independence of their ratios is built in. The **fixed-width control** (``config.control``) runs
+the synthetic family with decoy widths that do not depend on n (the same instance at every n),
+over several seeds, and writes ``fixed_width.md``: there the n-dependence of the ratio is measured.
+
 The method (estimators, sampling) lives in ``lowrank_jax.analysis.multitask``; this module only
 wires cells and writes ``results.md``, ``summary.json`` and ratio-to-oracle plots. Finished cells
 live in ``<workdir>/cells`` (``experiments.common.sweep.CellStore``).
@@ -52,12 +57,13 @@ def check_config(config: Any) -> None:
     c = common
     c.check_nonnegative(config, "seed", integer=True)
     for key in ("data.num_draws", "data.n_val", "mnist.pca_dim", "mnist.num_draws",
-                "nlschools.num_draws", "nlschools.num_target_groups", "lower_bound.num_draws"):  # fmt: skip
+                "nlschools.num_draws", "nlschools.num_target_groups", "lower_bound.num_draws",
+                "control.num_draws"):  # fmt: skip
         c.check_positive(config, key, integer=True)
-    for n in (*config.data.ns, *config.mnist.ns, *config.nlschools.ns):
+    for n in (*config.data.ns, *config.mnist.ns, *config.nlschools.ns, *config.control.ns):
         if n < 2:
             raise c.ConfigError(f"config.data.ns holds {n}: need at least 2 samples per task")
-    for g in (*config.data.good, config.lower_bound.good):
+    for g in (*config.data.good, config.lower_bound.good, *config.control.good):
         if g not in ("one", "sqrt", "all"):
             raise c.ConfigError(f"config.data.good holds {g!r}: use 'one', 'sqrt' or 'all'")
     for b in (config.data.beta, *config.lower_bound.betas):
@@ -67,6 +73,18 @@ def check_config(config: Any) -> None:
         raise c.ConfigError("config.lower_bound needs num_hypotheses >= 2 and c > 0")
     if min(config.lower_bound.ns) < 2:
         raise c.ConfigError("config.lower_bound.ns must be at least 2 samples per task")
+    if not config.control.widths or not all(0 < w <= 0.5 for w in config.control.widths):
+        raise c.ConfigError(
+            f"config.control.widths holds {tuple(config.control.widths)}: use widths in (0, ½]"
+        )
+    for pair in config.control.compare:
+        if len(pair) != 2 or not set(pair) <= set(config.control.ns) or pair[0] >= pair[1]:
+            raise c.ConfigError(
+                f"config.control.compare holds {tuple(pair)}: use (n, n') with n < n', both in "
+                "config.control.ns"
+            )
+    if not config.control.seeds:
+        raise c.ConfigError("config.control.seeds is empty: the control needs at least one seed")
     if len(config.mnist.digits) != 2:
         raise c.ConfigError("config.mnist.digits must name two digits")
 
@@ -87,15 +105,18 @@ def _summarise(excess: np.ndarray) -> dict:
     }
 
 
-def _family(config: Any, n_tasks: int, n: int):
+def _family(config: Any, n_tasks: int, n: int, *, fixed: bool = False):
     """Jitted ``(key, num_good (F,), c (F,)) -> risks``: the threshold family's simulation for
-    every (number of good tasks, c) member at once."""
+    every (number of good tasks, c) member at once. ``fixed``: the fixed-width control, where the
+    second input is the decoys' half-width itself (``config.control``), not an n-scaled constant."""
     d, m = config.data, config.model
+    draws = config.control.num_draws if fixed else d.num_draws
 
     def one(key, k, c):
+        width = {"width": c} if fixed else {"c": c}
         return analysis.simulate_threshold_family(
-            key, num_tasks=n_tasks, n=n, num_good=k, c=c, num_draws=d.num_draws, n_val=d.n_val,
-            beta=d.beta, agreement_z=m.agreement_z, lepski_c=m.lepski_c, batch_size=m.batch_size,
+            key, num_tasks=n_tasks, n=n, num_good=k, num_draws=draws, n_val=d.n_val, beta=d.beta,
+            agreement_z=m.agreement_z, lepski_c=m.lepski_c, batch_size=m.batch_size, **width,
         )  # fmt: skip
 
     return jax.jit(jax.vmap(one, in_axes=(None, 0, 0)))
@@ -119,13 +140,19 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
     return out
 
 
-def synthetic_cell(config: Any, n_tasks: int, n: int, key: jax.Array) -> dict:
-    d = config.data
-    members = [(g, c) for g in d.good for c in d.cs]
+def synthetic_cell(
+    config: Any, n_tasks: int, n: int, key: jax.Array, *, fixed: bool = False
+) -> dict:
+    """One (N, n) cell of the synthetic family: members k × c (n-scaled decoy widths), or, with
+    ``fixed``, the control's members k × w (decoy half-widths w that do not depend on n)."""
+    d = config.control if fixed else config.data
+    members = [(g, c) for g in d.good for c in (d.widths if fixed else d.cs)]
     ks = jnp.asarray([_num_good(g, n_tasks) for g, _ in members])
     cs = jnp.asarray([c for _, c in members], jnp.float32)
-    out = _summarise(np.asarray(_family(config, n_tasks, n)(key, ks, cs), np.float64))
-    out["members"] = [f"k={int(k)},c={c}" for k, (_, c) in zip(ks, members, strict=True)]
+    family = _family(config, n_tasks, n, fixed=fixed)
+    out = _summarise(np.asarray(family(key, ks, cs), np.float64))
+    name = "w" if fixed else "c"
+    out["members"] = [f"k={int(k)},{name}={c}" for k, (_, c) in zip(ks, members, strict=True)]
     return out
 
 
@@ -325,6 +352,72 @@ def lower_bound_part(config: Any, workdir: str, store: Any, key: jax.Array):
     return rows, checks
 
 
+def control_verdict(diff: float, spread: float) -> str:
+    """The fixed-width check's word for a mean per-seed change ``diff`` of the ratio (larger n
+    minus smaller n) with sd ``spread``: ``"shrinks"`` or ``"does not shrink"`` only beyond the
+    seeds' spread, else ``"tie"`` (the registry's rule; a single seed has no spread: a tie)."""
+    if spread <= 0 or abs(diff) <= spread:
+        return "tie"
+    return "shrinks" if diff < 0 else "does not shrink"
+
+
+def control_part(config: Any, workdir: str, store: Any) -> tuple[list[dict], list[dict]]:
+    """The fixed-width control: the synthetic family with decoy half-widths that do not depend on
+    n, one cell per (seed, N, n); ``fixed_width.md`` lists each method's worst-case ratio to the
+    oracle as mean ± sd over the seeds, and one check per pair of ``control.compare`` compares
+    the best adaptive method's worst-case ratio at the largest N between its two n, per seed."""
+    ctl = config.control
+    grid = [(s, nt, n) for s in ctl.seeds for n in ctl.ns for nt in ctl.num_tasks]
+    cells = {}
+    for s, nt, n in tqdm.tqdm(grid, disable=not config.log.progress, desc="fixed width"):
+        k = jax.random.fold_in(jax.random.key(s), 17 + 1000 * nt + n)
+        cells[(s, nt, n)] = store.get(
+            f"fixed_width/seed={s}/N={nt}/n={n}",
+            lambda nt=nt, n=n, k=k: synthetic_cell(config, nt, n, k, fixed=True),
+        )
+
+    def best(cell):  # the best adaptive method's worst-case ratio
+        return min(cell["worst_ratio"][e] for e in ADAPTIVE)
+
+    rows = []
+    for n in ctl.ns:
+        for nt in ctl.num_tasks:
+            per_seed = [cells[(s, nt, n)] for s in ctl.seeds]
+            member = per_seed[0]["members"].index(f"k={nt},w={ctl.widths[0]}")
+            rows.append({
+                "N": nt, "n": n,
+                "oracle excess (k=N)": sweep.format_mean_sd(
+                    [c["mean"][member][EST.index("oracle")] for c in per_seed], 5),
+                "best adaptive": sweep.format_mean_sd([best(c) for c in per_seed], 2),
+                **{e: sweep.format_mean_sd([c["worst_ratio"][e] for c in per_seed], 2)
+                   for e in ADAPTIVE},
+            })  # fmt: skip
+    hi, checks = ctl.num_tasks[-1], []
+    for lo_n, hi_n in ctl.compare:
+        first = [best(cells[(s, hi, lo_n)]) for s in ctl.seeds]
+        last = [best(cells[(s, hi, hi_n)]) for s in ctl.seeds]
+        diff, spread = sweep.mean_sd(np.subtract(last, first))
+        verdict = control_verdict(diff, spread)
+        checks.append(sweep.check(
+            f"fixed_width: best worst-case ratio at N={hi} from n={lo_n} to n={hi_n} "
+            f"(measured; decoy widths {tuple(ctl.widths)} fixed)",
+            verdict,
+            f"n={lo_n}: {sweep.format_mean_sd(first, 2)}, n={hi_n}: "
+            f"{sweep.format_mean_sd(last, 2)}, per-seed difference "
+            f"{diff:+.2f} ± {spread:.2f} over {len(ctl.seeds)} seeds",
+        ))  # fmt: skip
+    columns = ["N", "n", "oracle excess (k=N)", "best adaptive", *ADAPTIVE]
+    common.write_results_md(
+        workdir, rows, columns=columns, filename="fixed_width.md",
+        title="P9 fixed-width control: worst-case ratio of mean excess risk to the oracle's",
+        notes=f"Decoy half-widths w ∈ {tuple(ctl.widths)}, the same at every n (not rescaled), "
+        f"k ∈ {tuple(ctl.good)} good sources, β = {config.data.beta}, {ctl.num_draws} draws per "
+        f"family member; mean ± sd over seeds {tuple(ctl.seeds)}; 'best adaptive' is each seed's "
+        "smallest worst-case ratio over the adaptive methods.\n\n" + sweep.checks_markdown(checks),
+    )  # fmt: skip
+    return rows, checks
+
+
 def _rows_and_plots(workdir, cells, part, tasks, ns):
     rows = []
     for n in ns:
@@ -376,7 +469,8 @@ def _checks(cells, tasks, ns, part):
             ", ".join(f"{e}: {'yes' if v else 'no'}" for e, v in grows.items()),
         ),
         sweep.check(
-            f"{part}: best worst-case ratio at N={hi} does not shrink from n={ns[0]} to n={ns[-1]}",
+            f"{part}: best worst-case ratio at N={hi} does not shrink from n={ns[0]} to n={ns[-1]} "
+            "(n-scaled decoys: by construction, not counted)",
             best[ns[-1]] >= 0.8 * best[ns[0]],
             ", ".join(f"n={n}: {v:.2f}" for n, v in best.items()),
         ),
@@ -384,8 +478,8 @@ def _checks(cells, tasks, ns, part):
 
 
 def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -> dict:
-    """Runs the synthetic grid, the MNIST and nlschools versions and the lower-bound packing;
-    writes results.md, lower_bound.md, summary.json, plots."""
+    """Runs the synthetic grid, the MNIST and nlschools versions, the fixed-width control and the
+    lower-bound packing; writes results.md, fixed_width.md, lower_bound.md, summary.json, plots."""
     check_config(config)
     options = common.TrainOptions.from_config(config, workdir) if options is None else options
     common.write_config_json(workdir, config)
@@ -430,6 +524,10 @@ def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -
             extra[f"{part}_pool_error"] = error
         rows += _rows_and_plots(workdir, pcells, part, pc.num_tasks, pc.ns)
         checks += _checks(pcells, pc.num_tasks, pc.ns, part)
+    if config.control.enabled:
+        ctl_rows, ctl_checks = control_part(config, workdir, store)
+        checks += ctl_checks
+        extra["fixed_width_table"] = "fixed_width.md"
     if config.lower_bound.enabled:
         lb_rows, lb_checks = lower_bound_part(config, workdir, store, key)
         checks += lb_checks

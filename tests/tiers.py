@@ -94,6 +94,7 @@ RULES: tuple[tuple[str, str], ...] = (
         "slow",
     ),
     ("tests/analysis/test_multitask.py::test_decoys_are_flat_in_their_zone", "slow"),
+    ("tests/analysis/test_multitask.py::test_a_fixed_width_is_used_as_given_at_every_n", "slow"),
     ("tests/analysis/test_multitask_lower_bound.py::*", "slow"),
     ("tests/analysis/test_pruning.py::test_l1_and_taylor_definitions", "slow"),
     ("tests/analysis/test_pruning.py::test_exact_tpv_known_answer", "slow"),

@@ -45,8 +45,10 @@ def table(res: dict[str, list], metric: str) -> list[dict[str, Any]]:
 
 
 def checks(rows, sel, *, higher_better: bool) -> list[dict[str, Any]]:
-    """GIST ≥ LESS within one SE, with ≤ 1% of LESS's storage (at d = 8192) and less selection
-    time; GIST k = 9 and LESS more than 2 SE above random. ``sel``: the first seed's selection."""
+    """GIST ≥ LESS within one SE, with ≤ 1% of LESS's storage and less selection time, both
+    against LESS as run (the ``d`` of the quality comparison, not the paper's d = 8192:
+    ``sel["less_paper_bytes"]`` is reported apart); GIST k = 9 and LESS more than 2 SE above
+    random. ``sel``: the first seed's selection."""
     by = {r["method"]: r for r in rows}
     sign = 1.0 if higher_better else -1.0
     out = []
@@ -57,9 +59,10 @@ def checks(rows, sel, *, higher_better: bool) -> list[dict[str, Any]]:
             se = float(np.hypot(g["se"], less["se"]))
             out.append(sweep.check(f"{name} ≥ LESS within 1 SE", sign * (g["mean"] - less["mean"]) >= -se,
                                    f"{g['mean']:.4f} vs {less['mean']:.4f} (SE {se:.4f})"))  # fmt: skip
-            ratio = g["bytes/example"] / sel["less_paper_bytes"]
-            out.append(sweep.check(f"{name} storage ≤ 1% of LESS (d=8192, 4 ckpts)", ratio <= 0.01,
-                                   f"ratio {ratio:.5f}"))  # fmt: skip
+            ratio = g["bytes/example"] / less["bytes/example"]
+            out.append(sweep.check(f"{name} storage ≤ 1% of LESS as run (by construction)",
+                                   ratio <= 0.01, f"{g['bytes/example']} B vs "
+                                   f"{less['bytes/example']} B, ratio {ratio:.5f}"))  # fmt: skip
             out.append(sweep.check(f"{name} faster than LESS", g["selection s"] < less["selection s"],
                                    f"{g['selection s']:.1f}s vs {less['selection s']:.1f}s"))  # fmt: skip
     rnd = by.get("random")

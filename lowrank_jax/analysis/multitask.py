@@ -13,7 +13,9 @@ simulates the mechanism (``papers/specs.md`` §9 (4), a reconstruction):
   ``h*`` and the marginal but their ``η`` is flattened to ``½ ± margin`` on ``|x − ½| ≤ w``, so
   they carry almost no boundary information. With ``w = c · n^{−β/(2−β)}`` (the resolution of a
   single task's ERM) a decoy cannot be told apart from a good task by its own sample, while many
-  decoys together drown the boundary signal of the good ones;
+  decoys together drown the boundary signal of the good ones. That rescaling makes the ratio's
+  n-independence hold by construction; a fixed ``w`` (``width=``) is the same instance at every
+  ``n``, the control where it is measured;
 * a hidden random subset of ``k`` of the ``N`` sources is good; the family is indexed by
   ``(k, c)`` and an adaptive method is judged by its worst-case ratio to the oracle.
 
@@ -237,7 +239,8 @@ def simulate_threshold_family(
     num_tasks: int,
     n: int,
     num_good: jax.typing.ArrayLike,
-    c: jax.typing.ArrayLike,
+    c: jax.typing.ArrayLike | None = None,
+    width: jax.typing.ArrayLike | None = None,
     num_draws: int = 200,
     n_val: int = 20,
     beta: float = 0.5,
@@ -249,21 +252,29 @@ def simulate_threshold_family(
     """Excess target risks of every estimator over ``num_draws`` draws: ``(num_draws, E)``.
 
     Each draw picks a hidden random set of ``num_good`` good sources among ``num_tasks``
-    (the rest are decoys of width :func:`decoy_width` ``(n, c=c)``), samples ``n`` points from the
-    target and from each source plus ``n_val`` target validation points, and evaluates the closed
-    form :func:`threshold_excess_risk` of each estimate. Draws are ``vmap``-ed in batches of
-    ``batch_size`` (``lax.map``), so ``num_good`` and ``c`` may be traced.
+    (the rest are decoys), samples ``n`` points from the target and from each source plus
+    ``n_val`` target validation points, and evaluates the closed form
+    :func:`threshold_excess_risk` of each estimate. The decoys' flat-zone half-width is either
+    rescaled with ``n`` (``c``: :func:`decoy_width` ``(n, c=c)``, one task's ERM resolution, so a
+    decoy is equally hard at every ``n``) or fixed (``width``, capped at ½: the same instance at
+    every ``n``, the control where n-independence is not built in); give exactly one. Draws are
+    ``vmap``-ed in batches of ``batch_size`` (``lax.map``), so ``num_good``, ``c`` and ``width``
+    may be traced.
 
     Raises:
-      ValueError: for ``num_tasks < 1``, ``n < 2`` or ``num_draws < 1``.
+      ValueError: for ``num_tasks < 1``, ``n < 2`` or ``num_draws < 1``, or unless exactly one of
+        ``c`` and ``width`` is given.
     """
     if num_tasks < 1 or n < 2 or num_draws < 1 or n_val < 1:
         raise ValueError(
             f"need num_tasks >= 1, n >= 2, num_draws >= 1, n_val >= 1; got {num_tasks}, {n}, "
             f"{num_draws}, {n_val}"
         )
+    if (c is None) == (width is None):
+        raise ValueError("give exactly one of c (an n-scaled decoy width) and width (a fixed one)")
     _check_beta(beta)
-    width = jnp.minimum(c * n ** (-beta / (2 - beta)), 0.5)
+    scaled = width is None
+    width = jnp.minimum(c * n ** (-beta / (2 - beta)) if scaled else jnp.asarray(width), 0.5)
 
     def one(k):
         kp, ks, kv = jax.random.split(k, 3)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 
+import numpy as np
 import pytest
 
 from configs import multitask_limits as mt_config
@@ -32,6 +33,7 @@ def _tiny_p9():
         c.lower_bound.betas = (0.5, 0.75)  # the β sweep of the Fano-type packing
         c.lower_bound.num_tasks = (2, 4)
         c.lower_bound.num_draws = 8
+        c.control.enabled = False  # tested alone below
     return c
 
 
@@ -58,6 +60,47 @@ def test_multitask_limits_tiny_runs_and_resumes(tmp_path):
     criteria = [k for k in m if k.startswith("lower_bound")]
     assert any("grows from N=2 to N=4" in k for k in criteria)
     assert mt_exp.run(c, str(tmp_path)) == m  # finished cells are reused
+
+
+def test_multitask_limits_fixed_width_control(tmp_path):
+    # The control alone: decoy widths that do not depend on n, two seeds, one (n, n') check.
+    c = mt_config.get_config("smoke,synthetic=false,mnist=false,nlschools=false,lower_bound=false")
+    with c.unlocked():
+        c.control.num_tasks = (2, 4)
+        c.control.ns = (20, 40)
+        c.control.compare = ((20, 40),)
+        c.control.good = ("one", "all")
+        c.control.widths = (0.1, 0.3)
+        c.control.num_draws = 6
+        c.model.batch_size = 6
+    m = mt_exp.run(c, str(tmp_path))
+    cells = {
+        (s, nt, n): json.loads(
+            (tmp_path / "cells" / f"fixed_width%2Fseed={s}%2FN={nt}%2Fn={n}.json").read_text()
+        )
+        for s in (0, 1) for nt in (2, 4) for n in (20, 40)
+    }  # fmt: skip
+    for cell in cells.values():  # the family holds k = N (pooling is the oracle): ratios >= 1
+        assert cell["members"] == ["k=1,w=0.1", "k=1,w=0.3", f"k={cell['members'][2][2]},w=0.1",
+                                   f"k={cell['members'][2][2]},w=0.3"]  # fmt: skip
+        assert cell["worst_ratio"]["pooled"] >= 1.0 - 1e-6
+    assert cells[(0, 4, 20)]["mean"] != cells[(1, 4, 20)]["mean"]  # the seeds draw differently
+    # The check's word follows the per-seed best ratios at N = 4 by the registry's rule.
+    best = {k: min(cell["worst_ratio"][e] for e in mt_exp.ADAPTIVE) for k, cell in cells.items()}
+    diff = [best[(s, 4, 40)] - best[(s, 4, 20)] for s in (0, 1)]
+    want = mt_exp.control_verdict(float(np.mean(diff)), float(np.std(diff, ddof=1)))
+    (criterion,) = [k for k in m if k.startswith("fixed_width:")]
+    assert m[criterion] == want and "N=4 from n=20 to n=40" in criterion
+    table = (tmp_path / "fixed_width.md").read_text()
+    assert "the same at every n" in table and " ± " in table
+    assert mt_exp.run(c, str(tmp_path)) == m  # finished cells are reused
+    # Beyond the spread only: a tie otherwise, and one seed has no spread.
+    assert mt_exp.control_verdict(-0.5, 0.2) == "shrinks"
+    assert mt_exp.control_verdict(0.5, 0.2) == "does not shrink"
+    assert mt_exp.control_verdict(-0.1, 0.2) == mt_exp.control_verdict(3.0, 0.0) == "tie"
+    c.control.compare = ((40, 20),)
+    with pytest.raises(ConfigError, match="control.compare"):
+        mt_exp.check_config(c)
 
 
 def test_tpv_tiny_runs(tmp_path):

@@ -90,6 +90,22 @@ def test_without_decoys_pooled_equals_oracle():
     assert r.shape == (6, len(analysis.ESTIMATORS)) and np.all(r >= 0)
 
 
+def test_a_fixed_width_is_used_as_given_at_every_n():
+    # width=w is the n-scaled family with c = w n^{β/(2−β)}: the same draws, not rescaled again.
+    kw = dict(num_tasks=3, num_good=1, num_draws=4, n_val=5, batch_size=4)
+    for n in (20, 200):
+        fixed = mt.simulate_threshold_family(jax.random.key(4), n=n, width=0.1, **kw)
+        scaled = mt.simulate_threshold_family(jax.random.key(4), n=n, c=0.1 * n ** (1 / 3), **kw)
+        np.testing.assert_array_equal(np.asarray(fixed), np.asarray(scaled))
+    # ... and differs from c = w, which shrinks the zone to w n^{−1/3}.
+    other = mt.simulate_threshold_family(jax.random.key(4), n=200, c=0.1, **kw)
+    assert not np.array_equal(np.asarray(fixed), np.asarray(other))
+    with pytest.raises(ValueError, match="exactly one of c"):
+        mt.simulate_threshold_family(jax.random.key(0), n=20, c=1.0, width=0.1, **kw)
+    with pytest.raises(ValueError, match="exactly one of c"):
+        mt.simulate_threshold_family(jax.random.key(0), n=20, **kw)
+
+
 def test_empirical_excess_risk_matches_brute_force():
     rng = np.random.default_rng(3)
     s = rng.uniform(size=300)

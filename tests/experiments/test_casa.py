@@ -17,8 +17,16 @@ from lowrank_jax.models.bert import split_encoder
 
 
 def test_configs_pass_their_checks():
-    for arg in (None, "smoke"):
+    for arg in (None, "smoke", "drift=away", "smoke,drift=away"):
         casa.check_config(casa_config.get_config(arg))
+    away, toward = casa_config.get_config("drift=away"), casa_config.get_config()
+    assert away.target.distill_weight == 0.0 < toward.target.distill_weight
+    assert (
+        away.target.steps * away.target.learning_rate
+        > toward.target.steps * toward.target.learning_rate
+    )
+    with pytest.raises(ValueError, match="drift="):
+        casa_config.get_config("drift=sideways")
 
 
 @pytest.mark.parametrize(

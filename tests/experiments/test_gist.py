@@ -47,6 +47,9 @@ def test_synthetic_smoke_run_selects_and_reports(tmp_path):
     assert rows["gist_k9"]["bytes/example"] == 9 * 4
     assert rows["less"]["bytes/example"] == 64 * 2 * 4
     assert out["less_d8192_bytes"] == 8192 * 2 * 4
+    # The storage check is against LESS as run (the quality comparison's d), not d = 8192.
+    check = next(c for c in summary["checks"] if c["criterion"].startswith("gist_k9 storage"))
+    assert check["evidence"] == f"36 B vs 512 B, ratio {36 / 512:.5f}" and not check["reproduced"]
     assert rows["oracle"]["target share"] == 1.0
     # 5% of the 600-example pool, for every method and seed.
     cell = json.loads((tmp_path / "cells" / "select%2Fseed=0.json").read_text())
