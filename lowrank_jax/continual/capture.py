@@ -302,7 +302,8 @@ def head_features(
         too: its adapters act).
       head_path: the '/'-joined path of the head's parameters (``"params/head"``).
       params: the parameters passed to ``apply_fn``.
-      *args: positional inputs of ``apply_fn``; **kwargs: its keyword inputs.
+      *args: positional inputs of ``apply_fn``.
+      **kwargs: keyword inputs of ``apply_fn``.
 
     Returns:
       ``(b, d)`` the features (the head's input, in its dtype).

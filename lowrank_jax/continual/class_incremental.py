@@ -1,13 +1,13 @@
-r"""A class-incremental head for any method: :func:`~lowrank_jax.continual.with_head`, with drift compensation.
+r"""A class-incremental head for any method (:func:`~lowrank_jax.continual.with_head`) and drift.
 
-:func:`~lowrank_jax.continual.with_head` wraps any :class:`~lowrank_jax.continual.ContinualMethod`: after each
-``end_task`` the features of the task's training rows
-(:attr:`~lowrank_jax.continual.ContinualMethod.features`) update stored per-class statistics and
-the head is refitted from them by a head value
-(:class:`~lowrank_jax.continual.AlignedHead`,
-:class:`~lowrank_jax.continual.PrototypeHead`). The statistics of a class are never
-recomputed (no exemplars): :func:`compensate_drift` moves the old classes' means along the
-backbone's drift on the new task's rows.
+:func:`~lowrank_jax.continual.with_head` wraps any
+:class:`~lowrank_jax.continual.ContinualMethod`: after each ``end_task`` the features of the
+task's training rows (:attr:`~lowrank_jax.continual.ContinualMethod.features`) update stored
+per-class statistics and the head is refitted from them by a head value
+(:class:`~lowrank_jax.continual.AlignedHead`, :class:`~lowrank_jax.continual.PrototypeHead`, or
+any :class:`Head`). The statistics of a class are never recomputed (no exemplars):
+:func:`compensate_drift` moves the old classes' means along the backbone's drift on the new
+task's rows.
 
 References:
   Zhang et al. 2023 (SLCA); McDonnell et al. 2023 (RanPAC); Yu et al. 2020, "Semantic Drift
@@ -29,8 +29,8 @@ __all__ = ["Head", "HeadState", "compensate_drift", "with_head"]
 
 
 class Head(Protocol):
-    """What :func:`~lowrank_jax.continual.with_head` takes: a value whose ``fit`` rewrites a dense head from statistics
-    (:class:`~lowrank_jax.continual.AlignedHead`,
+    """What :func:`~lowrank_jax.continual.with_head` takes: a value whose ``fit`` rewrites a
+    dense head from class statistics (:class:`~lowrank_jax.continual.AlignedHead`,
     :class:`~lowrank_jax.continual.PrototypeHead`)."""
 
     def fit(self, key: jax.Array, head: Any, stats: ClassStatistics, classes: Any) -> Any:
