@@ -130,30 +130,25 @@ def test_features_through_the_head_are_predicts_logits(stream, trained, name):
 
 
 def test_head_features_for_linen_nnx_and_plain_functions():
-    """The head's input after what apply_fn does to its output: an LM classifier's last token
+    """The head's input after what apply_fn does to its output: a token classifier's last token
     (linen), an nnx model and a plain function (the rows reaching the head's kernel)."""
+    import flax.linen as nn
     from flax import nnx
 
-    config = models.DecoderConfig(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=24,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        dtype="float32",
-    )
-    lm = models.DecoderLM(config)
-    tokens = jax.random.randint(jax.random.key(0), (3, 5), 0, 32)
-    variables = lm.init(jax.random.key(1), tokens)
+    class Tokens(nn.Module):  # (b, t, n) -> per-token logits, as an LM's lm_head
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(3, use_bias=False, name="head")(jnp.tanh(nn.Dense(5)(x)))
 
     def last_token(v, t):
-        return lm.apply(v, t)[:, -1]
+        return Tokens().apply(v, t)[:, -1]
 
-    f = jax.jit(lambda v, t: head_features(last_token, "params/lm_head", v, t))(variables, tokens)
-    assert f.shape == (3, 16)
+    tokens = jax.random.normal(jax.random.key(0), (4, 3, 6))
+    variables = Tokens().init(jax.random.key(1), tokens)
+    f = jax.jit(lambda v, t: head_features(last_token, "params/head", v, t))(variables, tokens)
+    assert f.shape == (4, 5)
     np.testing.assert_allclose(
-        f @ variables["params"]["lm_head"]["kernel"], last_token(variables, tokens), atol=1e-5
+        f @ variables["params"]["head"]["kernel"], last_token(variables, tokens), atol=1e-6
     )
 
     class Net(nnx.Module):
