@@ -186,10 +186,10 @@ def build(arg, *, comparison, benchmark):
     # aligned for 6 of 7 methods on digits_cil's validation (docs/papers/p01_saber.md), so it is compared only
     # when asked: --config.search.heads="('masked','aligned','prototype')"
     c.search.heads = ("masked", "aligned") if arg.compare_heads else ()
-    # the classifier head (lowrank_jax.continual.with_head): masked (trained on the current
-    # task's classes only), aligned (SLCA: refit on Gaussian pseudo-features of all seen classes
-    # after each task) or prototype (class means, closed form); default: the benchmark's (above);
-    # override: :head=<name>
+    # the classifier head: masked (trained on the current task's classes only: the method as
+    # it is), aligned (continual.AlignedHead, SLCA: refit on Gaussian pseudo-features of all seen
+    # classes after each task) or prototype (continual.PrototypeHead: class means, closed form),
+    # the last two through continual.with_head; default: the benchmark's (above); :head=<name>
     c.head = arg.head or b.get("head", "aligned")
     c.method.heads = ml_collections.ConfigDict()
     c.method.heads.shrinkage = 0.1  # of the per-class feature covariances

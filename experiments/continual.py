@@ -57,7 +57,6 @@ from experiments.continual_setup import (
     stream_shapes,
 )
 from lowrank_jax import continual, data
-from lowrank_jax.continual.heads import HEADS
 from lowrank_jax.continual.streams import training_arrays
 from lowrank_jax.models.bert import split_encoder
 from lowrank_jax.models.bert_prefix import prefix_encoder
@@ -73,6 +72,7 @@ __all__ = [
 ]
 
 METHODS = ("saber", "gr_lora", "seq_lora", "o_lora", "inflora", "gpm_lora", "sd_lora", "joint")
+HEADS = ("masked", "aligned", "prototype")  # config.head: the method as is, or with_head's
 
 
 def check_config(config: Any) -> None:
@@ -166,8 +166,10 @@ def make_method(
     config: Any, name: str, apply_fn: Any, protocol: str, seed: int = 0
 ) -> continual.ContinualMethod:
     """The :class:`~lowrank_jax.continual.ContinualMethod` ``name`` with the config's settings,
-    wrapped by :func:`~lowrank_jax.continual.with_head` for ``config.head`` (``seed``: the
-    alignment's sampling)."""
+    wrapped by :func:`~lowrank_jax.continual.with_head` with the head value that ``config.head``
+    names (``aligned``: :class:`~lowrank_jax.continual.AlignedHead`, ``prototype``:
+    :class:`~lowrank_jax.continual.PrototypeHead`, knobs from ``config.method.heads``; ``masked``:
+    unwrapped; ``seed``: the alignment's sampling)."""
     c, m = config, config.method
     kw = dict(
         targets=tuple(c.adapter.targets),
@@ -212,7 +214,26 @@ def make_method(
             ood_batch=g.ood_batch,
         ),
     }
-    return continual.with_head(factories[name](), head=c.head, seed=seed, **m.heads)
+    method, h = factories[name](), m.heads
+    if c.head == "masked":  # the head trained by masked cross-entropy: the method as it is
+        return method
+    head = (
+        continual.AlignedHead(
+            steps=h.align_steps,
+            learning_rate=h.align_learning_rate,
+            num_per_class=h.align_per_class,
+        )
+        if c.head == "aligned"
+        else continual.PrototypeHead(metric=h.metric, ridge=h.ridge)
+    )
+    return continual.with_head(
+        method,
+        head=head,
+        seed=seed,
+        shrinkage=h.shrinkage,
+        drift=h.drift,
+        drift_bandwidth=h.drift_bandwidth,
+    )
 
 
 def steps(config: Any, mesh: Any = None) -> list[common.Step]:

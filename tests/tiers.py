@@ -123,6 +123,10 @@ RULES: tuple[tuple[str, str], ...] = (
         "slow",
     ),
     (
+        "tests/continual/test_methods.py::test_features_through_the_head_are_predicts_logits*",
+        "slow",
+    ),
+    (
         "tests/continual/test_methods.py::test_layer_inputs_of_a_stack_inside_lax_scan_and_remat",
         "slow",
     ),

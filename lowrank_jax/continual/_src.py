@@ -11,7 +11,7 @@ import numpy as np
 import optax
 
 from lowrank_jax import adapters
-from lowrank_jax.continual.capture import layer_inputs
+from lowrank_jax.continual.capture import head_features, layer_inputs
 from lowrank_jax.continual.protocol import ContinualState, get_path, kernel_paths, set_path
 from lowrank_jax.optim.subspace_memory import init_subspace_memory
 
@@ -188,6 +188,22 @@ class MethodBase(NamedTuple):
             self.jitted["plain"] = jax.jit(lambda p, x: self.adapted(p, {}, x))
         return self.jitted["plain"](self.full(state.params, state.head), jnp.asarray(x)), None
 
+    def features(self, params: Any, adapter_sets: Any, x: Any) -> jax.Array:
+        """``(b, d)`` what the head reads in ``adapted(params, adapter_sets, x)``: that forward
+        with the head at ``head_path`` replaced by the identity (:func:`head_features`)."""
+        return head_features(
+            lambda p, x: self.adapted(p, adapter_sets, x), self.head_path, params, x
+        )
+
+    def plain_features(
+        self, state: ContinualState, x: Any, task_id: int | None = None
+    ) -> jax.Array:
+        """The features of :meth:`plain_predict`: the consolidated model without its head."""
+        del task_id
+        if "features" not in self.jitted:
+            self.jitted["features"] = jax.jit(lambda p, x: self.features(p, {}, x))
+        return self.jitted["features"](self.full(state.params, state.head), jnp.asarray(x))
+
     def deltas(self, state: ContinualState, adapter_set: Mapping[str, Any]) -> dict[str, Any]:
         return {k: adapters.delta(ad, state.kernels[k].shape) for k, ad in adapter_set.items()}
 
@@ -239,3 +255,39 @@ def check_sizes(**sizes: int) -> None:
     for name, v in sizes.items():
         if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < 1:
             raise ValueError(f"{name} must be a positive int, got {v!r}.")
+
+
+FEATURE_BATCH = 256  # rows per forward pass when features are read on the host
+
+
+def in_batches(
+    fn: Callable[[np.ndarray], jax.Array], x: np.ndarray, batch_size: int = FEATURE_BATCH
+) -> np.ndarray:
+    """``concatenate([fn(batch)])`` over equal batches of at most ``batch_size`` rows of ``x`` (one
+    compiled shape; the last batch padded with the first rows, whose outputs are dropped), as a
+    float32 host array."""
+    size = -(-len(x) // max(1, -(-len(x) // batch_size))) if len(x) else 1
+    out = []
+    for i in range(0, len(x), size):
+        xb = x[i : i + size]
+        pad = np.concatenate([xb, x[: size - len(xb)]]) if len(xb) < size else xb
+        out.append(np.asarray(fn(pad), np.float32)[: len(xb)])
+    return np.concatenate(out)
+
+
+def check_dense_head(head: Any) -> tuple[int, int]:
+    """``(d, C)`` of a dense head ``{'kernel': (d, C), 'bias': (C,)}``.
+
+    Raises:
+      TypeError: ``head`` is not such a dict; ValueError: its shapes disagree.
+    """
+    if not isinstance(head, dict) or set(head) != {"kernel", "bias"}:
+        keys = sorted(head) if isinstance(head, dict) else type(head).__name__
+        raise TypeError(
+            "the class-incremental heads need a dense head {'kernel': (d, C), 'bias': (C,)} at "
+            f"the method's head_path; got {keys}."
+        )
+    kernel, bias = np.shape(head["kernel"]), np.shape(head["bias"])
+    if len(kernel) != 2 or bias != kernel[1:]:
+        raise ValueError(f"head kernel {kernel} and bias {bias} must be (d, C) and (C,).")
+    return kernel

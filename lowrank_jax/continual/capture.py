@@ -1,4 +1,8 @@
-"""``layer_inputs``: the inputs of chosen kernels, for subspace memories (linen, nnx, plain JAX).
+"""What enters chosen layers (linen, nnx, plain JAX): kernels' inputs and the head's features.
+
+* :func:`layer_inputs`: the inputs of chosen kernels, for subspace memories;
+* :func:`head_features`: the features the classifier head reads (what
+  :attr:`~lowrank_jax.continual.ContinualMethod.features` of the library's methods returns).
 
 The GPM memories of :mod:`lowrank_jax.optim` (``extend_subspace_memory``) are built from the
 activations that enter a kernel ``W: (n, m)`` (``x @ W``). :func:`layer_inputs` records them for
@@ -39,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["layer_inputs"]
+__all__ = ["head_features", "layer_inputs"]
 
 
 def _linen_inputs(apply_fn, wanted, params, args, kwargs):
@@ -273,3 +277,70 @@ def layer_inputs(
             "'params/<module>/kernel'; see lowrank_jax.adapters.paths.named_leaves(params))."
         )
     return out, {k: jnp.concatenate(v, axis=0) for k, v in found.items()}
+
+
+def head_features(
+    apply_fn: Callable[..., Any], head_path: str, params: Any, *args: Any, **kwargs: Any
+) -> jax.Array:
+    """``apply_fn(params, *args, **kwargs)`` with its head replaced by the identity: the features.
+
+    The head at ``head_path`` (a dense layer ``f ↦ f W + b``, the model's last) is skipped, so
+    the output is what the head reads, ``f: (b, d)``, after whatever ``apply_fn`` does to the
+    head's output (an LM classifier's ``logits[:, -1]`` gives the last token's features), and
+    ``apply_fn``'s logits are ``f W (+ b)`` exactly where the matmul is. One forward pass,
+    jittable, no autodiff:
+
+    * linen: the call of the module at ``head_path`` is intercepted (``nn.intercept_methods``)
+      and returns its input;
+    * anything else (nnx, a plain function of a parameter pytree): the rows that reach the
+      kernel ``head_path + "/kernel"`` are recorded (:func:`layer_inputs`); the head must then
+      read one row per example.
+
+    Args:
+      apply_fn: a linen ``model.apply``, ``lambda state, x: nnx.merge(graphdef, state)(x)``, or
+        any function of a parameter pytree first (an :func:`~lowrank_jax.adapters.adapt`-ed one
+        too: its adapters act).
+      head_path: the '/'-joined path of the head's parameters (``"params/head"``).
+      params: the parameters passed to ``apply_fn``.
+      *args: positional inputs of ``apply_fn``.
+      **kwargs: keyword inputs of ``apply_fn``.
+
+    Returns:
+      ``(b, d)`` the features (the head's input, in its dtype).
+
+    Raises:
+      ValueError: the linen module at ``head_path`` is called more than once; outside linen, the
+        head's kernel is never used in a matmul, or reads another number of rows than
+        ``apply_fn`` returns.
+
+    Example:
+      >>> f = head_features(model.apply, "params/head", variables, x)
+      >>> logits = f @ variables["params"]["head"]["kernel"] + variables["params"]["head"]["bias"]
+    """
+    where = tuple(head_path.split("/"))
+    calls = []
+
+    def skip_head(next_fun, call_args, call_kwargs, context):
+        if context.method_name == "__call__" and (where[0], *context.module.path) == where:
+            calls.append(call_args[0])
+            return call_args[0]
+        return next_fun(*call_args, **call_kwargs)
+
+    with nn.intercept_methods(skip_head):
+        out = apply_fn(params, *args, **kwargs)
+    if len(calls) > 1:
+        raise ValueError(
+            f"the module at head_path={head_path!r} is called {len(calls)} times: the features "
+            "are the input of a head called once."
+        )
+    if calls:
+        return out
+    kernel = f"{head_path}/kernel"
+    out, inputs = layer_inputs(apply_fn, [kernel], params, *args, capture="adapters", **kwargs)
+    rows, batch = inputs[kernel].shape[0], jax.tree.leaves(out)[0].shape[0]
+    if rows != batch:
+        raise ValueError(
+            f"the head's kernel {kernel!r} reads {rows} rows for {batch} outputs: outside linen "
+            "the head must read one row per example (an LM's logits[:, -1] needs a linen model)."
+        )
+    return inputs[kernel]

@@ -285,7 +285,8 @@ def gr_lora(
     model inputs). After the task the shared branch is merged, the module kept, ``M`` extended
     (GPM ``memory_threshold``) and the statistics updated. ``predict`` runs every module and,
     without a task id, keeps per example the one of lowest entropy over its task's classes
-    (:func:`select_module`); ``selected`` is its index.
+    (:func:`select_module`); ``selected`` is its index. ``features`` are those of the module
+    ``predict`` reads: ``task_id``'s, or per example the selected one.
 
     Args:
       apply_fn, targets, rank, alpha, learning_rate, grad_clip, head_path: as
@@ -399,17 +400,36 @@ def gr_lora(
         pick = jnp.argmax(weights, -1)
         return jnp.take_along_axis(all_logits, pick[None, :, None], axis=0)[0], pick
 
-    def predict(state, x, task_id=None):
+    @jax.jit
+    def module_features(params, module, x):
+        return base.features(params, {"module": module}, x)
+
+    @jax.jit
+    def picked_features(params, modules, x, pick):
+        features = jnp.stack([module_features(params, md, x) for md in modules])
+        return jnp.take_along_axis(features, pick[None, :, None], axis=0)[0]
+
+    def modules_of(state):
         ex = state.extra
         if not ex.modules:
             raise ValueError("GR-LoRA predicts with its task modules: call end_task first.")
-        params = base.full(state.params, state.head)
-        if task_id is not None:
-            return module_logits(params, ex.modules[task_id], jnp.asarray(x)), None
         masks = np.zeros((len(ex.classes), len(ex.stats.count)), bool)  # (T, C)
         for j, classes in enumerate(ex.classes):
             masks[j, np.asarray(classes)] = True
-        return selected_logits(params, ex.modules, jnp.asarray(x), masks)
+        return base.full(state.params, state.head), ex.modules, masks
+
+    def predict(state, x, task_id=None):
+        params, modules, masks = modules_of(state)
+        if task_id is not None:
+            return module_logits(params, modules[task_id], jnp.asarray(x)), None
+        return selected_logits(params, modules, jnp.asarray(x), masks)
+
+    def features(state, x, task_id=None):
+        params, modules, masks = modules_of(state)
+        if task_id is not None:
+            return module_features(params, modules[task_id], jnp.asarray(x))
+        _, pick = selected_logits(params, modules, jnp.asarray(x), masks)  # predict's choice
+        return picked_features(params, modules, jnp.asarray(x), pick)
 
     return ContinualMethod(
         init=init,
@@ -418,5 +438,6 @@ def gr_lora(
         loss=loss,
         end_task=end_task,
         predict=predict,
+        features=features,
         diagnostics=lambda state: {},
     )

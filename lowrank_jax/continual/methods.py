@@ -167,6 +167,7 @@ def sequential_lora(
         loss=no_penalty,
         end_task=end_task,
         predict=base.plain_predict,
+        features=base.plain_features,
         diagnostics=no_diagnostics,
     )
 
@@ -293,6 +294,7 @@ def inflora(
         loss=no_penalty,
         end_task=end_task,
         predict=base.plain_predict,
+        features=base.plain_features,
         diagnostics=no_diagnostics,
     )
 
@@ -416,5 +418,6 @@ def sd_lora(
         loss=no_penalty,
         end_task=end_task,
         predict=base.plain_predict,
+        features=base.plain_features,
         diagnostics=no_diagnostics,
     )

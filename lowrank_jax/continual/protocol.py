@@ -29,7 +29,16 @@ component of the state (:attr:`ContinualState.head`, the subtree at ``head_path`
 variables): methods train it with each task and write it back, but never mix it into
 :attr:`ContinualState.params`, so a class-incremental head (classifier alignment from per-class
 statistics, a prototype head) can replace or refit ``state.head`` between ``end_task`` and
-evaluation for every method alike.
+evaluation for every method alike. What such a head reads is :attr:`ContinualMethod.features`:
+the head's inputs under the consolidated model, ``f: (b, d)`` with ``logits = f W + b`` for a
+dense head ``state.head = {"kernel": W, "bias": b}``.
+
+A method written by hand must provide ``features`` consistent with its ``predict``: the same
+modules, adapters and per-example choices, with the head left out. For a forward whose head (at
+``head_path``) is its last layer, its output reaching the logits unchanged up to indexing,
+:func:`~lowrank_jax.continual.capture.head_features` computes them in one forward pass with the
+head replaced by the identity; every factory of the library builds its ``features`` so from its
+``apply_fn`` and ``head_path``.
 """
 
 from __future__ import annotations
@@ -115,6 +124,11 @@ class ContinualMethod(NamedTuple):
       predict: ``(state, x, task_id=None) -> (logits (b, C), selected (b,) int or None)``:
         test-time logits; ``task_id`` when the protocol gives it (task-incremental), ``selected``
         the module a method chose per example when it chooses one (GR-LoRA), else None.
+      features: ``(state, x, task_id=None) -> (b, d)``: what ``state.head`` reads in
+        ``predict`` (the head's inputs, for the same ``task_id`` and the same per-example
+        choice), so that ``predict``'s logits are ``features @ head["kernel"] + head["bias"]``
+        for a dense head; the class-incremental heads
+        (:func:`~lowrank_jax.continual.with_head`) are fitted to it.
       diagnostics: ``(state) -> dict`` of JSON-able diagnostics of the last consolidation.
     """
 
@@ -124,6 +138,7 @@ class ContinualMethod(NamedTuple):
     loss: Callable[[Any, Any, Any, jax.Array], jax.Array]
     end_task: Callable[[ContinualState, Any, Any, Task], ContinualState]
     predict: Callable[..., tuple[jax.Array, jax.Array | None]]
+    features: Callable[..., jax.Array]
     diagnostics: Callable[[ContinualState], dict[str, Any]]
 
 

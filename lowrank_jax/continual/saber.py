@@ -58,6 +58,7 @@ import numpy as np
 from lowrank_jax.continual._src import (
     check_threshold,
     common_args,
+    in_batches,
     method_base,
     per_layer,
     replace_a,
@@ -307,8 +308,7 @@ def saber(
     the first ``memory_examples`` training inputs.
 
     Args:
-      apply_fn: the model's ``apply(variables, x) -> logits`` (hashable when
-        ``recalibrate_steps > 0``, e.g. a linen ``model.apply``).
+      apply_fn: the model's ``apply(variables, x) -> logits``.
       targets, rank, alpha, learning_rate, grad_clip, head_path: as
         :func:`~lowrank_jax.continual.sequential_lora` (``rank ≥ 2``).
       shared_threshold, specific_threshold: GPM energies in ``(0, 1]``.
@@ -424,26 +424,26 @@ def saber(
             spec[k] = extend_subspace_memory(
                 spec[k], jnp.swapaxes(d, -1, -2), threshold=specific_threshold
             )
-        head = refit_head(
-            base.apply_fn,
-            base.full(params, trained["head"]),
-            trained["head"],
-            task.x,
-            task.y,
-            task.classes,
-            num_classes=task.num_classes,
-            steps=recalibrate_steps,
-            learning_rate=learning_rate,
-            batch_size=recalibrate_batch,
-            seed=[recalibrate_seed, task.index, 17],
-            head_path=head_path,
-        )
         state = state._replace(
             params=params,
-            head=head,
+            head=trained["head"],
             update=raw,
             extra=SaberState(spec, cov, s_parts, d_parts, weights),
         )
+        if recalibrate_steps:  # the recomposed backbone is frozen: its features are read once
+            features = in_batches(lambda xb: base.plain_features(state, xb), np.asarray(task.x))
+            head = refit_head(
+                state.head,
+                features,
+                task.y,
+                task.classes,
+                num_classes=task.num_classes,
+                steps=recalibrate_steps,
+                learning_rate=learning_rate,
+                batch_size=recalibrate_batch,
+                seed=[recalibrate_seed, task.index, 17],
+            )
+            state = state._replace(head=head)
         inputs = base.layer_inputs(state, task.x[:memory_examples])
         memory = {
             k: extend_subspace_memory(state.memory[k], inputs[k], threshold=shared_threshold)
@@ -466,5 +466,6 @@ def saber(
         loss=loss,
         end_task=end_task,
         predict=base.plain_predict,
+        features=base.plain_features,
         diagnostics=diagnostics,
     )

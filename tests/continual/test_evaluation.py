@@ -19,7 +19,7 @@ def _method(select: bool, seen_task_ids: list):
         seen_task_ids.append(task_id)
         return x, (np.zeros(len(x), np.int32) if select else None)
 
-    return continual.ContinualMethod(*([None] * 5), predict, None)
+    return continual.ContinualMethod(*([None] * 5), predict, None, None)
 
 
 def _tests(seed: int = 0):

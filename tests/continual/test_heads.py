@@ -8,13 +8,9 @@ import optax
 import pytest
 
 from lowrank_jax import continual, data, models
-from lowrank_jax.continual.heads import (
-    HeadState,
-    align_head,
-    compensate_drift,
-    prototype_head,
-    refit_head,
-)
+from lowrank_jax.continual.capture import head_features
+from lowrank_jax.continual.class_incremental import HeadState, compensate_drift
+from lowrank_jax.continual.heads import align_head, prototype_head, refit_head
 from lowrank_jax.continual.statistics import (
     class_statistics,
     covariance_factors,
@@ -109,9 +105,14 @@ def test_compensate_drift_follows_a_translation_exactly():
 
 def test_bad_heads_and_options_fail_with_a_message():
     method = continual.sequential_lora(lambda v, x: x, targets=("k",))
-    assert continual.with_head(method, head="masked") is method
-    with pytest.raises(ValueError, match="head must be one of"):
+    with pytest.raises(TypeError, match="head must be a head value"):
         continual.with_head(method, head="cosine")
+    with pytest.raises(ValueError, match="metric"):
+        continual.PrototypeHead(metric="knn")
+    with pytest.raises(ValueError, match="num_per_class"):
+        continual.AlignedHead(num_per_class=0)
+    with pytest.raises(ValueError, match="shrinkage"):
+        continual.with_head(method, head=continual.PrototypeHead(), shrinkage=2.0)
     _, _, stats = _gaussian_stats()
     with pytest.raises(TypeError, match="dense head"):
         prototype_head({"w": np.zeros((4, 3))}, stats, [0])
@@ -187,15 +188,17 @@ def test_aligned_head_keeps_old_classes_better_than_masked():
         continual.sequential_lora(model.apply, **kw), variables, tasks, x_old, y_old
     )
     aligned, method, state = _old_class_accuracy(
-        continual.with_head(continual.sequential_lora(model.apply, **kw), head="aligned"),
+        continual.with_head(
+            continual.sequential_lora(model.apply, **kw), head=continual.AlignedHead()
+        ),
         variables,
         tasks,
         x_old,
         y_old,
     )
     assert aligned > masked + 0.05, (aligned, masked)
-    # head_inputs recovers exactly the features the head reads (the hidden layer's output)
-    feats = continual.head_inputs(method, state, x_old[:50])
+    # the features are exactly what the head reads (the hidden layer's output)
+    feats = method.features(state, x_old[:50])
     _, inputs = continual.layer_inputs(
         model.apply,
         ["params/head/kernel"],
@@ -207,16 +210,10 @@ def test_aligned_head_keeps_old_classes_better_than_masked():
     np.testing.assert_array_equal(state.extra.task_of, [0] * 5 + [1] * 5)
 
 
-def _mlp_apply(variables, x):  # module-level: refit_head's apply_fn is a static jit argument
+def _mlp_apply(variables, x):
     p = variables["params"]
     h = jax.numpy.tanh(x @ p["hidden"]["kernel"])
     return h @ p["head"]["kernel"] + p["head"]["bias"]
-
-
-def _squared_head_apply(variables, x):  # not affine in the head
-    p = variables["params"]
-    h = jax.numpy.tanh(x @ p["hidden"]["kernel"])
-    return (h @ p["head"]["kernel"]) ** 2 + p["head"]["bias"]
 
 
 def test_refit_head_equals_adam_through_the_frozen_model():
@@ -231,7 +228,8 @@ def test_refit_head_equals_adam_through_the_frozen_model():
     }
     head0 = {"kernel": rng.normal(size=(5, 4)).astype(np.float32), "bias": np.zeros(4, np.float32)}
     kw = dict(num_classes=4, steps=25, learning_rate=0.05, batch_size=32, seed=[1, 2])
-    got = refit_head(_mlp_apply, {"params": params}, head0, x, y, np.arange(3), **kw)
+    features = head_features(_mlp_apply, "params/head", {"params": params}, x)
+    got = refit_head(head0, features, y, np.arange(3), **kw)
 
     tx, head = optax.adam(0.05), jax.tree.map(jax.numpy.asarray, head0)
     opt_state, draws = tx.init(head), np.random.default_rng([1, 2])
@@ -249,7 +247,5 @@ def test_refit_head_equals_adam_through_the_frozen_model():
     for k in ("kernel", "bias"):
         np.testing.assert_allclose(got[k], head[k], rtol=1e-4, atol=1e-5)
     assert np.abs(got["kernel"] - head0["kernel"]).max() > 1e-2  # it did move
-    with pytest.raises(ValueError, match="not an affine function"):
-        refit_head(_squared_head_apply, {"params": params}, head0, x, y, np.arange(3), **kw)
     with pytest.raises(ValueError, match="one label each"):
-        refit_head(_mlp_apply, {"params": params}, head0, x[:0], y[:0], [0], **kw)
+        refit_head(head0, features[:0], y[:0], [0], **kw)

@@ -10,6 +10,8 @@ import pytest
 
 from lowrank_jax import adapters, continual, data, models, optim
 from lowrank_jax.adapters.paths import named_leaves
+from lowrank_jax.continual.capture import head_features
+from lowrank_jax.continual.class_incremental import HeadState
 from lowrank_jax.continual.gr_lora import module_adapters
 from lowrank_jax.continual.protocol import get_path
 from lowrank_jax.optim.subspace_memory import check_projection_order
@@ -100,6 +102,76 @@ def test_every_method_runs_from_a_users_loop_and_its_state_is_a_pytree(stream, t
     assert set(state.kernels) == {"params/dense_0/kernel", "params/dense_1/kernel"}
     moved = np.asarray(get_path(state.params, k)) - np.asarray(state.kernels[k])
     assert np.abs(moved).max() > 0
+
+
+@pytest.mark.parametrize("name", sorted(FACTORIES))
+def test_features_through_the_head_are_predicts_logits(stream, trained, name):
+    """``features`` is what ``state.head`` reads in ``predict``: ``f W + b`` is its logits
+    (GR-LoRA: for each task id, and per example for the module its entropy rule selects)."""
+    _, _, tasks = stream
+    method, state = trained(name)
+    x = np.concatenate([tasks[0].x[:8], tasks[1].x[:8]])
+    head = {k: np.asarray(v, np.float64) for k, v in state.head.items()}
+    per_task = {}
+    for task_id in (None, 0, 1) if name == "gr_lora" else (None,):
+        logits, _ = method.predict(state, x, task_id=task_id)
+        f = np.asarray(method.features(state, x, task_id=task_id), np.float64)
+        assert f.shape == (16, 16)
+        np.testing.assert_allclose(f @ head["kernel"] + head["bias"], logits, atol=1e-5)
+        per_task[task_id] = f
+    if name == "gr_lora":  # the modules' features differ, and the selected ones are picked
+        assert np.abs(per_task[0] - per_task[1]).max() > 1e-3
+        _, selected = method.predict(state, x)
+        picked = np.where(np.asarray(selected)[:, None] == 0, per_task[0], per_task[1])
+        np.testing.assert_array_equal(per_task[None], picked)
+    wrapped = continual.with_head(method, head=continual.PrototypeHead())
+    inner_state = state._replace(extra=HeadState(state.extra, None))
+    np.testing.assert_array_equal(wrapped.features(inner_state, x), per_task[None])
+
+
+def test_head_features_for_linen_nnx_and_plain_functions():
+    """The head's input after what apply_fn does to its output: a token classifier's last token
+    (linen), an nnx model and a plain function (the rows reaching the head's kernel)."""
+    import flax.linen as nn
+    from flax import nnx
+
+    class Tokens(nn.Module):  # (b, t, n) -> per-token logits, as an LM's lm_head
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(3, use_bias=False, name="head")(jnp.tanh(nn.Dense(5)(x)))
+
+    def last_token(v, t):
+        return Tokens().apply(v, t)[:, -1]
+
+    tokens = jax.random.normal(jax.random.key(0), (4, 3, 6))
+    variables = Tokens().init(jax.random.key(1), tokens)
+    f = jax.jit(lambda v, t: head_features(last_token, "params/head", v, t))(variables, tokens)
+    assert f.shape == (4, 5)
+    np.testing.assert_allclose(
+        f @ variables["params"]["head"]["kernel"], last_token(variables, tokens), atol=1e-6
+    )
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.body = nnx.Linear(6, 5, rngs=rngs)
+            self.head = nnx.Linear(5, 3, rngs=rngs)
+
+        def __call__(self, x):
+            return self.head(jax.nn.relu(self.body(x)))
+
+    net = Net(nnx.Rngs(0))
+    graphdef, state = nnx.split(net)
+    x = jax.random.normal(jax.random.key(2), (7, 6))
+    f = head_features(lambda s, a: nnx.merge(graphdef, s)(a), "head", state, x)
+    np.testing.assert_allclose(f, jax.nn.relu(net.body(x)), rtol=1e-6)
+
+    def plain(params, x):  # tokens (b, t, n) reach the head: one row per example is needed
+        return (jnp.tanh(x) @ params["head"]["kernel"])[:, -1]
+
+    params = {"head": {"kernel": jnp.ones((6, 3))}}
+    np.testing.assert_array_equal(head_features(plain, "head", params, x[:, None]), jnp.tanh(x))
+    with pytest.raises(ValueError, match="one row per example"):
+        head_features(plain, "head", params, jnp.stack([x, x], 1))
 
 
 def test_state_survives_checkpoint_restore(stream, trained, tmp_path):

@@ -7,7 +7,7 @@ import pytest
 
 from configs import saber as saber_config
 from experiments import common, continual
-from lowrank_jax.continual.heads import HeadState
+from lowrank_jax.continual.class_incremental import HeadState
 
 
 def test_unknown_head_fails_with_the_allowed_values():
