@@ -19,11 +19,14 @@ import jax
 __all__ = [
     "Rules",
     "check_rules",
+    "drop_path",
+    "get_path",
     "is_param_leaf",
     "key_name",
     "match_rules",
     "named_leaves",
     "path_to_str",
+    "set_path",
 ]
 
 Rules = Sequence[tuple[str, Any]]
@@ -122,3 +125,29 @@ def match_rules(tree: Any, rules: Rules) -> dict[str, tuple[Any, Any]]:
             f"the available paths are:\n{_listing(shapes)}"
         )
     return targets
+
+
+def get_path(tree: Any, path: str) -> Any:
+    """The subtree of nested dicts at the '/'-joined ``path``."""
+    for part in path.split("/"):
+        tree = tree[part]
+    return tree
+
+
+def set_path(tree: Any, path: str, value: Any) -> Any:
+    """A copy of nested dicts ``tree`` with ``value`` at ``path`` (copies along the path only)."""
+    head, _, rest = path.partition("/")
+    out = dict(tree)
+    out[head] = value if not rest else set_path(tree[head], rest, value)
+    return out
+
+
+def drop_path(tree: Any, path: str) -> Any:
+    """A copy of nested dicts ``tree`` without the subtree at ``path`` (copies along the path)."""
+    head, _, rest = path.partition("/")
+    out = dict(tree)
+    if rest:
+        out[head] = drop_path(tree[head], rest)
+    else:
+        del out[head]
+    return out

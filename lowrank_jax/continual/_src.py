@@ -11,19 +11,10 @@ import numpy as np
 import optax
 
 from lowrank_jax import adapters
+from lowrank_jax.adapters.paths import drop_path, get_path, set_path
 from lowrank_jax.continual.capture import head_features, layer_inputs
-from lowrank_jax.continual.protocol import ContinualState, get_path, kernel_paths, set_path
+from lowrank_jax.continual.protocol import ContinualState, kernel_paths
 from lowrank_jax.optim.subspace_memory import init_subspace_memory
-
-
-def drop_path(tree: Any, path: str) -> Any:
-    head, _, rest = path.partition("/")
-    out = dict(tree)
-    if rest:
-        out[head] = drop_path(tree[head], rest)
-    else:
-        del out[head]
-    return out
 
 
 def lora_set(

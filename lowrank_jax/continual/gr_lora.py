@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lowrank_jax.adapters.paths import get_path, set_path
 from lowrank_jax.continual._src import (
     check_threshold,
     common_args,
@@ -41,8 +42,6 @@ from lowrank_jax.continual._src import (
 )
 from lowrank_jax.continual.protocol import (
     ContinualMethod,
-    get_path,
-    set_path,
 )
 from lowrank_jax.continual.statistics import ClassStatistics, class_statistics
 from lowrank_jax.optim.recycling import scale_by_gradient_recycling

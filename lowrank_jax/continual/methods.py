@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from lowrank_jax.adapters.paths import get_path, set_path
 from lowrank_jax.continual._src import (
     MethodBase,
     check_threshold,
@@ -50,8 +51,6 @@ from lowrank_jax.continual.protocol import (
     ContinualMethod,
     ContinualState,
     Task,
-    get_path,
-    set_path,
 )
 from lowrank_jax.optim.subspace_memory import (
     extend_subspace_memory,

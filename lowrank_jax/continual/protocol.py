@@ -59,10 +59,8 @@ __all__ = [
     "ContinualMethod",
     "ContinualState",
     "Task",
-    "get_path",
     "kernel_paths",
     "masked_cross_entropy",
-    "set_path",
 ]
 
 
@@ -144,21 +142,6 @@ class ContinualMethod(NamedTuple):
 
 # ----------------------------------------------------------------------------------------------
 # Helpers shared by the methods.
-
-
-def get_path(tree: Any, path: str) -> Any:
-    """The subtree of nested dicts at the '/'-joined ``path``."""
-    for part in path.split("/"):
-        tree = tree[part]
-    return tree
-
-
-def set_path(tree: Any, path: str, value: Any) -> Any:
-    """A copy of nested dicts ``tree`` with ``value`` at ``path`` (copies along the path only)."""
-    head, _, rest = path.partition("/")
-    out = dict(tree)
-    out[head] = value if not rest else set_path(tree[head], rest, value)
-    return out
 
 
 def kernel_paths(variables: Any, targets: Sequence[str]) -> list[str]:

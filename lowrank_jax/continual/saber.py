@@ -55,6 +55,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lowrank_jax.adapters.paths import set_path
 from lowrank_jax.continual._src import (
     check_threshold,
     common_args,
@@ -66,7 +67,6 @@ from lowrank_jax.continual._src import (
 from lowrank_jax.continual.heads import refit_head
 from lowrank_jax.continual.protocol import (
     ContinualMethod,
-    set_path,
 )
 from lowrank_jax.optim.subspace_memory import (
     SubspaceMemory,

@@ -9,11 +9,10 @@ import optax
 import pytest
 
 from lowrank_jax import adapters, continual, data, models, optim
-from lowrank_jax.adapters.paths import named_leaves
+from lowrank_jax.adapters.paths import get_path, named_leaves
 from lowrank_jax.continual.capture import head_features
 from lowrank_jax.continual.class_incremental import HeadState
 from lowrank_jax.continual.gr_lora import module_adapters
-from lowrank_jax.continual.protocol import get_path
 from lowrank_jax.optim.subspace_memory import check_projection_order
 
 TARGETS = (r"params/dense_\d+/kernel",)
