@@ -60,7 +60,13 @@ def get_config(arg=None):
     c.model.remat_policy = ""  # "" (none) or a jax.checkpoint_policies name
 
     c.adapter = ml_collections.ConfigDict()
-    c.adapter.method = "lora"  # "lora" or "dora"
+    c.adapter.method = "lora"  # "lora", "dora", "frameft" (P10) or "sbvi" (P8)
+    c.adapter.init = "kaiming"  # LoRA's: "kaiming" (B = 0), "pissa" or "lora_da" (P6)
+    c.adapter.init_rows = 8 if arg.smoke else 64  # packed training rows lora_da reads
+    c.adapter.frame_coeff = 256 if arg.smoke else 4096  # frameft: coefficients per kernel
+    c.adapter.frame_scale = 50.0  # frameft: the delta's scale
+    c.adapter.sbvi_temperature = 1e-6  # sbvi: T0 of q(sigma), annealed to 0 over 80% of steps
+    c.adapter.sbvi_friction = 1e-3  # sbvi: lambda, the ARD prior's weight (prunes modes)
     c.adapter.base = "float32"  # the frozen base: float32, bfloat16, int8 or nf4 (QLoRA)
     c.adapter.rank = 8
     c.adapter.alpha = 16.0
