@@ -9,7 +9,10 @@ assistant turns), packed into rows of ``data.max_length`` tokens (``lowrank_jax.
         --config.data.train=train.jsonl [--config.data.valid=valid.jsonl] --workdir=runs/sft
     python -m experiments.train --config=configs/llm_sft.py:smoke   # no checkpoint needed
 
-Options: ``--config.adapter.method=dora`` (DoRA), ``--config.adapter.base=nf4`` (QLoRA: the frozen
+Options: ``--config.adapter.method=dora`` (DoRA), ``frameft`` (FrameFT, P10) or ``sbvi``
+(spectral adapters trained by SBVI, P8; no PEFT ``adapter/`` for these two, ``merged/`` as for all),
+``--config.adapter.init=lora_da`` (LoRA-DA, P6, from ``adapter.init_rows`` packed training rows) or
+``pissa`` (the base trained on is the residual), ``--config.adapter.base=nf4`` (QLoRA: the frozen
 projections in 4-bit NormalFloat; also ``bfloat16``, ``int8``), ``--config.export.merged=True``
 (also write ``<workdir>/merged/``, an HF checkpoint with the adapter folded in and the tokenizer
 files copied). **Compute dtype**: ``model.dtype`` (default ``float32``, which a CPU runs fastest

@@ -8,12 +8,13 @@
    (``data.encode_jsonl``) and packed into rows of ``data.max_length`` tokens with segment ids,
    positions and loss masks (``data.pack``).
 2. **Train** one ``common.fit`` run in ``<workdir>``: state ``{"adapters", "opt_state", "step"}``,
-   LoRA or DoRA factors stacked on the layer axis (``adapter.method``), the frozen base passed
+   LoRA, DoRA, FrameFT (P10) or SBVI (P8) factors stacked on the layer axis (``adapter.method``;
+   LoRA initialised by ``adapter.init``: ``kaiming``, ``pissa`` or LoRA-DA, P6), the frozen base passed
    apart and stored as ``adapter.base`` (``nf4``: QLoRA; ``adapters.low_precision_base``),
    the loss the mean next-token negative log-likelihood of the packed targets. Data parallel over
    all local devices (FSDP with ``parallel.fsdp``), resumable, with the progress bar, throughput
    and utilisation of every ``fit`` run.
-3. **Outputs**: ``<workdir>/adapter`` (PEFT format, ``adapters.save_peft``), optionally
+3. **Outputs**: ``<workdir>/adapter`` (PEFT format, ``adapters.save_peft``; LoRA and DoRA only), optionally
    ``<workdir>/merged`` (``adapters.fold`` + ``models.save_hf_decoder``, tokenizer files
    copied), ``results.md`` (validation loss and perplexity before and after, greedy samples of
    ``models.generate`` before and after) and the run's JSON (``valid_loss_before``,
