@@ -110,8 +110,7 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_same_result(smoke, tmp_p
         shutil.rmtree(copy / name)
     config = sft_config.get_config("smoke")
     config.log.progress = False
-    with common.train_options(config):
-        again = llm_sft.run(config, str(copy))
+    again = llm_sft.run(config, str(copy))  # (options from the config, as the CLI builds them)
     for key in ("valid_loss_before", "valid_loss_after"):
         assert again[key] == pytest.approx(first[key], rel=1e-6, abs=1e-6)
     steps = [r["step"] for r in common.read_metrics(copy) if "train/loss" in r]
