@@ -42,8 +42,8 @@ from configs.common import hardware_section, parse_arg, profile_section, train_s
 
 
 def get_config(arg=None):
-    """``arg``: ``"smoke"``."""
-    arg = parse_arg(arg, smoke=False)
+    """``arg``: ``"smoke"``, ``"method=<adapter.method>"`` (e.g. ``"smoke,method=sbvi"``)."""
+    arg = parse_arg(arg, smoke=False, method="lora")
     c = ml_collections.ConfigDict()
     c.experiment = "llm_sft"
     c.seed = 0
@@ -63,7 +63,7 @@ def get_config(arg=None):
     c.model.remat_policy = ""  # "" (none) or a jax.checkpoint_policies name
 
     c.adapter = ml_collections.ConfigDict()
-    c.adapter.method = "lora"  # "lora", "dora", "frameft" (P10) or "sbvi" (P8)
+    c.adapter.method = arg.method  # "lora", "dora", "frameft" (P10) or "sbvi" (P8)
     c.adapter.init = "kaiming"  # LoRA's: "kaiming" (B = 0), "pissa" or "lora_da" (P6)
     c.adapter.init_rows = 8 if arg.smoke else 64  # packed training rows lora_da reads
     c.adapter.frame_coeff = 256 if arg.smoke else 4096  # frameft: coefficients per kernel
