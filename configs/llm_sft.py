@@ -9,7 +9,10 @@ assistant turns), packed into rows of ``data.max_length`` tokens (``lowrank_jax.
         --config.data.train=train.jsonl [--config.data.valid=valid.jsonl] --workdir=runs/sft
     python -m experiments.train --config=configs/llm_sft.py:smoke   # no checkpoint needed
 
-Options: ``--config.adapter.method=dora`` (DoRA), ``--config.adapter.base=nf4`` (QLoRA: the frozen
+Options: ``--config.adapter.method=dora`` (DoRA), ``frameft`` (FrameFT, P10) or ``sbvi``
+(spectral adapters trained by SBVI, P8; no PEFT ``adapter/`` for these two, ``merged/`` as for all),
+``--config.adapter.init=lora_da`` (LoRA-DA, P6, from ``adapter.init_rows`` packed training rows) or
+``pissa`` (the base trained on is the residual), ``--config.adapter.base=nf4`` (QLoRA: the frozen
 projections in 4-bit NormalFloat; also ``bfloat16``, ``int8``), ``--config.export.merged=True``
 (also write ``<workdir>/merged/``, an HF checkpoint with the adapter folded in and the tokenizer
 files copied). **Compute dtype**: ``model.dtype`` (default ``float32``, which a CPU runs fastest
@@ -39,8 +42,8 @@ from configs.common import hardware_section, parse_arg, profile_section, train_s
 
 
 def get_config(arg=None):
-    """``arg``: ``"smoke"``."""
-    arg = parse_arg(arg, smoke=False)
+    """``arg``: ``"smoke"``, ``"method=<adapter.method>"`` (e.g. ``"smoke,method=sbvi"``)."""
+    arg = parse_arg(arg, smoke=False, method="lora")
     c = ml_collections.ConfigDict()
     c.experiment = "llm_sft"
     c.seed = 0
@@ -60,7 +63,13 @@ def get_config(arg=None):
     c.model.remat_policy = ""  # "" (none) or a jax.checkpoint_policies name
 
     c.adapter = ml_collections.ConfigDict()
-    c.adapter.method = "lora"  # "lora" or "dora"
+    c.adapter.method = arg.method  # "lora", "dora", "frameft" (P10) or "sbvi" (P8)
+    c.adapter.init = "kaiming"  # LoRA's: "kaiming" (B = 0), "pissa" or "lora_da" (P6)
+    c.adapter.init_rows = 8 if arg.smoke else 64  # packed training rows lora_da reads
+    c.adapter.frame_coeff = 256 if arg.smoke else 4096  # frameft: coefficients per kernel
+    c.adapter.frame_scale = 50.0  # frameft: the delta's scale
+    c.adapter.sbvi_temperature = 1e-6  # sbvi: T0 of q(sigma), annealed to 0 over 80% of steps
+    c.adapter.sbvi_friction = 1e-3  # sbvi: lambda, the ARD prior's weight (prunes modes)
     c.adapter.base = "float32"  # the frozen base: float32, bfloat16, int8 or nf4 (QLoRA)
     c.adapter.rank = 8
     c.adapter.alpha = 16.0

@@ -8,12 +8,13 @@
    (``data.encode_jsonl``) and packed into rows of ``data.max_length`` tokens with segment ids,
    positions and loss masks (``data.pack``).
 2. **Train** one ``common.fit`` run in ``<workdir>``: state ``{"adapters", "opt_state", "step"}``,
-   LoRA or DoRA factors stacked on the layer axis (``adapter.method``), the frozen base passed
+   LoRA, DoRA, FrameFT (P10) or SBVI (P8) factors stacked on the layer axis (``adapter.method``;
+   LoRA initialised by ``adapter.init``: ``kaiming``, ``pissa`` or LoRA-DA, P6), the frozen base passed
    apart and stored as ``adapter.base`` (``nf4``: QLoRA; ``adapters.low_precision_base``),
    the loss the mean next-token negative log-likelihood of the packed targets. Data parallel over
    all local devices (FSDP with ``parallel.fsdp``), resumable, with the progress bar, throughput
    and utilisation of every ``fit`` run.
-3. **Outputs**: ``<workdir>/adapter`` (PEFT format, ``adapters.save_peft``), optionally
+3. **Outputs**: ``<workdir>/adapter`` (PEFT format, ``adapters.save_peft``; LoRA and DoRA only), optionally
    ``<workdir>/merged`` (``adapters.fold`` + ``models.save_hf_decoder``, tokenizer files
    copied), ``results.md`` (validation loss and perplexity before and after, greedy samples of
    ``models.generate`` before and after) and the run's JSON (``valid_loss_before``,
@@ -35,11 +36,14 @@ from absl import logging
 from experiments import common
 from experiments.common import llm_fixture
 from experiments.llm_sft_report import sample, sampling_forward, write_report
-from lowrank_jax import adapters, data, models
+from lowrank_jax import adapters, data, models, optim
 from lowrank_jax.adapters.quant import BASE_DTYPES
 from lowrank_jax.data import text
+from lowrank_jax.optim.sbvi import sbvi_mean
 
-METHODS = {"lora": adapters.lora, "dora": adapters.dora}
+METHODS = ("lora", "dora", "frameft", "sbvi")  # adapter.method
+PEFT_METHODS = ("lora", "dora")  # the kinds a PEFT adapter_config.json describes
+INITS = ("kaiming", "pissa", "lora_da")  # adapter.init (LoRA only besides kaiming)
 KERNELS = r".*_proj/kernel"  # what a quantised base stores in low precision
 # What a merged checkpoint needs besides the weights, copied from the input checkpoint.
 TOKENIZER_FILES = (
@@ -85,7 +89,19 @@ def check_config(config: Any) -> None:
     c.check_nonnegative(config, "eval.every", integer=True)
     c.check_choice(config, "model.dtype", ("float32", "bfloat16", "float16"))
     c.check_choice(config, "model.param_dtype", ("float32", "bfloat16"))
-    c.check_choice(config, "adapter.method", tuple(METHODS))
+    c.check_choice(config, "adapter.method", METHODS)
+    c.check_choice(config, "adapter.init", INITS)
+    if config.adapter.init != "kaiming" and config.adapter.method != "lora":
+        raise c.ConfigError(
+            f"config.adapter.init={config.adapter.init!r} is invalid with adapter.method="
+            f"{config.adapter.method!r}: 'pissa' and 'lora_da' initialise LoRA only (use "
+            "--config.adapter.method=lora or --config.adapter.init=kaiming)"
+        )
+    c.check_positive(config, "adapter.init_rows", integer=True)
+    c.check_positive(config, "adapter.frame_coeff", integer=True)
+    c.check_positive(config, "adapter.frame_scale")
+    c.check_nonnegative(config, "adapter.sbvi_temperature")
+    c.check_nonnegative(config, "adapter.sbvi_friction")
     c.check_choice(config, "adapter.base", BASE_DTYPES)
     c.check_choice(config, "export.merged_dtype", ("", "float32", "bfloat16", "float16"))
     c.check_positive(config, "adapter.alpha")
@@ -139,10 +155,63 @@ def load_examples(config: Any, tokenizer: data.Tokenizer, files: dict[str, str])
 # Model, step and evaluation.
 
 
-def adapter_rules(config: Any) -> list[tuple[str, Any]]:
+def adapter_rules(config: Any, init: str = "kaiming") -> list[tuple[str, Any]]:
+    """``adapter.method``'s spec on every target, stacked on the layer axis (``(L, n, m)``)."""
     a = config.adapter
-    spec = METHODS[a.method](a.rank, alpha=a.alpha, in_ndim=1, out_ndim=1)  # stacked (L, n, m)
+    layout = {"in_ndim": 1, "out_ndim": 1}
+    if a.method == "frameft":  # P10: coefficients on a fixed frame of the kernel's shape
+        spec = adapters.frameft(a.frame_coeff, scale=a.frame_scale, **layout)
+    elif a.method == "sbvi":  # P8: U diag(σ) Vᵀ, σ evolved by scale_by_sbvi
+        spec = adapters.spectral(a.rank, **layout)
+    elif a.method == "dora":
+        spec = adapters.dora(a.rank, alpha=a.alpha, **layout)
+    else:
+        spec = adapters.lora(a.rank, alpha=a.alpha, init=init, **layout)
     return [(t, spec) for t in a.targets]
+
+
+def _packed_loss(forward: Any, batch: Any) -> jax.Array:
+    """``loss_fn(forward, batch)`` of the data-aware initialisers: mean next-token loss."""
+    logits = forward(
+        batch["tokens"], segment_ids=batch["segment_ids"], positions=batch["positions"]
+    )
+    total, count = text.next_token_loss(logits, batch["tokens"], batch["loss_mask"])
+    return total / jnp.maximum(count, 1.0)
+
+
+def initial_adapters(
+    config: Any, model: models.DecoderLM, variables: Any, packed: dict[str, np.ndarray]
+) -> tuple[Any, Any]:
+    """``(adapters, base)`` before training, by ``adapter.init``: ``kaiming`` (``B = 0``, the base
+    unchanged), ``pissa`` (the top singular triples, ``adapters.unfold`` takes them out of the
+    base) or ``lora_da`` (P6: ``adapters.lora_da`` from the per-example gradients and K-FAC
+    statistics of the first ``adapter.init_rows`` packed training rows; the base unchanged)."""
+    a, key = config.adapter, jax.random.key(config.seed)
+    if a.init == "lora_da":
+        rows = min(a.init_rows, len(packed["tokens"]))
+        batch = {k: jnp.asarray(packed[k][:rows]) for k in ("tokens", "segment_ids", "positions", "loss_mask")}  # fmt: skip
+        ad = adapters.lora_da(
+            key, variables, adapter_rules(config), batch, apply_fn=model.apply,
+            loss_fn=_packed_loss, num_train=len(packed["tokens"]), chunk_size=4,
+        )  # fmt: skip
+        return ad, variables
+    ad = adapters.init(key, variables, adapter_rules(config, init=a.init))
+    return ad, adapters.unfold(variables, ad) if a.init == "pissa" else variables
+
+
+def sbvi_state(opt_state: Any) -> optim.SBVIState:
+    """The ``SBVIState`` inside the run's optimizer state (chained after gradient clipping)."""
+    is_state = lambda x: isinstance(x, optim.SBVIState)  # noqa: E731
+    (found,) = [x for x in jax.tree.leaves(opt_state, is_leaf=is_state) if is_state(x)]
+    return found
+
+
+def evaluated(config: Any, state: dict[str, Any]) -> Any:
+    """The adapters to evaluate and export: SBVI's at the posterior mean (its parameters hold a
+    sample of ``q(σ)``), the others as trained."""
+    if config.adapter.method != "sbvi":
+        return state["adapters"]
+    return sbvi_mean(state["adapters"], sbvi_state(state["opt_state"]))
 
 
 def frozen_base(config: Any, variables: Any) -> Any:
@@ -176,7 +245,15 @@ def optimizer(config: Any) -> optax.GradientTransformation:
     lr = optax.warmup_cosine_decay_schedule(
         0.0, config.optim.learning_rate, s.warmup_steps, s.num_steps, end_value=0.0
     )
-    tx = optax.adamw(lr, weight_decay=config.optim.weight_decay)
+    if config.adapter.method == "sbvi":
+        a = config.adapter
+        tx = optim.scale_by_sbvi(
+            learning_rate=config.optim.learning_rate, friction=a.sbvi_friction,
+            temperature=a.sbvi_temperature, anneal_steps=max(1, int(0.8 * s.num_steps)),
+            prune_start=max(1, s.num_steps // 4), seed=config.seed,
+        )  # fmt: skip
+    else:
+        tx = optax.adamw(lr, weight_decay=config.optim.weight_decay)
     if config.optim.grad_clip:
         tx = optax.chain(optax.clip_by_global_norm(config.optim.grad_clip), tx)
     return tx
@@ -233,19 +310,23 @@ def make_evaluate(forward: Any, mesh: Any, *, batch_size: int) -> Any:
 def export(
     config: Any, workdir: str, checkpoint: str, mc: Any, variables: Any, lora: Any
 ) -> dict[str, str]:
-    """Writes ``<workdir>/adapter`` (PEFT) and, with ``export.merged``, ``<workdir>/merged``."""
-    out = {"adapter_dir": os.path.join(workdir, "adapter")}
+    """Writes ``<workdir>/adapter`` (PEFT; LoRA and DoRA only) and, with ``export.merged``,
+    ``<workdir>/merged`` (``variables``: the base the adapters were trained on)."""
+    out = {}
+    if config.adapter.method in PEFT_METHODS:
+        out["adapter_dir"] = os.path.join(workdir, "adapter")
     if config.export.merged:
         out["merged_dir"] = os.path.join(workdir, "merged")
     if jax.process_index() != 0:  # (every process holds the replicated adapters)
         return out
-    adapters.save_peft(
-        out["adapter_dir"],
-        lora,
-        module_name=models.decoder_module_name,
-        base_model=os.path.abspath(checkpoint),
-        task_type="CAUSAL_LM",
-    )
+    if "adapter_dir" in out:
+        adapters.save_peft(
+            out["adapter_dir"],
+            lora,
+            module_name=models.decoder_module_name,
+            base_model=os.path.abspath(checkpoint),
+            task_type="CAUSAL_LM",
+        )
     if config.export.merged:
         merged = adapters.fold(variables, lora)
         dtype = config.export.merged_dtype or None
@@ -303,8 +384,9 @@ def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -
         shardings = common.param_sharding(mesh, tree, fsdp=config.parallel.fsdp)
         return common.sharding.put_global(tree, shardings)
 
-    lora = adapters.init(jax.random.key(config.seed), variables, adapter_rules(config))
-    frozen = on_mesh(frozen_base(config, variables))
+    lora, base = initial_adapters(config, model, variables, train_packed)
+    zero = jax.device_get(lora)  # the adapters before training (fit donates its state)
+    frozen = on_mesh(frozen_base(config, base))
     before = evaluate(on_mesh(lora), frozen, valid_packed)
     tx = optimizer(config)
     result = common.fit(
@@ -315,7 +397,7 @@ def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -
         key=jax.random.key(config.seed + 1),
         num_steps=config.schedule.num_steps,
         workdir=workdir,
-        eval_fn=lambda s, f: evaluate(s["adapters"], f, valid_packed),
+        eval_fn=lambda s, f: evaluate(evaluated(config, s), f, valid_packed),
         eval_every=config.eval.every,
         mesh=mesh,
         **common.fit_options(config),
@@ -325,11 +407,10 @@ def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -
     if result.interrupted:
         return {"interrupted": True}
     after = result.last_eval
-    trained = jax.device_get(result.state["adapters"])
-    out = export(config, workdir, files["checkpoint"], mc, variables, trained)
+    trained = jax.device_get(evaluated(config, result.state))
+    out = export(config, workdir, files["checkpoint"], mc, base, trained)
     shown = valid[: config.eval.num_samples]
     n = config.eval.sample_tokens
-    zero = adapters.init(jax.random.key(config.seed), variables, adapter_rules(config))
     forward = sampling_forward(model)
     samples = {
         name: sample(model, forward, frozen, ad, shown, tokenizer, max_new_tokens=n)
@@ -343,6 +424,11 @@ def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -
         "valid_rows": len(valid),
         "valid_targets": int(valid_packed["loss_mask"][:, 1:].sum()),
     }
+    extra = {}
+    if config.adapter.method == "sbvi":
+        extra["sbvi_ranks"] = optim.sbvi_ranks(
+            jax.device_get(sbvi_state(result.state["opt_state"]))
+        )
     write_report(config, workdir, files, counts, before, after, samples)
     metrics = {
         "valid_loss_before": before["valid/loss"],
@@ -351,6 +437,7 @@ def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -
         "valid_ppl_after": after["valid/ppl"],
         **out,
         **counts,
+        **extra,
         "step_time_s": result.step_time_s,
         "interrupted": False,
     }

@@ -79,8 +79,13 @@ def write_report(config, workdir, files, counts, before, after, samples) -> None
         f"rows in {counts['train_packed']} packed rows; validation "
         f"{'`' + files['valid'] + '`' if files['valid'] else 'held out of the training rows'}: "
         f"{counts['valid_rows']} rows, {counts['valid_targets']} target tokens. 'before' is the "
-        f"frozen base ({a.base}) with a zero adapter."
+        f"frozen base ({a.base}) with the initial adapter (`adapter.init={a.init}`)."
     )
+    if a.method not in ("lora", "dora"):
+        notes += (
+            f" No PEFT `adapter/` is written: PEFT has no {a.method} layer; the trained factors "
+            "are in the run's checkpoints, and `merged/` (when exported) has them folded in."
+        )
     body = common.write_results_md(workdir, rows, title="Fine-tuning", notes=notes)
     lines = ["", "## Greedy samples (prompt → continuation)", ""]
     for i, ((prompt, old), (_, new)) in enumerate(

@@ -172,6 +172,8 @@ RULES: tuple[tuple[str, str], ...] = (
     ("tests/experiments/test_llm_sft.py::test_the_adapter_loads_in_pytorch_peft_*", "slow"),
     ("tests/experiments/test_llm_sft.py::test_a_*", "slow"),
     ("tests/experiments/test_llm_sft.py::test_dora_and_qlora_by_config", "slow"),
+    ("tests/experiments/test_llm_sft.py::test_paper_methods_by_config", "slow"),
+    ("tests/experiments/test_llm_sft.py::test_initialisers_keep_or_move_the_base", "slow"),
     ("tests/experiments/test_lora_bo.py::*", "slow"),
     ("tests/experiments/test_lora_finetune.py::*", "slow"),
     (

@@ -110,8 +110,7 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_same_result(smoke, tmp_p
         shutil.rmtree(copy / name)
     config = sft_config.get_config("smoke")
     config.log.progress = False
-    with common.train_options(config):
-        again = llm_sft.run(config, str(copy))
+    again = llm_sft.run(config, str(copy))  # (options from the config, as the CLI builds them)
     for key in ("valid_loss_before", "valid_loss_after"):
         assert again[key] == pytest.approx(first[key], rel=1e-6, abs=1e-6)
     steps = [r["step"] for r in common.read_metrics(copy) if "train/loss" in r]
@@ -135,6 +134,76 @@ def test_dora_and_qlora_by_config(smoke, tmp_path, method, base):
     saved = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert saved["use_dora"] == (method == "dora")
     assert (tmp_path / "merged" / "model.safetensors").is_file() == (method == "dora")
+
+
+def _merged_valid_loss(config, workdir):
+    """The validation loss of ``<workdir>/merged`` loaded as a plain checkpoint (no adapter)."""
+    files = llm_sft.inputs(config, str(workdir))
+    tok = data.load_tokenizer(files["checkpoint"])
+    _, valid = llm_sft.load_examples(config, tok, files)
+    packed = data.pack(valid, max_length=config.data.max_length, pad_id=tok.pad_token_id)
+    mc = llm_sft.model_config(config, str(workdir / "merged"))
+    _, merged = models.load_hf_decoder(workdir / "merged", config=mc)
+    forward = llm_sft.make_forward(models.DecoderLM(mc))
+    evaluate = llm_sft.make_evaluate(forward, common.make_mesh(), batch_size=config.eval.batch_size)
+    return evaluate({}, merged, packed)["valid/loss"]
+
+
+@pytest.mark.parametrize(
+    ("method", "init"),
+    [("lora", "lora_da"), ("lora", "pissa"), ("frameft", "kaiming"), ("sbvi", "kaiming")],
+)
+def test_paper_methods_by_config(smoke, tmp_path, method, init):
+    """LoRA-DA (P6) and PiSSA initialisation, FrameFT (P10), SBVI (P8): the validation loss
+    falls, and the merged checkpoint (folded into the base trained on, SBVI at its posterior
+    mean) has the adapted model's validation loss; PEFT's adapter/ only for LoRA layouts."""
+    workdir, _ = smoke
+    config = sft_config.get_config("smoke")
+    config.checkpoint = str(workdir / "fixture" / "checkpoint")
+    config.data.train = str(workdir / "fixture" / "train.jsonl")
+    config.adapter.method, config.adapter.init = method, init
+    config.adapter.frame_scale = 5.0  # (at 50 the held-out loss moves by < 1e-3 in 10 steps)
+    config.schedule.num_steps, config.schedule.warmup_steps = 10, 1
+    config.eval.num_samples = 0
+    config.log.progress = False
+    metrics = llm_sft.run(config, str(tmp_path))
+    assert metrics["valid_loss_after"] < metrics["valid_loss_before"]
+    merged = _merged_valid_loss(config, tmp_path)
+    assert merged == pytest.approx(metrics["valid_loss_after"], abs=1e-4)
+    assert abs(merged - metrics["valid_loss_before"]) > 1e-3
+    table = (tmp_path / "results.md").read_text()
+    assert f"`adapter.init={init}`" in table
+    peft = method in llm_sft.PEFT_METHODS
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file() == peft
+    assert ("No PEFT `adapter/` is written" in table) == (not peft)
+    if method == "sbvi":  # every target keeps some of its 2 layers x 8 modes
+        ranks = metrics["sbvi_ranks"]
+        assert len(ranks) == 7 and all(1 <= r <= 16 for r in ranks.values()), ranks
+
+
+def test_initialisers_keep_or_move_the_base(smoke):
+    """``lora_da`` starts away from zero on the unchanged base; ``pissa`` takes its triples out
+    of the base (base + adapter = the checkpoint)."""
+    workdir, _ = smoke
+    config = sft_config.get_config("smoke")
+    checkpoint = workdir / "fixture" / "checkpoint"
+    config.checkpoint, config.data.train = str(checkpoint), str(workdir / "fixture" / "train.jsonl")
+    files = llm_sft.inputs(config, str(workdir))
+    tok = data.load_tokenizer(checkpoint)
+    train, _ = llm_sft.load_examples(config, tok, files)
+    packed = data.pack(train, max_length=config.data.max_length, pad_id=tok.pad_token_id)
+    mc = llm_sft.model_config(config, str(checkpoint))
+    _, variables = models.load_hf_decoder(checkpoint, config=mc)
+    model = models.DecoderLM(mc)
+    q = "params/model/layers/self_attn/q_proj/kernel"
+    kernel = lambda v: np.asarray(v["params"]["model"]["layers"]["self_attn"]["q_proj"]["kernel"])  # noqa: E731
+    config.adapter.init = "lora_da"
+    ad, base = llm_sft.initial_adapters(config, model, variables, packed)
+    assert base is variables and np.abs(np.asarray(ad[q].factors["b"])).max() > 0
+    config.adapter.init = "pissa"
+    ad, base = llm_sft.initial_adapters(config, model, variables, packed)
+    assert np.abs(kernel(base) - kernel(variables)).max() > 1e-3
+    np.testing.assert_allclose(kernel(adapters.fold(base, ad)), kernel(variables), atol=1e-5)
 
 
 def test_a_bad_row_fails_in_one_line_naming_file_and_line(smoke, tmp_path):
@@ -162,7 +231,14 @@ def test_config_errors_say_what_to_pass(tmp_path):
         llm_sft.check_config(config)
     config = sft_config.get_config("smoke")
     config.adapter.method = "vera"
-    with pytest.raises(common.ConfigError, match=r"adapter.method='vera' .* 'lora', 'dora'"):
+    with pytest.raises(common.ConfigError, match=r"adapter.method='vera' .* 'lora', 'dora', 'frameft', 'sbvi'"):  # fmt: skip
+        llm_sft.check_config(config)
+    config = sft_config.get_config("smoke")
+    config.adapter.init = "eva"
+    with pytest.raises(common.ConfigError, match=r"adapter.init='eva' .* 'kaiming', 'pissa', 'lora_da'"):  # fmt: skip
+        llm_sft.check_config(config)
+    config.adapter.method, config.adapter.init = "dora", "lora_da"
+    with pytest.raises(common.ConfigError, match="initialise LoRA only"):
         llm_sft.check_config(config)
 
 

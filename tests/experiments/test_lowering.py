@@ -30,6 +30,8 @@ EXTRA = (  # variants whose programs differ from the plain :smoke ones
     "configs/tpv.py:smoke,parts=pruning_cnn",
     "configs/multidim_tuning.py:smoke,parts=fused",
     "configs/tfft.py:smoke,stage2=resample",
+    "configs/llm_sft.py:smoke,method=frameft",
+    "configs/llm_sft.py:smoke,method=sbvi",  # the SBVI optimizer's update in the step
 )
 CONFIGS = [f"{path}:smoke" for path, _ in train.available_configs()] + list(EXTRA)
 
