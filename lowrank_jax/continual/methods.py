@@ -52,11 +52,8 @@ from lowrank_jax.continual.protocol import (
     ContinualState,
     Task,
 )
-from lowrank_jax.optim.subspace_memory import (
-    extend_subspace_memory,
-    project_off,
-    scale_by_orthogonal_projection,
-)
+from lowrank_jax.optim.orthogonal_projection import scale_by_orthogonal_projection
+from lowrank_jax.optim.subspace_memory import extend_subspace_memory, project_off
 
 __all__ = [
     "OLoRAState",

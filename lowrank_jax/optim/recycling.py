@@ -17,7 +17,7 @@ the shared adapter stays interference-free for old tasks; the module is active o
 ``t`` is selected (entropy-based selection in :mod:`lowrank_jax.continual`).
 
 Chain it after the moment estimator, as the projection (see
-:func:`~lowrank_jax.optim.subspace_memory.check_projection_order`); the forward wiring of the module
+:func:`~lowrank_jax.optim.orthogonal_projection.check_projection_order`); the forward wiring of the module
 beside the shared adapter is :func:`lowrank_jax.continual.gr_lora_adapters`, the layer inputs that
 fill the memory come from :func:`lowrank_jax.continual.layer_inputs`.
 
@@ -44,12 +44,8 @@ import jax.numpy as jnp
 import optax
 
 from lowrank_jax.adapters import paths
-from lowrank_jax.optim.subspace_memory import (
-    SubspaceMemory,
-    init_memories,
-    project_off,
-    project_onto,
-)
+from lowrank_jax.optim.orthogonal_projection import init_memories
+from lowrank_jax.optim.subspace_memory import SubspaceMemory, project_off, project_onto
 
 __all__ = ["GradientRecyclingState", "scale_by_gradient_recycling", "split_update"]
 

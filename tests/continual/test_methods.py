@@ -13,7 +13,7 @@ from lowrank_jax.adapters.paths import get_path, named_leaves
 from lowrank_jax.continual.capture import head_features
 from lowrank_jax.continual.class_incremental import HeadState
 from lowrank_jax.continual.gr_lora import module_adapters
-from lowrank_jax.optim.subspace_memory import check_projection_order
+from lowrank_jax.optim.orthogonal_projection import check_projection_order
 
 TARGETS = (r"params/dense_\d+/kernel",)
 KW = dict(targets=TARGETS, rank=4, alpha=8.0, learning_rate=3e-3, grad_clip=1.0)
