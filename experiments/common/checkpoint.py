@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import sys
-import traceback
 from collections.abc import Mapping
 from typing import Any
 
@@ -189,11 +188,16 @@ def restore_latest(manager: ocp.CheckpointManager, target: Any) -> tuple[Any, di
 
 
 def _is_closed_loop_callback(unraisable: Any) -> bool:
-    """``RuntimeError('Event loop is closed')`` raised in ``call_soon_threadsafe``."""
-    exc = unraisable.exc_value
-    if not isinstance(exc, RuntimeError) or str(exc) != "Event loop is closed":
-        return False
-    return any(f.name == "call_soon_threadsafe" for f in traceback.extract_tb(exc.__traceback__))
+    """``RuntimeError('Event loop is closed')`` in the unraisable exception's chain (raised in
+    ``call_soon_threadsafe``, or while handling a TensorStore read error of the failed restore,
+    which is how it arrives on a loaded machine)."""
+    exc, seen = unraisable.exc_value, set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, RuntimeError) and str(exc) == "Event loop is closed":
+            return True
+        exc = exc.__context__ or exc.__cause__
+    return False
 
 
 def _quiet_closed_event_loop() -> None:
