@@ -35,7 +35,7 @@ from absl import logging
 
 from experiments import common
 from experiments.common import llm_fixture
-from experiments.llm_sft_report import sample, sampling_forward, write_report
+from experiments.common.llm_sft_report import sample, sampling_forward, write_report
 from lowrank_jax import adapters, data, models, optim
 from lowrank_jax.adapters.quant import BASE_DTYPES
 from lowrank_jax.data import text
