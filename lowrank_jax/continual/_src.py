@@ -252,11 +252,12 @@ FEATURE_BATCH = 256  # rows per forward pass when features are read on the host
 
 
 def in_batches(
-    fn: Callable[[np.ndarray], jax.Array], x: np.ndarray, batch_size: int = FEATURE_BATCH
+    fn: Callable[[np.ndarray], jax.Array], x: Any, batch_size: int = FEATURE_BATCH
 ) -> np.ndarray:
     """``concatenate([fn(batch)])`` over equal batches of at most ``batch_size`` rows of ``x`` (one
     compiled shape; the last batch padded with the first rows, whose outputs are dropped), as a
-    float32 host array."""
+    float32 host array. ``x`` is an array or any row-sliceable sequence (``len``, ``x[i:j]``),
+    read one batch at a time."""
     size = -(-len(x) // max(1, -(-len(x) // batch_size))) if len(x) else 1
     out = []
     for i in range(0, len(x), size):

@@ -108,7 +108,7 @@ class HeadState(NamedTuple):
     task_of: np.ndarray | None = None
 
 
-def _features(method: ContinualMethod, state: ContinualState, x: np.ndarray, task_id: int):
+def _features(method: ContinualMethod, state: ContinualState, x: Any, task_id: int):
     """``(N, d)`` float32 host features of ``x``, in equal batches."""
     return in_batches(lambda xb: method.features(state, xb, task_id=task_id), x)
 
@@ -116,7 +116,7 @@ def _features(method: ContinualMethod, state: ContinualState, x: np.ndarray, tas
 def _drift(method, old_state, new_state, task: Task, stats, task_of, bandwidth):
     """``stats`` with each old task's classes' means moved by :func:`compensate_drift` along the
     drift of the features of that task (``task_id``) on ``task.x``."""
-    x = np.asarray(task.x)
+    x = task.x
     mean = stats.mean
     for j in sorted({int(t) for t in task_of[task_of >= 0]}):
         old = _features(method, old_state, x, j)
@@ -191,7 +191,7 @@ def with_head(
     def end_task(state, trainable, frozen, task):
         stats, task_of = state.extra.stats, state.extra.task_of
         new = method.end_task(inner(state), trainable, frozen, task)
-        feats = _features(method, new, np.asarray(task.x), task.index)
+        feats = _features(method, new, task.x, task.index)
         if drift and stats is not None:
             stats = _drift(method, inner(state), new, task, stats, task_of, drift_bandwidth)
         stats = class_statistics(

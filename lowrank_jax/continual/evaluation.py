@@ -28,7 +28,7 @@ __all__ = ["evaluate_stream", "evaluate_tasks"]
 def evaluate_tasks(
     method: ContinualMethod,
     state: ContinualState,
-    tests: Sequence[Mapping[str, np.ndarray]],
+    tests: Sequence[Mapping[str, Any]],
     task_classes: Sequence[Any],
     *,
     num_classes: int,
@@ -45,7 +45,9 @@ def evaluate_tasks(
     Args:
       method: the continual method.
       state: its state after the last task in ``tests``.
-      tests: per task ``j``, ``{"x": (N_j, ...), "y": (N_j,) int}`` test examples (global labels).
+      tests: per task ``j``, ``{"x": (N_j, ...), "y": (N_j,) int}`` test examples (global labels);
+        ``"x"`` an array or a row-sliceable sequence read a batch at a time
+        (:class:`lowrank_jax.data.ImageRows`).
       task_classes: per task ``j``, the classes of task ``j`` (ints in ``[0, num_classes)``).
       num_classes: ``C``, the width of the logits.
       task_incremental: give ``predict`` the task id and restrict each task to its own classes.

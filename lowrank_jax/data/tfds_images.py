@@ -5,7 +5,7 @@ together) through ``tfds.data_source``, the random-access (ArrayRecord) reader o
 needs no TensorFlow (TensorFlow is not installed here, so ``tf.data`` is not an option; ``grain``
 is not installed either). An :class:`ImageSource` keeps only the labels and where each example
 lives; images are read and decoded when a batch asks for them, so no dataset is held in memory.
-:class:`ImageBatches` is a resumable iterator (``state`` / ``restore``, as
+:class:`~lowrank_jax.data.image_readers.ImageBatches` is a resumable iterator (``state`` / ``restore``, as
 :class:`~lowrank_jax.data.BatchIterator`, whose order it uses) of transformed batches
 (:mod:`lowrank_jax.data.image_transforms`), whose augmentation is drawn from a generator seeded
 by ``(seed, epoch, position)``, so a resumed run sees the very batches it would have seen.
@@ -50,21 +50,18 @@ import dataclasses
 import hashlib
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from lowrank_jax.data.image_transforms import Transform
 from lowrank_jax.data.imagenet_r_classes import IMAGENET_R_CLASSES
-from lowrank_jax.data.iterators import BatchIterator
 from lowrank_jax.data.records import Dataset
 from lowrank_jax.data.tfds_source import open_data_source
 
 __all__ = [
     "DOMAINNET_DOMAINS",
     "IMAGE_DATASETS",
-    "ImageBatches",
     "ImageSource",
     "imagenet_r_is_test",
     "tfds_image_source",
@@ -275,87 +272,3 @@ def tfds_image_source(
         _names(parts[0], "label"),
         num_threads=threads,
     )
-
-
-class ImageBatches:
-    """Resumable batches ``{"x": (b, s, s, 3) float32, "y": (b,) int32}`` of some rows of an
-    :class:`ImageSource`, transformed on the host.
-
-    The rows are visited in :class:`~lowrank_jax.data.BatchIterator`'s order (a permutation per
-    epoch drawn from ``(seed, epoch)``); image ``j`` of the batch at ``(epoch, position)`` is
-    transformed with the ``j``-th generator spawned from
-    ``numpy.random.default_rng([seed, epoch, position])``, so ``state()`` / ``restore`` (or
-    ``state=``) reproduce the batches, augmentation included. The images of a batch are read,
-    decoded and transformed on the source's ``num_threads`` threads.
-
-    Args:
-      source: the images.
-      rows: the rows to visit: an array of row ids or a ``Dataset`` of them (a task of
-        ``split_by_classes(source.index(), ...)``).
-      transform: ``(image, rng) -> (s, s, 3)`` (``train_transform`` / ``eval_transform``).
-      batch_size, seed, shuffle, drop_remainder, num_epochs, state: as ``BatchIterator``'s.
-    """
-
-    def __init__(
-        self,
-        source: ImageSource,
-        rows: np.ndarray | Dataset,
-        *,
-        transform: Transform,
-        batch_size: int,
-        seed: int,
-        shuffle: bool = True,
-        drop_remainder: bool = True,
-        num_epochs: int | None = None,
-        state: Mapping[str, int] | None = None,
-    ):
-        rows = np.asarray(rows.x if isinstance(rows, Dataset) else rows, np.int64)
-        if rows.ndim != 1 or (rows.size and (rows.min() < 0 or rows.max() >= len(source))):
-            raise ValueError(f"rows must be a 1-D array of row ids of the {len(source)} rows.")
-        self._source = source
-        self._transform = transform
-        self._seed = int(seed)
-        self._order = BatchIterator(
-            {"row": rows, "y": source.labels[rows]},
-            batch_size=batch_size,
-            seed=seed,
-            shuffle=shuffle,
-            drop_remainder=drop_remainder,
-            num_epochs=num_epochs,
-            state=state,
-        )
-
-    def __iter__(self) -> ImageBatches:
-        return self
-
-    def __len__(self) -> int:
-        return len(self._order)
-
-    @property
-    def num_examples(self) -> int:
-        return self._order.num_examples
-
-    def state(self) -> dict[str, int]:
-        """``{"epoch", "position"}`` of the next batch."""
-        return self._order.state()
-
-    def restore(self, state: Mapping[str, int]) -> ImageBatches:
-        self._order.restore(state)
-        return self
-
-    def __next__(self) -> dict[str, np.ndarray]:
-        where = self._order.state()
-        batch = next(self._order)
-        rng = np.random.default_rng([self._seed, where["epoch"], where["position"]])
-        jobs = list(zip(batch["row"].tolist(), rng.spawn(len(batch["row"])), strict=True))
-        source = self._source
-
-        def one(job: tuple[int, np.random.Generator]) -> np.ndarray:
-            return self._transform(source.image(job[0]), job[1])
-
-        if source.num_threads <= 1 or len(jobs) <= 1:
-            x = [one(j) for j in jobs]
-        else:
-            with concurrent.futures.ThreadPoolExecutor(source.num_threads) as pool:
-                x = list(pool.map(one, jobs))
-        return {"x": np.stack(x), "y": batch["y"]}

@@ -12,6 +12,7 @@ from lowrank_jax import adapters, continual, data, models, optim
 from lowrank_jax.adapters.paths import get_path, named_leaves
 from lowrank_jax.continual.capture import head_features
 from lowrank_jax.continual.class_incremental import HeadState
+from lowrank_jax.continual.evaluation import evaluate_tasks
 from lowrank_jax.continual.gr_lora import module_adapters
 from lowrank_jax.optim.orthogonal_projection import check_projection_order
 
@@ -373,3 +374,54 @@ def test_every_method_checks_rank_and_head_path_at_init_naming_what_was_typed(st
         "'params/dense_0', 'params/dense_1'; pass head_path= the path of the classifier head's "
         "parameters."
     )
+
+
+class _Rows:
+    """A row-sliceable stand-in for an array that records the most rows read at once and refuses
+    to be converted whole (as :class:`lowrank_jax.data.ImageRows` stands in for a dataset)."""
+
+    def __init__(self, x):
+        self._x, self.most = x, 0
+
+    def __len__(self):
+        return len(self._x)
+
+    def __getitem__(self, index):
+        out = self._x[index]
+        self.most = max(self.most, len(out))
+        return out
+
+    def __array__(self, *args, **kwargs):
+        raise AssertionError("the whole task was converted to an array")
+
+
+@pytest.mark.parametrize("name", ["saber", "gr_lora", "inflora"])
+def test_methods_and_heads_read_a_task_a_batch_at_a_time(stream, trained, name):
+    """A task whose inputs are read on demand gives the state of the same task held in memory,
+    with at most one feature batch (256 rows) read at once, for the method and its aligned head;
+    evaluation reads test sets a batch at a time too."""
+    model, variables, tasks = stream
+    lazy = [t._replace(x=_Rows(t.x)) for t in tasks]
+    method = FACTORIES[name](model.apply)
+    if name == "saber":
+        method = continual.with_head(method, head=continual.AlignedHead(num_per_class=8))
+        want = _loop(method, variables, tasks)
+    else:
+        want = trained(name)[1]
+    got = _loop(method, variables, lazy)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert 0 < max(t.x.most for t in lazy) <= 256 < len(tasks[0].x)
+    tests = [{"x": _Rows(t.x), "y": t.y} for t in tasks]
+    accs, _ = evaluate_tasks(
+        method, got, tests, [t.classes for t in tasks], num_classes=10, batch_size=64
+    )
+    want_accs, _ = evaluate_tasks(
+        method,
+        got,
+        [{"x": t.x, "y": t.y} for t in tasks],
+        [t.classes for t in tasks],
+        num_classes=10,
+        batch_size=64,
+    )
+    assert accs == want_accs and max(t["x"].most for t in tests) == 64

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from lowrank_jax import data
+from lowrank_jax.continual.statistics import class_statistics
 from lowrank_jax.data.image_transforms import random_resized_crop_box
 from lowrank_jax.data.imagenet_r_classes import IMAGENET_R_CLASSES
 from lowrank_jax.data.incremental import split_by_classes
@@ -151,3 +152,34 @@ def test_transforms_normalise_flip_and_centre_crop():
         data.eval_transform(8, crop_fraction=1.5)
     with pytest.raises(ValueError, match="mean and std"):
         data.train_transform(8, mean=(0.5,))
+
+
+def test_image_rows_slice_like_the_array_of_their_transformed_images():
+    """``ImageRows`` reads only the rows asked for, each the same every time, equal to the
+    evaluation batches' images; the continual class statistics read it a chunk at a time."""
+    with tfds.testing.mock_data(num_examples=24):
+        source = data.tfds_image_source("cifar100", split="train", num_threads=2)
+        transform = data.eval_transform(16, crop_fraction=1.0)
+        rows = data.ImageRows(source, np.arange(3, 24), transform=transform)
+        whole = np.asarray(rows)
+        (batch,) = data.ImageBatches(
+            source,
+            np.arange(3, 24),
+            transform=transform,
+            batch_size=21,
+            seed=0,
+            shuffle=False,
+            drop_remainder=False,
+            num_epochs=1,
+        )
+        picked, one = rows[np.array([5, 0])], rows[7]
+        labels = source.labels[3:]
+        chunked = class_statistics(rows, labels, 100, chunk_size=4)
+    assert len(rows) == 21 and rows.shape == (21, 16, 16, 3) == whole.shape
+    assert whole.dtype == np.float32 and rows[2:5].shape == (3, 16, 16, 3)
+    np.testing.assert_array_equal(whole, batch["x"])
+    np.testing.assert_array_equal(picked, whole[[5, 0]])
+    np.testing.assert_array_equal(one, whole[7])
+    np.testing.assert_allclose(chunked.mean, class_statistics(whole, labels, 100).mean, atol=1e-6)
+    with pytest.raises(ValueError, match="rows must be a 1-D array"):
+        data.ImageRows(source, np.array([24]), transform=transform)
