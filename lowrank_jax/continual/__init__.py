@@ -13,8 +13,9 @@ classifier alignment) or :class:`PrototypeHead` (class-mean/LDA), fitted to stor
 statistics of :attr:`ContinualMethod.features`) live in :mod:`lowrank_jax.continual.heads` and
 :mod:`lowrank_jax.continual.class_incremental`; benchmark task streams
 (:class:`TaskStream`) in :mod:`lowrank_jax.continual.streams` and
-:mod:`lowrank_jax.continual.benchmarks`, a method's training step
-(:func:`make_train_step`) in :mod:`lowrank_jax.continual.training`.
+:mod:`lowrank_jax.continual.benchmarks`, the pre-trained-ViT image benchmarks read on demand
+(:func:`image_cil`, :func:`train_batches`) in :mod:`lowrank_jax.continual.image_benchmarks`, a
+method's training step (:func:`make_train_step`) in :mod:`lowrank_jax.continual.training`.
 """
 
 from lowrank_jax.continual.benchmarks import digits_cil, mnist_cil, split_digits, split_mnist
@@ -23,6 +24,7 @@ from lowrank_jax.continual.class_incremental import with_head
 from lowrank_jax.continual.evaluation import evaluate_stream
 from lowrank_jax.continual.gr_lora import gr_lora, gr_lora_adapters
 from lowrank_jax.continual.heads import AlignedHead, PrototypeHead
+from lowrank_jax.continual.image_benchmarks import image_cil, train_batches
 from lowrank_jax.continual.methods import gpm_lora, inflora, joint, o_lora, sd_lora, sequential_lora
 from lowrank_jax.continual.metrics import forgetting, plasticity, summarize
 from lowrank_jax.continual.protocol import (
@@ -48,6 +50,7 @@ __all__ = [
     "gpm_lora",
     "gr_lora",
     "gr_lora_adapters",
+    "image_cil",
     "inflora",
     "joint",
     "layer_inputs",
@@ -63,5 +66,6 @@ __all__ = [
     "split_digits",
     "split_mnist",
     "summarize",
+    "train_batches",
     "with_head",
 ]

@@ -138,6 +138,15 @@ class ImageRows:
         return len(self._rows)
 
     @property
+    def source(self) -> ImageSource:
+        return self._source
+
+    @property
+    def rows(self) -> np.ndarray:
+        """The row ids of the source, in order."""
+        return self._rows
+
+    @property
     def shape(self) -> tuple[int, ...]:
         return (len(self), *self._shape)
 
