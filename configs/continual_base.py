@@ -112,7 +112,7 @@ def build(arg, *, comparison, benchmark):
     c.data.num_tasks = b.get("smoke_tasks", 3) if arg.smoke else b["num_tasks"]
     c.data.batch_size = b.get("batch_size", 64)
     # validation rows per class carved from each task's training rows (used by the search only;
-    # experiments/continual_search.validation_stream lists the sizes per benchmark)
+    # experiments/common/continual_search.validation_stream lists the sizes per benchmark)
     c.data.valid_fraction = 0.15
     # long_stream only (specs §2 (4)): classes per task, input dim, shared subspace, sizes
     c.data.classes_per_task = 5
@@ -180,7 +180,7 @@ def build(arg, *, comparison, benchmark):
     c.method.gr_lora.lambda_global = 0.5
     c.method.gr_lora.ood_batch = b.get("ood_batch", 64)  # synthetic OOD points per step
 
-    # the validation search (experiments/continual_search.py): trials per method, its seed
+    # the validation search (experiments/common/continual_search.py): trials per method, its seed
     c.search = ml_collections.ConfigDict(dict(trials=arg.search, seed=0))
     # heads compared on validation with every trial (empty: config.head only); prototype lost to
     # aligned for 6 of 7 methods on digits_cil's validation (docs/papers/p01_saber.md), so it is compared only

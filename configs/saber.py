@@ -18,7 +18,7 @@ gpm_lora|sd_lora|joint`` (``all``: SABER, sequential LoRA, InfLoRA and joint tra
 all eight); ``benchmark=shakespeare_plays|split_mnist|split_digits|digits_cil|long_stream|
 mnist_cil``; ``seeds=<count>``; ``search=<trials>``: choose every method's learning rate and knobs
 by that many random-search trials on a validation split carved from the training tasks
-(``experiments/continual_search.py``; default 0: the configured values);
+(``experiments/common/continual_search.py``; default 0: the configured values);
 ``head=masked|aligned|prototype`` (default: the benchmark's: ``aligned``, chosen on validation,
 except ``masked`` on the task-incremental split_digits); ``compare_heads``: the
 head becomes a dimension of that validation search (masked and aligned; with ``search=0`` at the

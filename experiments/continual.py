@@ -2,7 +2,7 @@
 
 The family behind ``configs/saber.py`` and ``configs/gr_lora.py``. A frozen backbone (the top
 layers of the pretrained MiniLM on cached hidden states, a ViT or an MLP pretrained on a base
-session, or random features; streams and backbones: :mod:`experiments.continual_setup`) learns a
+session, or random features; streams and backbones: :mod:`experiments.common.continual_setup`) learns a
 stream of tasks with one LoRA branch per task on the kernels matching ``config.adapter.targets``
 plus a shared linear head (trained on the current task's classes only: masked cross-entropy;
 ``config.head``: ``masked`` keeps it, ``aligned``/``prototype`` refit it from per-class feature
@@ -16,7 +16,7 @@ The methods are library values (:mod:`lowrank_jax.continual`: :func:`~lowrank_ja
 evaluate. ``joint`` is trained once on the union of all tasks (the upper bound; only the final row
 of the accuracy matrix is meaningful). With ``config.search.trials > 0`` every method's learning
 rate and knobs are first chosen on a validation split of the training tasks by the same random
-search (:mod:`experiments.continual_search`; the choice goes into ``results.md`` and
+search (:mod:`experiments.common.continual_search`; the choice goes into ``results.md`` and
 ``search.json``).
 
 Every task's training lives in ``<workdir>/<method>/seed_<s>/task_<t>``: an interrupted run
@@ -43,10 +43,10 @@ import numpy as np
 from absl import logging
 
 from experiments import common
-from experiments import continual_search as search
 from experiments.common import continual_report as report
+from experiments.common import continual_search as search
 from experiments.common import lowering, sweep
-from experiments.continual_setup import (
+from experiments.common.continual_setup import (
     PROTOCOLS,
     Stream,
     build_backbone,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The full continual-learning table: every benchmark x all eight methods x 3 seeds, each method's
 # head (masked or aligned) and, with SEARCH > 0, its hyper-parameters chosen on seed 0's
-# validation split (experiments/continual_search.py), then 3 seeds trained with the chosen values.
+# validation split (experiments/common/continual_search.py), then 3 seeds trained with the chosen values.
 # Each benchmark writes runs/continual_sweep/<benchmark>_s<SEARCH>/results.md (mean ± sd over
 # seeds, the chosen values, the validation accuracy per head). Rerunning resumes.
 # Run one benchmark at a time: two runs in parallel on a 2-core CPU take about twice as long in

@@ -35,7 +35,7 @@ import optax
 from absl import logging
 
 from experiments import common
-from experiments.fp8_attention_report import (
+from experiments.common.fp8_attention_report import (
     TRACKING,
     notes,
     plot_timelines,

@@ -31,7 +31,7 @@ import optax
 from absl import logging
 
 from experiments import common
-from experiments.llm_lora_report import sample, write_report
+from experiments.common.llm_lora_report import sample, write_report
 from lowrank_jax import adapters, data, models
 from lowrank_jax.adapters.quant import BASE_DTYPES
 from lowrank_jax.models.decoder_config import RopeConfig

@@ -128,7 +128,7 @@ def notes(
         text += (
             f"\n\nHyper-parameters chosen per method by {what} "
             f"on seed {config.seeds[0]}'s validation split ({config.data.valid_fraction:.0%} "
-            "of each class's training rows; final validation accuracy; experiments/"
+            "of each class's training rows; final validation accuracy; experiments/common/"
             "continual_search.py), then every seed trained on all training rows with them:\n\n"
             + search_markdown(chosen, workdir)
         )

@@ -15,7 +15,8 @@ import pytest
 
 from configs import gr_lora as gr_config
 from configs import saber as saber_config
-from experiments import common, continual, continual_setup
+from experiments import common, continual
+from experiments.common import continual_setup
 from lowrank_jax import continual as lj_continual
 from lowrank_jax import data
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from configs import saber as saber_config
-from experiments import common, continual, continual_search
-from experiments.common import continual_report, plots
+from experiments import common, continual
+from experiments.common import continual_report, continual_search, plots
 from lowrank_jax import data
 
 

@@ -239,11 +239,13 @@ def test_config_train_skip_nonfinite_reaches_fit_through_its_options(tmp_path):
 
 
 def _experiment_trains_with_fit(config) -> bool:
-    """Whether the experiment's module, or a module of its own (``<experiment>_*.py``), fits."""
+    """Whether the experiment's module, or a module of its own (``<experiment>_*.py`` in
+    ``experiments`` or ``experiments/common``), fits."""
     modules = [REPO / "experiments" / f"{config.experiment}.py"]
-    modules += sorted((REPO / "experiments").glob(f"{config.experiment}_*.py"))
+    for folder in (REPO / "experiments", REPO / "experiments" / "common"):
+        modules += sorted(folder.glob(f"{config.experiment}_*.py"))
     source = "".join(path.read_text() for path in modules)
-    return "common.fit(" in source or "continual_setup" in source
+    return "common.fit(" in source
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.py")), ids=lambda p: p.stem)

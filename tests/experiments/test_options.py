@@ -67,6 +67,65 @@ def test_every_experiment_run_takes_the_options_after_the_workdir():
     assert runs >= 20
 
 
+# Imports of one experiment module by another still to move to experiments/common with the
+# conversion of that experiment (issue #45 item 1); the test fails once an entry is stale.
+SIBLING_IMPORTS_LEFT = {
+    "experiments/subspace_diffusion.py": {"subspace_diffusion_mlp", "subspace_diffusion_report"},
+}
+
+
+def _imported_modules(source: str, package: str) -> set[str]:
+    """The dotted names of the modules that ``source`` (a module of ``package``) imports:
+    ``from experiments import x`` counts as ``experiments`` and ``experiments.x``, relative
+    imports are resolved against ``package``."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module
+            if node.level:
+                parts = package.split(".")
+                parts = parts[: len(parts) - node.level + 1]
+                module = ".".join(parts + ([node.module] if node.module else []))
+            names.add(module)
+            names.update(f"{module}.{a.name}" for a in node.names)
+    return names
+
+
+def _experiment_imports(path: pathlib.Path, experiments: set[str]) -> set[str]:
+    """The experiment modules (names in ``experiments``) that the module at ``path`` imports."""
+    package = ".".join(path.relative_to(REPO).parent.parts)
+    dotted = [n.split(".") for n in _imported_modules(path.read_text(), package)]
+    return {p[1] for p in dotted if len(p) > 1 and p[0] == "experiments"} & experiments
+
+
+def test_the_import_scan_sees_every_form_of_import():
+    source = "import experiments.kge as k\nfrom experiments import sbvi\nfrom . import gist\n"
+    source += "from .common import sweep\nfrom experiments.tfft import run\n"
+    names = _imported_modules(source, "experiments")
+    assert {"experiments.kge", "experiments.sbvi", "experiments.gist"} <= names
+    assert {"experiments.common.sweep", "experiments.tfft"} <= names
+    assert _imported_modules("from .. import casa\n", "experiments.common") >= {"experiments.casa"}
+
+
+def test_no_experiment_module_imports_another():
+    """What experiments share lives in ``experiments/common`` or the library: no module under
+    ``experiments/`` imports an experiment module (``experiments/<name>.py``)."""
+    experiments = {p.stem for p in EXPERIMENTS.glob("*.py")} - {"__init__"}
+    assert {"casa", "continual", "kge"} <= experiments
+    found = {
+        str(path.relative_to(REPO)): own
+        for path in sorted(EXPERIMENTS.rglob("*.py"))
+        if (own := _experiment_imports(path, experiments))
+    }
+    left = SIBLING_IMPORTS_LEFT
+    extra = {k: sorted(v - left.get(k, set())) for k, v in found.items() if v - left.get(k, set())}
+    assert not extra, f"import what they share from experiments/common instead: {extra}"
+    stale = {k: sorted(v - found.get(k, set())) for k, v in left.items() if v - found.get(k, set())}
+    assert not stale, f"drop from SIBLING_IMPORTS_LEFT: {stale}"
+
+
 def test_no_context_variable_configures_the_experiments():
     found = [
         str(p.relative_to(REPO))

@@ -28,7 +28,7 @@ Benchmarks (``config.data.benchmark``, seeded; built by :mod:`lowrank_jax.contin
   ``dataset-fashion-mnist``.
 
 Hyper-parameter search: :func:`validation_stream` carves a per-class validation split from each
-task's training rows (``config.data.valid_fraction``); :mod:`experiments.continual_search`.
+task's training rows (``config.data.valid_fraction``); :mod:`experiments.common.continual_search`.
 """
 
 from __future__ import annotations
@@ -50,15 +50,7 @@ from lowrank_jax.data.shakespeare import PLAYS
 from lowrank_jax.models.bert import BertTopClassifier, split_encoder
 from lowrank_jax.models.bert_prefix import encode_prefix
 
-BENCHMARKS = (
-    "split_digits",
-    "digits_cil",
-    "long_stream",
-    "shakespeare_plays",
-    "split_mnist",
-    "mnist_cil",
-)
-PROTOCOLS = {
+PROTOCOLS = {  # benchmark: its protocol (task- or class-incremental)
     "split_digits": "til",
     "digits_cil": "cil",
     "long_stream": "cil",
@@ -66,6 +58,7 @@ PROTOCOLS = {
     "split_mnist": "cil",
     "mnist_cil": "cil",
 }
+BENCHMARKS = tuple(PROTOCOLS)
 MODELS = ("mlp", "vit", "minilm")
 
 
@@ -341,11 +334,8 @@ def pretrain_setup(config: Any, model: Any, x_shape: tuple[int, ...], key: jax.A
 
         loss, grads = jax.value_and_grad(loss_fn)(state["params"])
         updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        return {
-            **state,
-            "params": optax.apply_updates(state["params"], updates),
-            "opt_state": opt_state,
-        }, {"loss": loss}
+        params = optax.apply_updates(state["params"], updates)
+        return {**state, "params": params, "opt_state": opt_state}, {"loss": loss}
 
     return state, step
 
