@@ -15,6 +15,29 @@ _VIT_TARGETS = (
     r"params/encoder/layer_\d+/mlp/fc1/kernel",
 )
 _VIT = dict(model="vit", steps=200, smoke_tasks=2, targets=_VIT_TARGETS)
+# The pre-trained ViT-B/16 benchmarks (a Hugging Face checkpoint, config.model.checkpoint; TFDS
+# data read on demand, config.data.data_dir). Hyper-parameters of InfLoRA's public configurations
+# (github.com/liangyanshuo/InfLoRA, configs/cifar100_inflora.json, mimg{5,10,20}_inflora.json,
+# domainnet_inflora.json): Adam, batch 128, LoRA rank 10 on the key and value projections
+# (DomainNet: rank 30), lr 5e-4, 20 epochs per task on CIFAR-100, 50 on ImageNet-R, 5 on
+# DomainNet, classes in ascending id order (shuffle: false). Deviations: a constant learning
+# rate (InfLoRA decays it), Adam on DomainNet (InfLoRA: SGD lr 5e-3); SD-LoRA's ImageNet-R
+# configuration (exps/sdlora_inr.json of SD-LoRA's repository: Adam lr 1e-2, 20 epochs, batch
+# 128, seed 1995 with shuffled classes) is the alternative --config.optim.learning_rate=1e-2
+# --config.schedule.epochs_per_task=20 --config.data.shuffle_classes=True --config.seeds=(1995,).
+_HF_VIT_TARGETS = (r"params/encoder/layers/attention/(key|value)/kernel",)
+_VIT_B16 = dict(
+    model="vit_b16",
+    pretrain=0,
+    steps=0,
+    batch_size=128,
+    learning_rate=5e-4,
+    rank=10,
+    smoke_tasks=2,
+    targets=_HF_VIT_TARGETS,
+    head="masked",
+    memory_examples=256,
+)
 # Per benchmark: tasks, backbone, steps per task (full / smoke), batch size, learning rate.
 _BENCH = {
     # head (config.head): aligned, which won on validation for every continual method on
@@ -52,7 +75,13 @@ _BENCH = {
     "split_mnist": dict(_VIT, num_tasks=3, pretrain=800),
     # MNIST 10 classes in 5 tasks of 2 on a ViT pretrained on Fashion-MNIST (no digit seen)
     "mnist_cil": dict(_VIT, num_tasks=5, pretrain=1500),
+    "cifar100_10": dict(_VIT_B16, num_tasks=10, epochs=20),
+    "imagenet_r_5": dict(_VIT_B16, num_tasks=5, epochs=50),
+    "imagenet_r_10": dict(_VIT_B16, num_tasks=10, epochs=50),
+    "imagenet_r_20": dict(_VIT_B16, num_tasks=20, epochs=50),
+    "domainnet_5": dict(_VIT_B16, num_tasks=5, epochs=5, rank=30),
 }
+IMAGE_BENCHMARKS = ("cifar100_10", "imagenet_r_5", "imagenet_r_10", "imagenet_r_20", "domainnet_5")
 BENCHMARKS = tuple(_BENCH)
 # Ten plays across the Folio's three genres; two per task by default (five tasks).
 DEFAULT_PLAYS = (
@@ -134,6 +163,12 @@ def build(arg, *, comparison, benchmark):
     # MNIST 0-4, mnist_cil the 60,000 Fashion-MNIST images)
     if arg.benchmark in ("split_mnist", "mnist_cil"):
         c.data.train_per_class = 200 if arg.smoke else 1000
+    image = arg.benchmark in IMAGE_BENCHMARKS
+    if image:  # the pre-trained ViT benchmarks: prepared TFDS data, read on demand
+        c.data.data_dir = ""  # TFDS's data directory ("": TFDS's default, ~/tensorflow_datasets)
+        c.data.shuffle_classes = False  # PyCIL's class order: shuffled by the seed, or ascending
+        c.data.classes_per_task = 2 if arg.smoke else 0  # 0: the benchmark's (C / num_tasks)
+        c.data.batch_size = 8 if arg.smoke else b["batch_size"]
 
     c.model = ml_collections.ConfigDict()
     c.model.name = b["model"]
@@ -146,9 +181,11 @@ def build(arg, *, comparison, benchmark):
         )
     if b["model"] == "minilm":
         c.model.first_layer = 4  # layers 4-5 adapted; 0-3 frozen and cached
+    if image:  # google/vit-base-patch16-224-in21k as save_pretrained writes it (safetensors)
+        c.model.checkpoint = ""
 
     c.adapter = ml_collections.ConfigDict()
-    c.adapter.rank = 4
+    c.adapter.rank = b.get("rank", 4)
     c.adapter.alpha = 8.0
     c.adapter.targets = b.get("targets", _MLP_TARGETS)
 
@@ -158,6 +195,10 @@ def build(arg, *, comparison, benchmark):
 
     c.schedule = ml_collections.ConfigDict()
     c.schedule.steps_per_task = min(30, b["steps"]) if arg.smoke else b["steps"]
+    # epochs over each task's training images (0: steps_per_task steps), as InfLoRA counts them
+    c.schedule.epochs_per_task = 0 if arg.smoke else b.get("epochs", 0)
+    if image and arg.smoke:
+        c.schedule.steps_per_task = 3
 
     c.method = ml_collections.ConfigDict()
     c.method.memory_threshold = 0.97  # GPM energy threshold (inflora, gpm_lora, gr_lora)

@@ -2,7 +2,8 @@
 
 The family behind ``configs/saber.py`` and ``configs/gr_lora.py``. A frozen backbone (the top
 layers of the pretrained MiniLM on cached hidden states, a ViT or an MLP pretrained on a base
-session, or random features; streams and backbones: :mod:`experiments.common.continual_setup`) learns a
+session, or random features; streams: :mod:`experiments.common.continual_setup`, backbones:
+:mod:`experiments.common.continual_backbones`; image benchmarks read on demand) learns a
 stream of tasks with one LoRA branch per task on the kernels matching ``config.adapter.targets``
 plus a shared linear head (trained on the current task's classes only: masked cross-entropy;
 ``config.head``: ``masked`` keeps it, ``aligned``/``prototype`` refit it from per-class feature
@@ -11,7 +12,7 @@ statistics after each task, :func:`~lowrank_jax.continual.with_head`).
 The methods are library values (:mod:`lowrank_jax.continual`: :func:`~lowrank_jax.continual.saber`,
 :func:`~lowrank_jax.continual.gr_lora`, :func:`~lowrank_jax.continual.sequential_lora`,
 ``o_lora``, ``inflora``, ``gpm_lora``, ``sd_lora``, ``joint``), built once from the config by
-:func:`make_method`; this module only orchestrates: for each task ``begin_task``,
+:func:`~experiments.common.continual_methods.make_method`; this module only orchestrates: for each task ``begin_task``,
 ``experiments.common.fit`` (masked cross-entropy plus the method's penalties), ``end_task``,
 evaluate. ``joint`` is trained once on the union of all tasks (the upper bound; only the final row
 of the accuracy matrix is meaningful). With ``config.search.trials > 0`` every method's learning
@@ -46,20 +47,20 @@ from experiments import common
 from experiments.common import continual_report as report
 from experiments.common import continual_search as search
 from experiments.common import lowering, sweep
+from experiments.common.continual_backbones import build_backbone, make_model, pretrain_setup
+from experiments.common.continual_methods import HEADS, METHODS, make_method
 from experiments.common.continual_setup import (
     PROTOCOLS,
     Stream,
-    build_backbone,
     check_setup,
     load_stream,
-    make_model,
-    pretrain_setup,
     stream_shapes,
 )
 from lowrank_jax import continual, data
 from lowrank_jax.continual.streams import training_arrays
 from lowrank_jax.models.bert import split_encoder
 from lowrank_jax.models.bert_prefix import prefix_encoder
+from lowrank_jax.models.hf_vit import preprocessing
 
 __all__ = [
     "METHODS",
@@ -70,9 +71,6 @@ __all__ = [
     "run",
     "steps",
 ]
-
-METHODS = ("saber", "gr_lora", "seq_lora", "o_lora", "inflora", "gpm_lora", "sd_lora", "joint")
-HEADS = ("masked", "aligned", "prototype")  # config.head: the method as is, or with_head's
 
 
 def check_config(config: Any) -> None:
@@ -112,7 +110,9 @@ def check_config(config: Any) -> None:
         )
     c.check_positive(config, "optim.learning_rate")
     c.check_nonnegative(config, "optim.grad_clip")
-    c.check_positive(config, "schedule.steps_per_task", integer=True)
+    c.check_nonnegative(config, "schedule.epochs_per_task", integer=True)
+    if not config.schedule.epochs_per_task:
+        c.check_positive(config, "schedule.steps_per_task", integer=True)
     m = config.method
     for key in ("memory_threshold", "saber.shared_threshold", "saber.specific_threshold"):
         v = c.get_path(m, key)
@@ -156,84 +156,6 @@ def check_config(config: Any) -> None:
     c.check_positive(config, "eval.batch_size", integer=True)
     c.check_positive(config, "ckpt.max_to_keep", integer=True)
     c.check_positive(config, "log.every", integer=True)
-
-
-# ----------------------------------------------------------------------------------------------
-# The method, from the config (a lookup of keyword arguments: the methods live in the library).
-
-
-def make_method(
-    config: Any, name: str, apply_fn: Any, protocol: str, seed: int = 0
-) -> continual.ContinualMethod:
-    """The :class:`~lowrank_jax.continual.ContinualMethod` ``name`` with the config's settings,
-    wrapped by :func:`~lowrank_jax.continual.with_head` with the head value that ``config.head``
-    names (``aligned``: :class:`~lowrank_jax.continual.AlignedHead`, ``prototype``:
-    :class:`~lowrank_jax.continual.PrototypeHead`, knobs from ``config.method.heads``; ``masked``:
-    unwrapped; ``seed``: the alignment's sampling)."""
-    c, m = config, config.method
-    kw = dict(
-        targets=tuple(c.adapter.targets),
-        rank=c.adapter.rank,
-        alpha=c.adapter.alpha,
-        learning_rate=c.optim.learning_rate,
-        grad_clip=c.optim.grad_clip,
-    )
-    memory = dict(memory_threshold=m.memory_threshold, memory_examples=m.memory_examples)
-    s, g = m.saber, m.gr_lora
-    cil = protocol == "cil"  # task-incremental: the task id picks GR-LoRA's module, no mismatch
-    factories = {
-        "seq_lora": lambda: continual.sequential_lora(apply_fn, **kw),
-        "joint": lambda: continual.joint(apply_fn, **kw),
-        "o_lora": lambda: continual.o_lora(apply_fn, **kw, lambda_orth=m.o_lora.lambda_orth),
-        "inflora": lambda: continual.inflora(apply_fn, **kw, **memory),
-        "gpm_lora": lambda: continual.gpm_lora(apply_fn, **kw, **memory),
-        "sd_lora": lambda: continual.sd_lora(apply_fn, **kw),
-        "saber": lambda: continual.saber(
-            apply_fn,
-            **kw,
-            shared_threshold=s.shared_threshold,
-            specific_threshold=s.specific_threshold,
-            lambda_align=s.lambda_align,
-            gamma=s.gamma,
-            min_weight=s.min_weight,
-            shared_mode=s.shared_mode,
-            energy_strength=s.energy_strength,
-            recalibrate_steps=s.recalibrate_steps,
-            recalibrate_batch=c.data.batch_size,
-            # the published tables refit every seed's heads in the first seed's batch order
-            recalibrate_seed=c.seeds[0],
-            memory_examples=m.memory_examples,
-        ),
-        "gr_lora": lambda: continual.gr_lora(
-            apply_fn,
-            **kw,
-            **memory,
-            recycle_scale=g.recycle_scale,
-            lambda_local=g.lambda_local if cil else 0.0,
-            lambda_global=g.lambda_global if cil else 0.0,
-            ood_batch=g.ood_batch,
-        ),
-    }
-    method, h = factories[name](), m.heads
-    if c.head == "masked":  # the head trained by masked cross-entropy: the method as it is
-        return method
-    head = (
-        continual.AlignedHead(
-            steps=h.align_steps,
-            learning_rate=h.align_learning_rate,
-            num_per_class=h.align_per_class,
-        )
-        if c.head == "aligned"
-        else continual.PrototypeHead(metric=h.metric, ridge=h.ridge)
-    )
-    return continual.with_head(
-        method,
-        head=head,
-        seed=seed,
-        shrinkage=h.shrinkage,
-        drift=h.drift,
-        drift_bandwidth=h.drift_bandwidth,
-    )
 
 
 def steps(config: Any, mesh: Any = None) -> list[common.Step]:
@@ -300,19 +222,17 @@ def run_method(
     num_tasks = len(stream.tasks)
     method = make_method(c, name, model.apply, stream.protocol, seed)
     state = method.init(variables)
-    steps = c.schedule.steps_per_task
-    # (task index, tasks whose data it trains on, steps); joint: everything at once
+    # (task index, tasks whose data it trains on); joint: everything at once
     joint = name == "joint"
-    schedule = [(0, list(range(num_tasks)), steps * num_tasks)] if joint else [
-        (t, [t], steps) for t in range(num_tasks)
-    ]  # fmt: skip
+    schedule = [(0, list(range(num_tasks)))] if joint else [(t, [t]) for t in range(num_tasks)]
     r = np.full((num_tasks, num_tasks), np.nan)
     out = {"selection_accuracy": [], "memory_fill": [], "recycled_fraction": [], "diagnostics": []}
     updates = []
-    for t, tasks, num_steps in schedule:
-        arrays = training_arrays(stream, tasks)
+    for t, tasks in schedule:
+        x, y, batches = _training_data(c, stream, tasks, seed * 1000 + t)
+        num_steps = _num_steps(c, len(y), len(tasks))
         classes = np.concatenate([stream.task_classes[s] for s in tasks])
-        task = continual.Task(t, classes, arrays["x"], arrays["y"], stream.num_classes)
+        task = continual.Task(t, classes, x, y, stream.num_classes)
         key = jax.random.fold_in(jax.random.key(seed), t)
         trainable, frozen, tx = method.begin_task(state, key, task)
         # fit donates the state: copy it so the continual state's arrays stay alive
@@ -323,7 +243,7 @@ def run_method(
             fit_state,
             frozen,
             continual.make_train_step(method, tx),
-            data.BatchIterator(arrays, batch_size=c.data.batch_size, seed=seed * 1000 + t),
+            batches,
             key=jax.random.fold_in(jax.random.key(seed), 7919 + t),
             num_steps=num_steps,
             workdir=os.path.join(workdir, f"task_{t}"),
@@ -351,6 +271,30 @@ def run_method(
     if not joint:
         out["update_cosine"] = report.cosines(updates)
     return {"R": r, "interrupted": False, **out}
+
+
+def _training_data(config: Any, stream: Stream, tasks: list[int], seed: int) -> tuple[Any, ...]:
+    """``(x, y, batches)`` of ``tasks``: the inputs a method reads (arrays, or the images read on
+    demand of an image benchmark) and resumable training batches ``{"x", "y", "mask"}``."""
+    if isinstance(stream.tasks[tasks[0]]["train"]["x"], data.ImageRows):
+        pre = preprocessing(config.model.checkpoint)
+        batches = continual.train_batches(
+            stream, tasks, batch_size=config.data.batch_size, seed=seed, mean=pre.mean, std=pre.std
+        )
+        x = data.ImageRows.concatenate([stream.tasks[s]["train"]["x"] for s in tasks])
+        return x, np.concatenate([stream.tasks[s]["train"]["y"] for s in tasks]), batches
+    arrays = training_arrays(stream, tasks)
+    batches = data.BatchIterator(arrays, batch_size=config.data.batch_size, seed=seed)
+    return arrays["x"], arrays["y"], batches
+
+
+def _num_steps(config: Any, num_examples: int, num_tasks: int) -> int:
+    """A task's steps: ``schedule.epochs_per_task`` epochs of full batches, or
+    ``schedule.steps_per_task`` (times the tasks trained at once)."""
+    epochs = config.schedule.epochs_per_task
+    if epochs:
+        return epochs * max(1, num_examples // config.data.batch_size)
+    return config.schedule.steps_per_task * num_tasks
 
 
 def _finished(cells: sweep.CellStore, key: str, compute: Any) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from experiments.common.plots import plot_curves, plot_heatmap
 from experiments.common.sweep import markdown_table
 from lowrank_jax import continual
 from lowrank_jax import optim as lj_optim
+from lowrank_jax.optim.subspace_memory import SubspaceMemory
 
 __all__ = [
     "COLUMNS",
@@ -82,9 +83,10 @@ def task_measures(state: continual.ContinualState, opt_state: Any) -> dict[str, 
         )
         if isinstance(s, lj_optim.GradientRecyclingState)
     ]
-    fill = []
-    if state.memory:
-        fill = [float(np.mean([int(m.size) / m.basis.shape[0] for m in state.memory.values()]))]
+    memories = jax.tree.leaves(state.memory, is_leaf=lambda m: isinstance(m, SubspaceMemory))
+    # k / n per kernel (per layer of a stacked kernel: basis (*stack, n, k), size (*stack,))
+    fill = [float(np.mean([np.mean(np.asarray(m.size) / m.basis.shape[-2]) for m in memories]))]
+    fill = fill if memories else []
     update = np.concatenate(
         [np.ravel(np.asarray(state.update[k], np.float32)) for k in state.kernels]
     )

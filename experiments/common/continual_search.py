@@ -121,8 +121,9 @@ def validation_stream(stream: Stream, *, fraction: float, seed: int) -> Stream:
         fit, valid = valid_indices(train["y"], fraction, np.random.default_rng([seed, t, 23]))
         tasks.append(
             {
-                "train": {k: v[fit] for k, v in train.items()},
-                "test": {k: v[valid] for k, v in train.items()},
+                # np.take keeps inputs read on demand (data.ImageRows) lazy
+                "train": {k: np.take(v, fit, axis=0) for k, v in train.items()},
+                "test": {k: np.take(v, valid, axis=0) for k, v in train.items()},
             }
         )
     return dataclasses.replace(stream, tasks=tasks)

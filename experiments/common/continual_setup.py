@@ -27,7 +27,15 @@ Benchmarks (``config.data.benchmark``, seeded; built by :mod:`lowrank_jax.contin
   ``split_mnist``, task 0 is not the pretraining task. Needs the Debian package
   ``dataset-fashion-mnist``.
 
-Hyper-parameter search: :func:`validation_stream` carves a per-class validation split from each
+* ``cifar100_10``, ``imagenet_r_5``, ``imagenet_r_10``, ``imagenet_r_20``, ``domainnet_5``
+  (class-incremental, the pre-trained-ViT papers' benchmarks: InfLoRA, SD-LoRA): equal tasks of
+  TFDS's CIFAR-100, ImageNet-R (its 80/20 split) or DomainNet, read on demand
+  (:func:`lowrank_jax.continual.image_cil`; ``config.data.data_dir`` holds the prepared data) on
+  a Hugging Face ViT checkpoint (``config.model.checkpoint``: ViT-B/16 pre-trained on
+  ImageNet-21k for the papers' numbers) with a fresh head over all classes.
+
+Backbones: :mod:`experiments.common.continual_backbones`. Hyper-parameter search:
+:func:`validation_stream` carves a per-class validation split from each
 task's training rows (``config.data.valid_fraction``); :mod:`experiments.common.continual_search`.
 """
 
@@ -37,18 +45,17 @@ import functools
 import os
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 from absl import logging
 
 from experiments import common
+from experiments.common.continual_backbones import MODELS, minilm_config, vit_b16
 from lowrank_jax import continual, data, models
+from lowrank_jax.continual.image_benchmarks import IMAGE_BENCHMARKS
 from lowrank_jax.continual.streams import class_incremental_stream
 from lowrank_jax.data.shakespeare import PLAYS
-from lowrank_jax.models.bert import BertTopClassifier, split_encoder
 from lowrank_jax.models.bert_prefix import encode_prefix
+from lowrank_jax.models.hf_vit import preprocessing
 
 PROTOCOLS = {  # benchmark: its protocol (task- or class-incremental)
     "split_digits": "til",
@@ -57,9 +64,10 @@ PROTOCOLS = {  # benchmark: its protocol (task- or class-incremental)
     "shakespeare_plays": "cil",
     "split_mnist": "cil",
     "mnist_cil": "cil",
+    **{name: "cil" for name in IMAGE_BENCHMARKS},
 }
 BENCHMARKS = tuple(PROTOCOLS)
-MODELS = ("mlp", "vit", "minilm")
+DATASET_CLASSES = {"cifar100": 100, "imagenet_r": 200, "domainnet": 345}
 
 
 # The stream record of the library (kept under its old name for the experiment modules).
@@ -117,9 +125,18 @@ def check_setup(config: Any) -> None:
                 f"config.data.num_tasks={config.data.num_tasks} is invalid for split_mnist: the "
                 "base session (0-4) plus 1 or 2 increments over 5-9 (each needs >= 2 classes)"
             )
+    if benchmark in IMAGE_BENCHMARKS:
+        c.check_nonnegative(config, "data.classes_per_task", integer=True)
+        checkpoint = c.get_path(config, "model.checkpoint")
+        if not checkpoint or not os.path.isfile(os.path.join(checkpoint, "config.json")):
+            raise c.ConfigError(
+                f"config.model.checkpoint={checkpoint!r} is not a Hugging Face ViT checkpoint "
+                "directory (config.json, model.safetensors): save google/vit-base-patch16-224-"
+                "in21k with save_pretrained and pass --config.model.checkpoint=DIR"
+            )
     name = c.check_choice(config, "model.name", MODELS)
     wanted = {"shakespeare_plays": "minilm", "split_mnist": "vit", "mnist_cil": "vit"}
-    wanted = wanted.get(benchmark, "mlp")
+    wanted = "vit_b16" if benchmark in IMAGE_BENCHMARKS else wanted.get(benchmark, "mlp")
     if name != wanted:
         raise c.ConfigError(
             f"config.model.name={name!r} does not fit benchmark {benchmark!r}: use {wanted!r}"
@@ -187,6 +204,19 @@ def load_stream(config: Any, seed: int) -> Stream:
         return Stream(tasks, classes, num_tasks * k, "cil", None, 0)
     if bench == "shakespeare_plays":
         return _shakespeare_stream(config, rng)
+    if bench in IMAGE_BENCHMARKS:
+        d, pre = config.data, preprocessing(config.model.checkpoint)
+        return continual.image_cil(
+            bench,
+            image_size=pre.size[0],
+            mean=pre.mean,
+            std=pre.std,
+            shuffle=d.shuffle_classes,
+            seed=seed,
+            num_tasks=num_tasks,
+            classes_per_task=d.classes_per_task or None,
+            data_dir=d.data_dir or None,
+        )
     if bench in ("split_mnist", "mnist_cil"):
         train, test = data.load_mnist("train"), data.load_mnist("test")
         per_class = dict(num_tasks=num_tasks, train_per_class=config.data.train_per_class)
@@ -235,21 +265,28 @@ def _minilm_hidden(
     return encode_prefix(bert_config, variables, ids, first_layer=first_layer), y
 
 
-def _minilm_config() -> Any:
-    return models.BertConfig.from_json(models.minilm_dir() / "config.json")
-
-
 def stream_shapes(config: Any) -> dict[str, Any]:
     """What :func:`load_stream` and :func:`build_backbone` give, without loading data:
     ``{"x": the shape of one example, "num_classes", "task_classes": task 0's classes,
     "protocol", "base": (shape of a base-session example, its classes) or None}``."""
     d, bench = config.data, config.data.benchmark
+    if bench in IMAGE_BENCHMARKS:
+        _, shape = vit_b16(config, 0)
+        classes = DATASET_CLASSES[continual.image_benchmarks.IMAGE_BENCHMARKS[bench].dataset]
+        per_task = d.classes_per_task or classes // d.num_tasks
+        return {
+            "x": shape,
+            "num_classes": classes,
+            "task_classes": np.arange(per_task),
+            "protocol": "cil",
+            "base": None,
+        }
     digits = ((64,), None)
     x, base = {
         "split_digits": digits,
         "digits_cil": digits,
         "long_stream": ((d.dim,), None),
-        "shakespeare_plays": ((d.seq_len, _minilm_config().hidden_size), None),
+        "shakespeare_plays": ((d.seq_len, minilm_config().hidden_size), None),
         "split_mnist": ((28, 28, 1), ((28, 28, 1), 5)),
         "mnist_cil": ((28, 28, 1), ((28, 28, 1), 10)),
     }[bench]
@@ -298,102 +335,3 @@ def _shakespeare_stream(config: Any, rng: np.random.Generator) -> Stream:
         test_per_class=d.test_per_class,
         seed=rng,
     )
-
-
-# ----------------------------------------------------------------------------------------------
-# Backbones.
-
-
-def make_model(config: Any, num_classes: int) -> Any:
-    """The linen classifier of ``config.model`` with a ``head`` over ``num_classes``."""
-    m = config.model
-    if m.name == "mlp":
-        return models.MLP(tuple(m.features), num_classes)
-    if m.name == "vit":
-        v = m.vit
-        return models.ViT(v.patch, v.dim, v.depth, v.heads, v.mlp_dim, num_classes)
-    if m.name == "minilm":
-        return BertTopClassifier(_minilm_config(), m.first_layer, num_classes)
-    raise common.ConfigError(f"config.model.name={m.name!r}: allowed values are {MODELS}")
-
-
-def pretrain_setup(config: Any, model: Any, x_shape: tuple[int, ...], key: jax.Array):
-    """The base session's train state (the whole ``model`` on inputs of shape ``x_shape``) and
-    its ``fit`` step."""
-    variables = model.init(key, jnp.zeros((1, *x_shape)))
-    clip = [optax.clip_by_global_norm(config.optim.grad_clip)] if config.optim.grad_clip else []
-    tx = optax.chain(*clip, optax.scale_by_adam(), optax.scale(-config.optim.learning_rate))
-    state = {"params": variables, "opt_state": tx.init(variables), "step": 0}
-
-    def step(state, frozen, batch, key):
-        del frozen, key
-
-        def loss_fn(p):
-            logits = model.apply(p, batch["x"])
-            return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
-
-        loss, grads = jax.value_and_grad(loss_fn)(state["params"])
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        params = optax.apply_updates(state["params"], updates)
-        return {**state, "params": params, "opt_state": opt_state}, {"loss": loss}
-
-    return state, step
-
-
-def _pretrain(
-    config: Any, stream: Stream, key: jax.Array, workdir: str, options: common.TrainOptions
-) -> Any:
-    """Trains the whole model on the base session; returns its variables."""
-    model = make_model(config, stream.base_classes)
-    state, step = pretrain_setup(config, model, stream.base["x"].shape[1:], key)
-    steps = config.model.pretrain_steps
-    result = common.fit(
-        state,
-        None,
-        step,
-        data.BatchIterator(stream.base, batch_size=config.data.batch_size, seed=0),
-        key=key,
-        num_steps=steps,
-        workdir=os.path.join(workdir, "base"),
-        log_every=config.log.every,
-        ckpt_every=steps,
-        max_to_keep=1,
-        progress=config.log.progress,
-        description="base session",
-        options=options,
-    )
-    return jax.device_get(result.state["params"])
-
-
-def build_backbone(
-    config: Any, stream: Stream, seed: int, workdir: str, *, options: common.TrainOptions
-) -> tuple[Any, Any]:
-    """``(model, variables)``: the backbone with a fresh head over all classes of the stream.
-
-    With a base session (``stream.base``) the whole model is first trained on it (``common.fit``
-    with ``options``); its body is
-    kept, and its head rows too when ``stream.keep_base_head``. The MiniLM model starts from the
-    pretrained top layers.
-    """
-    key = jax.random.key(seed)
-    k_init, k_pre = jax.random.split(key)
-    model = make_model(config, stream.num_classes)
-    x0 = jnp.zeros((1, *stream.tasks[0]["train"]["x"].shape[1:]))
-    variables = model.init(k_init, x0)
-    if config.model.name == "minilm":
-        bert_config, encoder_vars, _ = models.load_minilm()
-        _, _, top = split_encoder(bert_config, encoder_vars, config.model.first_layer)
-        variables = {"params": {**variables["params"], **top}}
-    if stream.base is not None and config.model.pretrain_steps:
-        pre = _pretrain(config, stream, k_pre, workdir, options)["params"]
-        body = {k: v for k, v in pre.items() if k != "head"}
-        params = {**variables["params"], **body}
-        if stream.keep_base_head:
-            rows = stream.base_classes
-            head = params["head"]
-            params["head"] = {
-                "kernel": head["kernel"].at[:, :rows].set(pre["head"]["kernel"]),
-                "bias": head["bias"].at[:rows].set(pre["head"]["bias"]),
-            }
-        variables = {"params": params}
-    return model, jax.device_get(variables)

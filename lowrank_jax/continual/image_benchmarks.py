@@ -34,7 +34,7 @@ import numpy as np
 from lowrank_jax.continual.streams import TaskStream
 from lowrank_jax.data.image_readers import ImageBatches, ImageRows
 from lowrank_jax.data.image_transforms import eval_transform, train_transform
-from lowrank_jax.data.tfds_images import ImageSource, tfds_image_source
+from lowrank_jax.data.tfds_images import tfds_image_source
 
 __all__ = ["IMAGE_BENCHMARKS", "ImageBenchmark", "class_order", "image_cil", "train_batches"]
 
@@ -78,6 +78,7 @@ def image_cil(
     std: Sequence[float] = (0.5, 0.5, 0.5),
     shuffle: bool = False,
     seed: int = 0,
+    split_seed: int = 0,
     num_tasks: int | None = None,
     classes_per_task: int | None = None,
     data_dir: str | os.PathLike | None = None,
@@ -90,8 +91,9 @@ def image_cil(
       name: one of :data:`IMAGE_BENCHMARKS`.
       image_size, mean, std: the checkpoint's preprocessing
         (:func:`lowrank_jax.models.hf_vit.preprocessing`).
-      shuffle, seed: the class order (:func:`class_order`); ``seed`` also seeds ImageNet-R's
-        80/20 split.
+      shuffle, seed: the class order (:func:`class_order`).
+      split_seed: the seed of ImageNet-R's 80/20 split (:func:`lowrank_jax.data.imagenet_r_is_test`),
+        the same for every run by default.
       num_tasks, classes_per_task: a shorter stream than the benchmark's (smoke runs): the first
         ``num_tasks · classes_per_task`` classes of the order; default the benchmark's tasks
         over all classes.
@@ -109,7 +111,7 @@ def image_cil(
     if name not in IMAGE_BENCHMARKS:
         raise ValueError(f"name={name!r} is not one of {sorted(IMAGE_BENCHMARKS)}.")
     bench = IMAGE_BENCHMARKS[name]
-    read = dict(data_dir=data_dir, seed=seed, cache_dir=cache_dir, num_threads=num_threads)
+    read = dict(data_dir=data_dir, seed=split_seed, cache_dir=cache_dir, num_threads=num_threads)
     train = tfds_image_source(bench.dataset, split="train", **read)
     test = tfds_image_source(bench.dataset, split="test", **read)
     C = train.num_classes
@@ -137,7 +139,7 @@ def image_cil(
 
 def train_batches(
     stream: TaskStream,
-    task: int,
+    tasks: int | Sequence[int],
     *,
     batch_size: int,
     seed: int,
@@ -145,23 +147,41 @@ def train_batches(
     std: Sequence[float] = (0.5, 0.5, 0.5),
     state: dict[str, int] | None = None,
 ) -> ImageBatches:
-    """Resumable training batches of task ``task`` of an :func:`image_cil` stream, with InfLoRA's
-    augmentation (:func:`lowrank_jax.data.train_transform` at the stream's image size).
+    """Resumable training batches of task(s) ``tasks`` of an :func:`image_cil` stream, with
+    InfLoRA's augmentation (:func:`lowrank_jax.data.train_transform` at the stream's image size,
+    ``mean`` and ``std`` those given to :func:`image_cil`): what
+    :func:`~lowrank_jax.continual.streams.training_arrays` gives for streams held in memory.
 
     Returns:
-      An endless :class:`~lowrank_jax.data.ImageBatches` of ``{"x", "y"}`` (``state`` resumes it).
+      An endless :class:`~lowrank_jax.data.ImageBatches` of ``{"x", "y", "mask": (b, C) bool}``
+      (the mask as ``training_arrays``'s: the task's classes, or every class for several tasks
+      at once); ``state`` resumes it.
 
     Raises:
-      TypeError: the task's inputs are not :class:`~lowrank_jax.data.ImageRows`.
+      TypeError: the tasks' inputs are not :class:`~lowrank_jax.data.ImageRows`.
+      ValueError: ``tasks`` is empty or names a task the stream does not have.
     """
-    x = stream.tasks[task]["train"]["x"]
-    if not isinstance(x, ImageRows):
-        raise TypeError(
-            f"task {task}'s inputs are {type(x).__name__}, not ImageRows: use "
-            "continual.image_cil's streams, or data.BatchIterator for arrays."
-        )
-    source: ImageSource = x.source
-    transform = train_transform(x.shape[1], mean=mean, std=std)
+    tasks = [tasks] if isinstance(tasks, int) else list(tasks)
+    if not tasks or any(not 0 <= t < len(stream.tasks) for t in tasks):
+        raise ValueError(f"tasks={tasks!r} must be indices of the {len(stream.tasks)} tasks.")
+    parts = [stream.tasks[t]["train"]["x"] for t in tasks]
+    for t, x in zip(tasks, parts, strict=True):
+        if not isinstance(x, ImageRows):
+            raise TypeError(
+                f"task {t}'s inputs are {type(x).__name__}, not ImageRows: use "
+                "continual.image_cil's streams, or training_arrays for arrays."
+            )
+    x = ImageRows.concatenate(parts)
+    mask = np.ones(stream.num_classes, bool)  # several tasks at once (joint): every class
+    if len(tasks) == 1:
+        mask[:] = False
+        mask[stream.task_classes[tasks[0]]] = True
     return ImageBatches(
-        source, x.rows, transform=transform, batch_size=batch_size, seed=seed, state=state
+        x.source,
+        x.rows,
+        transform=train_transform(x.shape[1], mean=mean, std=std),
+        batch_size=batch_size,
+        seed=seed,
+        state=state,
+        extra={"mask": mask},
     )

@@ -41,6 +41,8 @@ class ImageBatches:
         ``split_by_classes(source.index(), ...)``).
       transform: ``(image, rng) -> (s, s, 3)`` (``train_transform`` / ``eval_transform``).
       batch_size, seed, shuffle, drop_remainder, num_epochs, state: as ``BatchIterator``'s.
+      extra: entries added to every batch, each row the same (e.g. ``{"mask": (C,) bool}``
+        gives ``batch["mask"]: (b, C)``).
     """
 
     def __init__(
@@ -55,8 +57,10 @@ class ImageBatches:
         drop_remainder: bool = True,
         num_epochs: int | None = None,
         state: Mapping[str, int] | None = None,
+        extra: Mapping[str, np.ndarray] | None = None,
     ):
         rows = _check_rows(source, rows)
+        self._extra = {k: np.asarray(v) for k, v in (extra or {}).items()}
         self._source = source
         self._transform = transform
         self._seed = int(seed)
@@ -93,7 +97,8 @@ class ImageBatches:
         batch = next(self._order)
         rng = np.random.default_rng([self._seed, where["epoch"], where["position"]])
         x = _transformed(self._source, batch["row"], self._transform, rng.spawn(len(batch["row"])))
-        return {"x": x, "y": batch["y"]}
+        rows = {k: np.broadcast_to(v, (len(x), *v.shape)) for k, v in self._extra.items()}
+        return {"x": x, "y": batch["y"], **rows}
 
 
 class ImageRows:
@@ -160,6 +165,25 @@ class ImageRows:
             return self[np.asarray([index])][0]
         rngs = [np.random.default_rng([self._seed, int(r)]) for r in rows]
         return _transformed(self._source, rows, self._transform, rngs, self._shape)
+
+    def take(self, indices: Any, axis: int = 0, out: None = None, mode: str = "raise") -> ImageRows:
+        """The rows at ``indices``, still read on demand (what ``np.take(rows, indices, axis=0)``
+        returns, so code that subsets arrays with ``np.take`` subsets these lazily)."""
+        if axis != 0 or out is not None or mode != "raise":
+            raise ValueError("ImageRows.take supports only axis=0, out=None, mode='raise'.")
+        rows = self._rows[np.asarray(indices, np.int64)]
+        return ImageRows(self._source, rows, transform=self._transform, seed=self._seed)
+
+    @classmethod
+    def concatenate(cls, parts: Sequence[ImageRows]) -> ImageRows:
+        """The rows of ``parts`` in order (parts of one source with one transform)."""
+        first = parts[0]
+        if any(
+            p._source is not first._source or p._transform is not first._transform for p in parts
+        ):
+            raise ValueError("ImageRows.concatenate needs parts of one source and one transform.")
+        rows = np.concatenate([p._rows for p in parts])
+        return cls(first._source, rows, transform=first._transform, seed=first._seed)
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         return np.asarray(self[:], dtype)

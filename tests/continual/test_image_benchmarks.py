@@ -39,6 +39,7 @@ def test_benchmarks_split_classes_into_equal_tasks_read_on_demand():
         x0 = stream.tasks[0]["train"]["x"]
         first = x0[:4]
         batch = next(continual.train_batches(stream, 1, batch_size=4, seed=0))
+        joint = next(continual.train_batches(stream, [0, 1], batch_size=4, seed=0))
         with pytest.raises(ValueError, match="do not fit the 100 classes"):
             continual.image_cil("cifar100_10", num_tasks=11, classes_per_task=10)
     assert stream.protocol == "cil" and stream.num_classes == 100 and len(stream.tasks) == 2
@@ -50,6 +51,10 @@ def test_benchmarks_split_classes_into_equal_tasks_read_on_demand():
             assert set(np.unique(part["y"]).tolist()) == set(classes.tolist())
     assert first.shape == (4, 16, 16, 3) and first.dtype == np.float32
     assert batch["x"].shape == (4, 16, 16, 3) and set(batch["y"]) <= set(stream.task_classes[1])
+    assert batch["mask"].shape == (4, 100) and np.flatnonzero(batch["mask"][2]).tolist() == sorted(
+        stream.task_classes[1].tolist()
+    )
+    assert joint["mask"].all() and set(joint["y"]) <= set(np.concatenate(stream.task_classes))
     with pytest.raises(ValueError, match="not one of"):
         continual.image_cil("cifar10_5")
     task = {"train": {"x": np.zeros((2, 3)), "y": np.zeros(2)}}

@@ -16,7 +16,7 @@ import pytest
 from configs import gr_lora as gr_config
 from configs import saber as saber_config
 from experiments import common, continual
-from experiments.common import continual_setup
+from experiments.common import continual_backbones
 from lowrank_jax import continual as lj_continual
 from lowrank_jax import data
 
@@ -300,7 +300,7 @@ def test_real_backbones_run_end_to_end(tmp_path, monkeypatch, name):
     if name == "split_mnist":  # the base session's head rows 0-4 are kept, rows 5-9 fresh
         stream = continual.load_stream(config, 0)
         ((_, variables),) = built
-        fresh = continual_setup.make_model(config, 10).init(
+        fresh = continual_backbones.make_model(config, 10).init(
             jax.random.split(jax.random.key(0))[0], stream.tasks[0]["train"]["x"][:1]
         )
         head, head0 = variables["params"]["head"], fresh["params"]["head"]
