@@ -25,7 +25,8 @@ _VIT = dict(model="vit", steps=200, smoke_tasks=2, targets=_VIT_TARGETS)
 # configuration (exps/sdlora_inr.json of SD-LoRA's repository: Adam lr 1e-2, 20 epochs, batch
 # 128, seed 1995 with shuffled classes) is the alternative --config.optim.learning_rate=1e-2
 # --config.schedule.epochs_per_task=20 --config.data.shuffle_classes=True --config.seeds=(1995,).
-_HF_VIT_TARGETS = (r"params/encoder/layers/attention/(key|value)/kernel",)
+# the layers stacked under nn.scan (params/encoder/layers, kernels (L, n, m)) or unrolled (layer_i)
+_HF_VIT_TARGETS = (r"params/encoder/(layers|layer_\d+)/attention/(key|value)/kernel",)
 _VIT_B16 = dict(
     model="vit_b16",
     pretrain=0,
@@ -183,6 +184,9 @@ def build(arg, *, comparison, benchmark):
         c.model.first_layer = 4  # layers 4-5 adapted; 0-3 frozen and cached
     if image:  # google/vit-base-patch16-224-in21k as save_pretrained writes it (safetensors)
         c.model.checkpoint = ""
+        # layers under nn.scan (one compiled layer); False unrolls them (XLA's cost analysis
+        # counts a scanned layer once: experiments/bench/paper_scale.py costs the unrolled model)
+        c.model.scan_layers = True
 
     c.adapter = ml_collections.ConfigDict()
     c.adapter.rank = b.get("rank", 4)

@@ -143,6 +143,7 @@ RULES: tuple[tuple[str, str], ...] = (
     ("tests/experiments/test_casa.py::test_smoke_run_end_to_end", "slow"),
     ("tests/experiments/test_continual.py::*", "slow"),
     ("tests/experiments/test_continual_heads.py::*", "slow"),
+    ("tests/experiments/test_image_benchmarks.py::test_*_smoke*", "slow"),
     (
         "tests/experiments/test_continual_search.py::test_search_choice_does_not_change_when_the_test_split_is_poisoned",
         "slow",

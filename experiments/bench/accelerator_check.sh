@@ -59,6 +59,24 @@ if [ $smoke = 0 ]; then
     echo "{\"rc\": $rc, \"wall_s\": $(( $(date +%s) - start ))}" >> "$out/$name.txt"
     tail -1 "$out/$name.txt"
   done
+  # The first task of the pre-trained-ViT benchmark imagenet_r_10 (20 classes, InfLoRA's 50
+  # epochs at batch 128) with SABER, where the checkpoint and the prepared data are on the VM:
+  # VIT_CHECKPOINT=<save_pretrained dir of google/vit-base-patch16-224-in21k>,
+  # TFDS_DATA_DIR=<tfds data_dir with imagenet_r prepared as array_record>.
+  if [ -n "${VIT_CHECKPOINT:-}" ] && [ -n "${TFDS_DATA_DIR:-}" ]; then
+    name=imagenet_r_10_first_task
+    echo "== $name: python -m experiments.train --config=configs/saber.py:benchmark=imagenet_r_10,method=saber"
+    start=$(date +%s)
+    rc=0
+    $PYTHON -m experiments.train --config=configs/saber.py:benchmark=imagenet_r_10,method=saber \
+      --config.model.checkpoint="$VIT_CHECKPOINT" --config.data.data_dir="$TFDS_DATA_DIR" \
+      --config.data.num_tasks=1 --config.data.classes_per_task=20 \
+      --workdir="$out/runs/$name" --config.log.progress=False > "$out/$name.txt" 2>&1 || rc=$?
+    echo "{\"rc\": $rc, \"wall_s\": $(( $(date +%s) - start ))}" >> "$out/$name.txt"
+    tail -1 "$out/$name.txt"
+  else
+    echo "== imagenet_r_10 first task: skipped (set VIT_CHECKPOINT and TFDS_DATA_DIR to run it)"
+  fi
   echo "== test suite on $backend"
   $PYTHON -m pytest -q tests 2>&1 | tee "$out/tests.txt"
 fi

@@ -60,7 +60,7 @@ def vit_b16(config: Any, num_classes: int) -> tuple[Any, tuple[int, int, int]]:
             hf = json.load(f)
     else:
         hf = VIT_B16
-    return vit_from_hf_config(hf, num_classes=num_classes)
+    return vit_from_hf_config(hf, num_classes=num_classes, scan_layers=config.model.scan_layers)
 
 
 def pretrain_setup(config: Any, model: Any, x_shape: tuple[int, ...], key: jax.Array):
@@ -134,8 +134,9 @@ def build_backbone(
     k_init, k_pre = jax.random.split(key)
     model = make_model(config, stream.num_classes)
     if config.model.name == "vit_b16":  # the pre-trained checkpoint with a fresh head
-        _, variables = load_hf_vit(
-            config.model.checkpoint, num_classes=stream.num_classes, key=k_init
+        checkpoint, scan = config.model.checkpoint, config.model.scan_layers
+        model, variables = load_hf_vit(
+            checkpoint, num_classes=stream.num_classes, key=k_init, scan_layers=scan
         )
         return model, jax.device_get(variables)
     x0 = jnp.zeros((1, *stream.tasks[0]["train"]["x"].shape[1:]))

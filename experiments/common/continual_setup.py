@@ -127,8 +127,8 @@ def check_setup(config: Any) -> None:
             )
     if benchmark in IMAGE_BENCHMARKS:
         c.check_nonnegative(config, "data.classes_per_task", integer=True)
-        checkpoint = c.get_path(config, "model.checkpoint")
-        if not checkpoint or not os.path.isfile(os.path.join(checkpoint, "config.json")):
+        checkpoint = c.get_path(config, "model.checkpoint")  # "": ViT-B/16's shapes, no run
+        if checkpoint and not os.path.isfile(os.path.join(checkpoint, "config.json")):
             raise c.ConfigError(
                 f"config.model.checkpoint={checkpoint!r} is not a Hugging Face ViT checkpoint "
                 "directory (config.json, model.safetensors): save google/vit-base-patch16-224-"
@@ -205,6 +205,12 @@ def load_stream(config: Any, seed: int) -> Stream:
     if bench == "shakespeare_plays":
         return _shakespeare_stream(config, rng)
     if bench in IMAGE_BENCHMARKS:
+        if not config.model.checkpoint:
+            raise common.ConfigError(
+                f"config.model.checkpoint is empty: {bench} runs on a Hugging Face ViT "
+                "checkpoint: save google/vit-base-patch16-224-in21k with save_pretrained and pass "
+                "--config.model.checkpoint=DIR"
+            )
         d, pre = config.data, preprocessing(config.model.checkpoint)
         return continual.image_cil(
             bench,

@@ -32,6 +32,9 @@ EXTRA = (  # variants whose programs differ from the plain :smoke ones
     "configs/tfft.py:smoke,stage2=resample",
     "configs/llm_sft.py:smoke,method=frameft",
     "configs/llm_sft.py:smoke,method=sbvi",  # the SBVI optimizer's update in the step
+    # the pre-trained-ViT benchmarks at paper scale (ViT-B/16, 224x224, batch 128 over the
+    # v5e-8-shaped mesh; no checkpoint: ViT-B/16's shapes), every continual method
+    "configs/saber.py:benchmark=imagenet_r_10,method=every",
 )
 CONFIGS = [f"{path}:smoke" for path, _ in train.available_configs()] + list(EXTRA)
 
