@@ -43,7 +43,7 @@ def _check_outputs(out: dict, methods: tuple[str, ...], workdir) -> None:
     results = (workdir / "results.md").read_text()
     assert all(f"| {m} |" in results for m in methods)
     matrices = json.loads((workdir / "accuracy_matrices.json").read_text())
-    assert all(np.shape(matrices[m][0]) == (2, 2) for m in methods)
+    assert all(np.shape(matrices[m][0]["R"]) == (2, 2) for m in methods)
 
 
 def test_every_method_runs_the_cifar100_smoke(checkpoint, tmp_path):
