@@ -20,6 +20,13 @@ and which matches ``transformers`` in float32; use ``bfloat16`` on a TPU or GPU)
 float32 (``model.param_dtype``). Without ``data.valid``, ``data.valid_fraction`` of the training
 rows are held out for validation.
 
+``--config.data.train=a.jsonl,b.jsonl --config.continual.method=saber`` (or ``gr_lora``,
+``o_lora``, ``inflora``, ``sd_lora``, ``sequential``; also ``:smoke,continual=saber``): continual
+fine-tuning, one task per file, with per-task losses and forgetting;
+``--config.select.fraction=0.25`` (GIST, P11: keep the rows chosen for ``select.target`` or the
+validation rows); ``--config.data.train=tfds:NAME[@SPLIT]`` (a TFDS dataset; ``data.tfds_text``).
+See docs/guides/finetune_checkpoint.md.
+
 Outputs in the workdir: ``adapter/`` (PEFT ``adapter_model.safetensors`` + ``adapter_config.json``:
 ``PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(DIR), "<workdir>/adapter")``),
 ``results.md`` (validation loss and perplexity before and after, greedy samples before and after),
@@ -43,7 +50,7 @@ from configs.common import hardware_section, parse_arg, profile_section, train_s
 
 def get_config(arg=None):
     """``arg``: ``"smoke"``, ``"method=<adapter.method>"`` (e.g. ``"smoke,method=sbvi"``)."""
-    arg = parse_arg(arg, smoke=False, method="lora")
+    arg = parse_arg(arg, smoke=False, method="lora", continual="")
     c = ml_collections.ConfigDict()
     c.experiment = "llm_sft"
     c.seed = 0
@@ -51,8 +58,14 @@ def get_config(arg=None):
     c.fixture = arg.smoke  # build a tiny checkpoint and data in <workdir>/fixture when unset
 
     c.data = ml_collections.ConfigDict()
-    c.data.train = ""  # JSONL rows {"text"}, {"prompt", "completion"} or {"messages"}
-    c.data.valid = ""  # JSONL; "" holds out valid_fraction of the training rows
+    # Sources, comma-separated: JSONL files of rows {"text"}, {"prompt", "completion"} or
+    # {"messages"}, or tfds:NAME[@SPLIT]; several train sources: the tasks of continual.method.
+    c.data.train = ""
+    c.data.valid = ""  # one source per train source; "" holds out valid_fraction of each
+    c.data.tfds_text = "text"  # tfds: the feature read as {"text"} rows
+    c.data.tfds_prompt = ""  # tfds: with tfds_completion, {"prompt", "completion"} rows instead
+    c.data.tfds_completion = ""
+    c.data.tfds_max_rows = 0  # tfds: rows read per source (0: all)
     c.data.valid_fraction = 0.1
     c.data.max_length = 128 if arg.smoke else 1024  # tokens per packed row
     c.data.batch_size = 8  # packed rows per step (a multiple of the device count)
@@ -75,6 +88,20 @@ def get_config(arg=None):
     c.adapter.alpha = 16.0
     c.adapter.targets = (r".*_proj/kernel",)  # all seven projections of every layer
     c.adapter.nf4_block_size = 32 if arg.smoke else 64  # divides every kernel's input axis
+
+    c.continual = ml_collections.ConfigDict()  # one task per train source, in order
+    c.continual.method = (
+        arg.continual
+    )  # "": off; saber, gr_lora, o_lora, inflora, sd_lora, sequential
+    c.continual.memory_examples = 4 if arg.smoke else 64  # packed rows feeding the memories
+    c.continual.memory_threshold = 0.9  # GPM energy (inflora, gr_lora)
+    c.continual.lambda_orth = 0.5  # o_lora's penalty weight
+
+    c.select = ml_collections.ConfigDict()  # GIST (P11) on the training rows before fine-tuning
+    c.select.fraction = 0.0  # rows kept (0: all, no selection)
+    c.select.target = ""  # the target source ("": the validation rows)
+    c.select.k = 8  # GIST's directions (at most the target's rows)
+    c.select.chunk_size = 16  # examples per vmap chunk of per-example gradients
 
     c.optim = ml_collections.ConfigDict()
     c.optim.learning_rate = 1e-2 if arg.smoke else 2e-4

@@ -5,14 +5,15 @@ layers and a genre head: cross-entropy on noisy inputs + self-distillation of th
 features), a LoRA + play head on the source, and an oracle LoRA + play head on the target, each
 through ``experiments.common.fit`` (resumable). Then every transfer method delivers top-layer
 weights for the target (``lowrank_jax.merging`` does the merging; this module only picks
-hyper-parameters on the validation split and evaluates). Writes per-seed ``seed_<s>/result.json``
-(a finished seed is not recomputed), ``results.md``, ``results.json`` and ``transfer.png``.
+hyper-parameters on the validation split and evaluates). Each seed is a cell, stored by
+:class:`experiments.common.sweep.CellStore` as ``cells/seed=<s>.json`` (a rerun reads a finished
+seed back; its trainings live in ``seed_<s>/``); :mod:`experiments.common.casa_report` turns the
+cells into ``results.md``, ``results.json`` and ``transfer.png``.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import os
 from typing import Any
 
@@ -23,7 +24,7 @@ import optax
 from absl import logging
 
 from experiments import common
-from experiments.common import casa_report, lowering
+from experiments.common import casa_report, lowering, sweep
 from lowrank_jax import adapters, data, merging, models
 from lowrank_jax.data.shakespeare import GENRES, PLAYS
 from lowrank_jax.merging.casa import casa_diagnostics
@@ -345,7 +346,10 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
     ]
 
 
-def _run_seed(config, seed, workdir, bert_config, options):
+def _run_seed(config, seed, *, workdir, bert_config, options):
+    """One seed's cell: its trainings in ``<workdir>/seed_<seed>``, every method's test row."""
+    logging.info("casa: seed %d", seed)
+    workdir = os.path.join(workdir, f"seed_{seed}")
     splits = _task_splits(config, seed)
     _, _, top = split_encoder(*models.load_minilm()[:2], config.model.first_layer)
     source = jax.device_get(top)
@@ -394,16 +398,12 @@ def _run_seed(config, seed, workdir, bert_config, options):
 
 
 def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -> dict[str, Any]:
-    """Runs every seed (skipping finished ones) and writes the tables; returns the summary."""
+    """Runs every seed (a finished one is read back) and writes the tables; returns the summary."""
     options = common.TrainOptions.from_config(config, workdir) if options is None else options
     check_config(config)
     bert_config = models.BertConfig.from_json(models.minilm_dir() / "config.json")
-    results = []
-    for seed in range(config.seed, config.seed + config.num_seeds):
-        path = os.path.join(workdir, f"seed_{seed}", "result.json")
-        if not os.path.exists(path):
-            logging.info("casa: seed %d", seed)
-            common.write_json(path, _run_seed(config, seed, os.path.join(workdir, f"seed_{seed}"), bert_config, options))  # fmt: skip
-        with open(path) as f:
-            results.append(json.load(f))
+    cells = sweep.CellStore(workdir, options=options, log_metrics=False)
+    seeds = range(config.seed, config.seed + config.num_seeds)
+    kw = dict(workdir=workdir, bert_config=bert_config, options=options)
+    results = [cells.get(f"seed={s}", functools.partial(_run_seed, config, s, **kw)) for s in seeds]
     return casa_report.write_report(config, workdir, results, methods=METHODS)

@@ -11,15 +11,16 @@ line search on the validation split, and Extra-Merge with the default α (no dat
 hyper-parameter (LAWA window, EMA decay, ExPO α, Extra-Merge window and α) is chosen on the
 validation split; test loss is reported.
 
-Writes ``config.json``, ``runs/<opt>_s<seed>/{const,wsd}`` (fit's workdirs), ``cells/*.json``
-(per optimizer and seed; a rerun skips them), ``results.md``/``results.json``,
-``loss_vs_alpha_<opt>.png`` and ``rho1_<opt>.png``.
+Each (optimizer, seed) is a cell, stored by :class:`experiments.common.sweep.CellStore` as
+``cells/<opt>_s<seed>.json`` (a rerun reads a finished cell back; its trainings live in
+``runs/<opt>_s<seed>/{const,wsd}``, fit's workdirs, deleted once the cell is stored unless
+``ckpt.keep_runs``). Writes ``config.json``, ``results.md``/``results.json`` and
+``loss_vs_alpha_<opt>.png``.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import os
 import shutil
 from typing import Any
@@ -31,6 +32,7 @@ import optax
 from absl import logging
 
 from experiments import common
+from experiments.common import sweep
 from experiments.common.checkpoint_reader import CheckpointSequence, saved_steps
 from lowrank_jax import data, merging, models
 from lowrank_jax.merging import averaging
@@ -350,26 +352,19 @@ def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -
     check_config(config)
     options = common.TrainOptions.from_config(config, workdir) if options is None else options
     workdir = os.fspath(workdir)
-    cell_dir = os.path.join(workdir, "cells")
-    os.makedirs(cell_dir, exist_ok=True)
     arrays, vocab = load_text(config)
     logging.info(
         "char-LM data: %s, vocabulary %d", {k: v.shape for k, v in arrays.items()}, len(vocab)
     )
     model = _model(config, len(vocab))
+    store = sweep.CellStore(workdir, options=options, log_metrics=False)
     cells = []
     for seed in range(config.seed, config.seed + config.num_seeds):  # seed-major: a partial
         for name in config.optim.names:  # run covers every optimizer equally
-            path = os.path.join(cell_dir, f"{name}_s{seed}.json")
-            if os.path.exists(path):
-                with open(path) as f:
-                    cells.append(json.load(f))
-                continue
             root = os.path.join(workdir, "runs", f"{name}_s{seed}")
-            cell = _cell(config, model, arrays, name, seed, root, options)
-            common.write_json(path, cell)
-            cells.append(cell)
-            if not config.ckpt.keep_runs:
+            cell = functools.partial(_cell, config, model, arrays, name, seed, root, options)
+            cells.append(store.get(f"{name}_s{seed}", cell))
+            if not config.ckpt.keep_runs:  # the cell is stored: its trainings are not needed
                 shutil.rmtree(root, ignore_errors=True)
     rows, checks = _summary(config, cells)
     for name in config.optim.names:

@@ -19,40 +19,43 @@
    copied), ``results.md`` (validation loss and perplexity before and after, greedy samples of
    ``models.generate`` before and after) and the run's JSON (``valid_loss_before``,
    ``valid_loss_after``, ...).
+
+Options (``experiments/common``): several training sources are the tasks of a continual run
+(``continual.method``, :mod:`~experiments.common.llm_continual`); ``select.fraction`` keeps the
+training rows GIST (P11) chooses for a target (:mod:`~experiments.common.llm_gist`); a source may
+be a TFDS dataset (``tfds:NAME[@SPLIT]``, :mod:`~experiments.common.llm_data`). The step, the
+evaluation and the export are in :mod:`~experiments.common.llm_sft_steps`.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-import optax
 from absl import logging
 
 from experiments import common
-from experiments.common import llm_fixture
+from experiments.common import llm_continual, llm_data, llm_fixture, llm_gist
 from experiments.common.llm_sft_report import sample, sampling_forward, write_report
+from experiments.common.llm_sft_steps import (
+    adapter_rules,
+    evaluated,
+    export,
+    frozen_base,
+    initial_adapters,
+    make_evaluate,
+    make_forward,
+    make_step,
+    optimizer,
+    sbvi_state,
+)
 from lowrank_jax import adapters, data, models, optim
 from lowrank_jax.adapters.quant import BASE_DTYPES
-from lowrank_jax.data import text
-from lowrank_jax.optim.sbvi import sbvi_mean
 
 METHODS = ("lora", "dora", "frameft", "sbvi")  # adapter.method
-PEFT_METHODS = ("lora", "dora")  # the kinds a PEFT adapter_config.json describes
 INITS = ("kaiming", "pissa", "lora_da")  # adapter.init (LoRA only besides kaiming)
-KERNELS = r".*_proj/kernel"  # what a quantised base stores in low precision
-# What a merged checkpoint needs besides the weights, copied from the input checkpoint.
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "generation_config.json",
-)
 
 
 def check_config(config: Any) -> None:
@@ -70,10 +73,15 @@ def check_config(config: Any) -> None:
             f"config.checkpoint={config.checkpoint!r} is invalid: no config.json there (a "
             "directory written by save_pretrained)"
         )
-    for key in ("train", "valid"):
-        path = config.data[key]
-        if path and not os.path.isfile(path):
-            raise c.ConfigError(f"config.data.{key}={path!r} is invalid: no such file")
+    llm_data.check_sources(config)
+    if config.continual.method:
+        llm_continual.check_config(config)
+    if c.check_nonnegative(config, "select.fraction") > 1:
+        raise c.ConfigError("config.select.fraction must be in [0, 1] (0: no selection)")
+    if config.select.fraction and config.continual.method:
+        raise c.ConfigError("config.select.fraction is for one training source, not continual")
+    c.check_positive(config, "select.k", integer=True)
+    c.check_positive(config, "select.chunk_size", integer=True)
     c.check_fraction(config, "data.valid_fraction", allow_zero=False)
     if c.check_positive(config, "data.max_length", integer=True) < 2:
         raise c.ConfigError("config.data.max_length must be >= 2")
@@ -139,202 +147,19 @@ def model_config(config: Any, hf: Any) -> models.DecoderConfig:
 
 
 def load_examples(config: Any, tokenizer: data.Tokenizer, files: dict[str, str]) -> tuple:
-    """``(train, valid)`` lists of ``text.Example``; without a valid file, a seeded
-    ``data.valid_fraction`` of the training rows (at least one) is held out."""
-    train = data.encode_jsonl(tokenizer, files["train"])
-    if files["valid"]:
-        return train, data.encode_jsonl(tokenizer, files["valid"])
-    if len(train) < 2:
-        raise ValueError(f"{files['train']} has one row: add rows or pass --config.data.valid.")
-    order = np.random.default_rng(config.seed).permutation(len(train))
-    n = min(len(train) - 1, max(1, round(config.data.valid_fraction * len(train))))
-    return [train[i] for i in sorted(order[n:])], [train[i] for i in sorted(order[:n])]
+    """``(train, valid)`` lists of ``text.Example`` of one training source (``llm_data``)."""
+    return llm_data.split_examples(config, tokenizer, files["train"], files["valid"])
 
 
-# ----------------------------------------------------------------------------------------------
-# Model, step and evaluation.
-
-
-def adapter_rules(config: Any, init: str = "kaiming") -> list[tuple[str, Any]]:
-    """``adapter.method``'s spec on every target, stacked on the layer axis (``(L, n, m)``)."""
-    a = config.adapter
-    layout = {"in_ndim": 1, "out_ndim": 1}
-    if a.method == "frameft":  # P10: coefficients on a fixed frame of the kernel's shape
-        spec = adapters.frameft(a.frame_coeff, scale=a.frame_scale, **layout)
-    elif a.method == "sbvi":  # P8: U diag(σ) Vᵀ, σ evolved by scale_by_sbvi
-        spec = adapters.spectral(a.rank, **layout)
-    elif a.method == "dora":
-        spec = adapters.dora(a.rank, alpha=a.alpha, **layout)
-    else:
-        spec = adapters.lora(a.rank, alpha=a.alpha, init=init, **layout)
-    return [(t, spec) for t in a.targets]
-
-
-def _packed_loss(forward: Any, batch: Any) -> jax.Array:
-    """``loss_fn(forward, batch)`` of the data-aware initialisers: mean next-token loss."""
-    logits = forward(
-        batch["tokens"], segment_ids=batch["segment_ids"], positions=batch["positions"]
-    )
-    total, count = text.next_token_loss(logits, batch["tokens"], batch["loss_mask"])
-    return total / jnp.maximum(count, 1.0)
-
-
-def initial_adapters(
-    config: Any, model: models.DecoderLM, variables: Any, packed: dict[str, np.ndarray]
-) -> tuple[Any, Any]:
-    """``(adapters, base)`` before training, by ``adapter.init``: ``kaiming`` (``B = 0``, the base
-    unchanged), ``pissa`` (the top singular triples, ``adapters.unfold`` takes them out of the
-    base) or ``lora_da`` (P6: ``adapters.lora_da`` from the per-example gradients and K-FAC
-    statistics of the first ``adapter.init_rows`` packed training rows; the base unchanged)."""
-    a, key = config.adapter, jax.random.key(config.seed)
-    if a.init == "lora_da":
-        rows = min(a.init_rows, len(packed["tokens"]))
-        batch = {k: jnp.asarray(packed[k][:rows]) for k in ("tokens", "segment_ids", "positions", "loss_mask")}  # fmt: skip
-        ad = adapters.lora_da(
-            key, variables, adapter_rules(config), batch, apply_fn=model.apply,
-            loss_fn=_packed_loss, num_train=len(packed["tokens"]), chunk_size=4,
-        )  # fmt: skip
-        return ad, variables
-    ad = adapters.init(key, variables, adapter_rules(config, init=a.init))
-    return ad, adapters.unfold(variables, ad) if a.init == "pissa" else variables
-
-
-def sbvi_state(opt_state: Any) -> optim.SBVIState:
-    """The ``SBVIState`` inside the run's optimizer state (chained after gradient clipping)."""
-    is_state = lambda x: isinstance(x, optim.SBVIState)  # noqa: E731
-    (found,) = [x for x in jax.tree.leaves(opt_state, is_leaf=is_state) if is_state(x)]
-    return found
-
-
-def evaluated(config: Any, state: dict[str, Any]) -> Any:
-    """The adapters to evaluate and export: SBVI's at the posterior mean (its parameters hold a
-    sample of ``q(σ)``), the others as trained."""
-    if config.adapter.method != "sbvi":
-        return state["adapters"]
-    return sbvi_mean(state["adapters"], sbvi_state(state["opt_state"]))
-
-
-def frozen_base(config: Any, variables: Any) -> Any:
-    """The checkpoint's variables with the projection kernels stored as ``adapter.base``."""
-    return adapters.low_precision_base(
-        variables,
-        config.adapter.base,
-        patterns=(KERNELS,),
-        block_size=config.adapter.nf4_block_size,
-    )
-
-
-def make_forward(model: models.DecoderLM) -> Any:
-    """``forward(adapters, frozen, batch) -> logits`` on a packed batch, applied factorised."""
-    adapted = adapters.adapt(model.apply)
-
-    def forward(lora, frozen, batch):
-        return adapted(
-            frozen,
-            lora,
-            batch["tokens"],
-            segment_ids=batch["segment_ids"],
-            positions=batch["positions"],
+def check_rows(config: Any, name: str, packed: dict[str, Any]) -> dict[str, Any]:
+    """``packed`` if it fills a batch, else a ValueError saying what to change."""
+    if len(packed["tokens"]) < config.data.batch_size:
+        raise ValueError(
+            f"{name} packs into {len(packed['tokens'])} rows of {config.data.max_length} "
+            f"tokens, fewer than data.batch_size={config.data.batch_size}: lower "
+            "--config.data.batch_size or add rows."
         )
-
-    return forward
-
-
-def optimizer(config: Any) -> optax.GradientTransformation:
-    s = config.schedule
-    lr = optax.warmup_cosine_decay_schedule(
-        0.0, config.optim.learning_rate, s.warmup_steps, s.num_steps, end_value=0.0
-    )
-    if config.adapter.method == "sbvi":
-        a = config.adapter
-        tx = optim.scale_by_sbvi(
-            learning_rate=config.optim.learning_rate, friction=a.sbvi_friction,
-            temperature=a.sbvi_temperature, anneal_steps=max(1, int(0.8 * s.num_steps)),
-            prune_start=max(1, s.num_steps // 4), seed=config.seed,
-        )  # fmt: skip
-    else:
-        tx = optax.adamw(lr, weight_decay=config.optim.weight_decay)
-    if config.optim.grad_clip:
-        tx = optax.chain(optax.clip_by_global_norm(config.optim.grad_clip), tx)
-    return tx
-
-
-def make_step(forward: Any, tx: optax.GradientTransformation) -> Any:
-    """``step(state, frozen, batch, rng)`` for ``fit``: the mean loss over the batch's targets."""
-
-    def step(state, frozen, batch, rng):
-        del rng
-
-        def loss_fn(lora):
-            logits = forward(lora, frozen, batch)
-            total, count = text.next_token_loss(logits, batch["tokens"], batch["loss_mask"])
-            return total / jnp.maximum(count, 1.0), count
-
-        (loss, count), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["adapters"])
-        updates, opt_state = tx.update(grads, state["opt_state"], state["adapters"])
-        new = optax.apply_updates(state["adapters"], updates)
-        return {**state, "adapters": new, "opt_state": opt_state}, {
-            "loss": loss,
-            "target_tokens": count,
-        }
-
-    return step
-
-
-def make_evaluate(forward: Any, mesh: Any, *, batch_size: int) -> Any:
-    """``evaluate(adapters, frozen, packed) -> {"valid/loss", "valid/ppl"}``: the mean next-token
-    loss over every target of the packed validation rows, and its perplexity."""
-
-    @jax.jit
-    def sums(lora, frozen, batch, weight):
-        logits = forward(lora, frozen, batch)
-        return text.next_token_loss(logits, batch["tokens"], batch["loss_mask"] * weight[:, None])
-
-    def evaluate(lora, frozen, packed):
-        total = count = 0.0
-        rows = {**packed, "y": np.zeros(len(packed["tokens"]))}
-        for chunk, weight in common.padded_batches(rows, batch_size):
-            del chunk["y"]
-            t, n = sums(lora, frozen, *common.shard_batch(mesh, (chunk, weight)))
-            total, count = total + float(t), count + float(n)
-        loss = total / max(count, 1.0)
-        return {"valid/loss": loss, "valid/ppl": data.perplexity(loss)}
-
-    return evaluate
-
-
-# ----------------------------------------------------------------------------------------------
-# Outputs.
-
-
-def export(
-    config: Any, workdir: str, checkpoint: str, mc: Any, variables: Any, lora: Any
-) -> dict[str, str]:
-    """Writes ``<workdir>/adapter`` (PEFT; LoRA and DoRA only) and, with ``export.merged``,
-    ``<workdir>/merged`` (``variables``: the base the adapters were trained on)."""
-    out = {}
-    if config.adapter.method in PEFT_METHODS:
-        out["adapter_dir"] = os.path.join(workdir, "adapter")
-    if config.export.merged:
-        out["merged_dir"] = os.path.join(workdir, "merged")
-    if jax.process_index() != 0:  # (every process holds the replicated adapters)
-        return out
-    if "adapter_dir" in out:
-        adapters.save_peft(
-            out["adapter_dir"],
-            lora,
-            module_name=models.decoder_module_name,
-            base_model=os.path.abspath(checkpoint),
-            task_type="CAUSAL_LM",
-        )
-    if config.export.merged:
-        merged = adapters.fold(variables, lora)
-        dtype = config.export.merged_dtype or None
-        models.save_hf_decoder(out["merged_dir"], mc, merged, dtype=dtype)
-        for name in TOKENIZER_FILES:
-            if os.path.isfile(os.path.join(checkpoint, name)):
-                shutil.copy2(os.path.join(checkpoint, name), out["merged_dir"])
-    return out
+    return packed
 
 
 # ----------------------------------------------------------------------------------------------
@@ -356,17 +181,12 @@ def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -
         common.check_divisible(config, path, mesh.size, why=f"the {mesh.size} devices")
     files = inputs(config, workdir)
     tokenizer = data.load_tokenizer(files["checkpoint"])
-    train, valid = load_examples(config, tokenizer, files)
-    pack = lambda ex: data.pack(
+    tasks = llm_data.load_tasks(config, tokenizer, files)
+    pack = lambda ex: data.pack(  # noqa: E731
         ex, max_length=config.data.max_length, pad_id=tokenizer.pad_token_id
-    )  # noqa: E731
-    train_packed, valid_packed = pack(train), pack(valid)
-    if len(train_packed["tokens"]) < config.data.batch_size:
-        raise ValueError(
-            f"{files['train']} packs into {len(train_packed['tokens'])} rows of "
-            f"{config.data.max_length} tokens, fewer than data.batch_size="
-            f"{config.data.batch_size}: lower --config.data.batch_size or add rows."
-        )
+    )
+    for name, train, _ in tasks:
+        check_rows(config, name, pack(train))
     mc = model_config(config, files["checkpoint"])
     if tokenizer.vocab_size > mc.vocab_size:
         raise ValueError(
@@ -377,6 +197,12 @@ def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -
         files["checkpoint"], config=mc, shardings=common.replicated(mesh)
     )
     model = models.DecoderLM(mc)
+    if config.continual.method:
+        specs = [{"name": n, "train": pack(t), "valid": pack(v)} for n, t, v in tasks]
+        result = llm_continual.run(config, workdir, options, model, variables, specs)
+        return llm_continual.finish(config, workdir, files, mc, result)
+    ((_, train, valid),) = tasks
+    train_packed, valid_packed = pack(train), pack(valid)
     forward = make_forward(model)
     evaluate = make_evaluate(forward, mesh, batch_size=config.eval.batch_size)
 
@@ -385,6 +211,16 @@ def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -
         return common.sharding.put_global(tree, shardings)
 
     lora, base = initial_adapters(config, model, variables, train_packed)
+    extra = {}
+    if config.select.fraction:  # GIST (P11): keep the rows that serve the target
+        target = valid
+        if config.select.target:
+            target = llm_data.read_examples(config, tokenizer, config.select.target)
+        kept, _ = llm_gist.select(config, model, lora, base, train, target, tokenizer.pad_token_id)
+        extra["selected_rows"] = sorted(int(i) for i in kept)
+        extra["selected_from"] = len(train)
+        train = [train[i] for i in extra["selected_rows"]]
+        train_packed = check_rows(config, "the GIST selection", pack(train))
     zero = jax.device_get(lora)  # the adapters before training (fit donates its state)
     frozen = on_mesh(frozen_base(config, base))
     before = evaluate(on_mesh(lora), frozen, valid_packed)
@@ -424,12 +260,11 @@ def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -
         "valid_rows": len(valid),
         "valid_targets": int(valid_packed["loss_mask"][:, 1:].sum()),
     }
-    extra = {}
     if config.adapter.method == "sbvi":
         extra["sbvi_ranks"] = optim.sbvi_ranks(
             jax.device_get(sbvi_state(result.state["opt_state"]))
         )
-    write_report(config, workdir, files, counts, before, after, samples)
+    write_report(config, workdir, files, {**counts, **extra}, before, after, samples)
     metrics = {
         "valid_loss_before": before["valid/loss"],
         "valid_loss_after": after["valid/loss"],
@@ -472,6 +307,9 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
         state = {"adapters": lora, "opt_state": tx.init(lora), "step": 0}
         return (state, frozen_base(config, variables)), tx
 
+    if config.continual.method:
+        variables = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
+        return llm_continual.steps(config, model, variables, mesh)
     (state, frozen), tx = common.eval_shape_with_static(build, jax.random.key(config.seed))
     a = config.adapter
     return [

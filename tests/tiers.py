@@ -175,6 +175,9 @@ RULES: tuple[tuple[str, str], ...] = (
     ("tests/experiments/test_llm_sft.py::test_dora_and_qlora_by_config", "slow"),
     ("tests/experiments/test_llm_sft.py::test_paper_methods_by_config", "slow"),
     ("tests/experiments/test_llm_sft.py::test_initialisers_keep_or_move_the_base", "slow"),
+    ("tests/experiments/test_llm_sft_methods.py::test_continual_over_files_*", "slow"),
+    ("tests/experiments/test_llm_sft_methods.py::test_gist_*", "slow"),
+    ("tests/experiments/test_llm_sft_methods.py::test_a_tfds_*", "slow"),
     ("tests/experiments/test_lora_bo.py::*", "slow"),
     ("tests/experiments/test_lora_finetune.py::*", "slow"),
     (

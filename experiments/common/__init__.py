@@ -23,6 +23,11 @@
   trend-check tables and ``write_sweep_results``.
 * :mod:`~experiments.common.digits_shift`: the rotated-digits domain shift of the FrameFT and
   LoRA-DA studies; :mod:`~experiments.common.kge_report`: the KGE study's checks and tables.
+* An experiment's own parts live here too, never in a module another experiment imports:
+  ``<experiment>_report`` (its report writer: stored cells to ``results.md``, ``summary.json``,
+  tables and plots), :mod:`~experiments.common.continual_setup` (the task streams and backbones
+  of ``experiments/continual.py``) and :mod:`~experiments.common.continual_search` (its
+  validation search).
 * :mod:`~experiments.common.llm_fixture` (import it as a module): a random tiny Llama saved by
   ``transformers`` with a BPE tokenizer and JSONL files, what ``configs/llm_sft.py:smoke`` and
   the language-model data tests read.

@@ -1,6 +1,6 @@
 """Reporting of the CASA transfer study (P18): the table over seeds, ``results.json`` and the plot.
 
-Used by ``experiments/casa.py``; ``results`` are its per-seed records (``seed_<s>/result.json``):
+Used by ``experiments/casa.py``; ``results`` are its per-seed cells (``cells/seed=<s>.json``):
 ``{"rows": {name: {"play_accuracy", "genre_accuracy", "genre_agreement", "norm_inflation",
 "combined", "hparams", ...}}, "diagnostics": {name: mean over adapted kernels}, "per_kernel":
 ...}``, with a row per transfer method and the references ``target_alone`` and ``source_lora``.

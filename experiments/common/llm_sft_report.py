@@ -81,6 +81,11 @@ def write_report(config, workdir, files, counts, before, after, samples) -> None
         f"{counts['valid_rows']} rows, {counts['valid_targets']} target tokens. 'before' is the "
         f"frozen base ({a.base}) with the initial adapter (`adapter.init={a.init}`)."
     )
+    if "selected_rows" in counts:
+        notes += (
+            f" GIST (P11) kept {len(counts['selected_rows'])} of {counts['selected_from']} "
+            f"training rows for the target ({config.select.target or 'the validation rows'})."
+        )
     if a.method not in ("lora", "dora"):
         notes += (
             f" No PEFT `adapter/` is written: PEFT has no {a.method} layer; the trained factors "

@@ -62,14 +62,15 @@ def _table(path):
     return out
 
 
-def test_smoke_run_end_to_end(tmp_path):
+def test_smoke_run_end_to_end(tmp_path, monkeypatch):
     config = casa_config.get_config("smoke")
     with config.unlocked():
         config.log.progress = False
     workdir = str(tmp_path)
     summary = casa.run(config, workdir)
-    with open(os.path.join(workdir, "seed_0", "result.json")) as f:
-        rows = json.load(f)["rows"]
+    with open(os.path.join(workdir, "cells", "seed=0.json")) as f:
+        cell = json.load(f)
+    rows = cell["rows"]
     table = _table(os.path.join(workdir, "results.md"))
     assert set(table) == {*casa.METHODS, "target_alone"}
     assert os.path.exists(os.path.join(workdir, "transfer.png"))
@@ -95,8 +96,26 @@ def test_smoke_run_end_to_end(tmp_path):
     assert rows["direct"]["genre_agreement"] <= 1.0
     hp = rows["casa"]["hparams"]
     assert (hp["rotation_threshold"], hp["scale"]) in [tuple(c) for c in config.merge.casa]
-    # resumable: a finished seed is read back, not recomputed
-    assert casa.run(config, workdir) == summary
+    # resumable: a finished seed is read back, not recomputed; a run interrupted in its second
+    # seed resumes there (the seeds are cells of experiments.common.sweep.CellStore)
+    computed = []
+
+    def fake_seed(config, seed, **kwargs):
+        computed.append(seed)
+        if len(computed) == 1:
+            raise KeyboardInterrupt  # the interruption, inside seed 1
+        return cell
+
+    monkeypatch.setattr(casa, "_run_seed", fake_seed)
+    assert casa.run(config, workdir) == summary and not computed
+    with config.unlocked():
+        config.num_seeds = 2
+    with pytest.raises(KeyboardInterrupt):
+        casa.run(config, workdir)
+    assert not os.path.exists(os.path.join(workdir, "cells", "seed=1.json"))
+    two = casa.run(config, workdir)  # seed 0 read back, seed 1 computed
+    assert computed == [1, 1] and os.path.exists(os.path.join(workdir, "cells", "seed=1.json"))
+    assert two["casa/combined"] == pytest.approx(summary["casa/combined"])  # seed 1 = seed 0
 
 
 def test_casa_onto_the_source_itself_returns_the_lora_on_real_minilm_kernels():

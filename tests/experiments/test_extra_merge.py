@@ -14,7 +14,7 @@ from experiments.common.checkpoint_reader import CheckpointSequence, saved_steps
 from lowrank_jax import merging
 
 
-def test_smoke_run_writes_tables_and_merges_saved_checkpoints(tmp_path):
+def test_smoke_run_writes_tables_and_merges_saved_checkpoints(tmp_path, monkeypatch):
     config = extra_merge_config.get_config("smoke")
     config.log.progress = False
     config.ckpt.keep_runs = True
@@ -39,10 +39,29 @@ def test_smoke_run_writes_tables_and_merges_saved_checkpoints(tmp_path):
     a = merging.lawa(lazy, window=3)
     b = merging.lawa(eager, window=3)
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6), a, b)
-    # A rerun reads the finished cells back.
-    assert extra_merge.run(config, str(tmp_path))["rows"] == out["rows"]
     with pytest.raises(ValueError, match="not saved"):
         CheckpointSequence(ckpt_dir, steps=[7])
+    # A rerun reads the finished cells back (experiments.common.sweep.CellStore); a run
+    # interrupted in its second cell resumes there.
+    computed = []
+
+    def fake_cell(config, model, arrays, name, seed, root, options):
+        computed.append((name, seed))
+        if len(computed) == 1:
+            raise KeyboardInterrupt  # the interruption, inside (adamw, seed 1)
+        return {**cell, "seed": seed}
+
+    monkeypatch.setattr(extra_merge, "_cell", fake_cell)
+    assert extra_merge.run(config, str(tmp_path))["rows"] == out["rows"] and not computed
+    config.num_seeds = 2
+    with pytest.raises(KeyboardInterrupt):
+        extra_merge.run(config, str(tmp_path))
+    assert not (tmp_path / "cells" / "adamw_s1.json").exists()
+    two = extra_merge.run(config, str(tmp_path))
+    assert (
+        computed == [("adamw", 1), ("adamw", 1)] and (tmp_path / "cells" / "adamw_s1.json").exists()
+    )
+    assert two["rows"][0]["last"].split(" ± ")[0] == out["rows"][0]["last"].split(" ± ")[0]
 
 
 def test_bench_tiny_prints_the_json_line(capsys):

@@ -16,6 +16,7 @@ import pytest
 
 from configs import llm_sft as sft_config
 from experiments import common, llm_sft
+from experiments.common import llm_sft_steps
 from lowrank_jax import adapters, data, models
 from tests.experiments.test_train_cli import final_metrics, run_cli
 
@@ -173,7 +174,7 @@ def test_paper_methods_by_config(smoke, tmp_path, method, init):
     assert abs(merged - metrics["valid_loss_before"]) > 1e-3
     table = (tmp_path / "results.md").read_text()
     assert f"`adapter.init={init}`" in table
-    peft = method in llm_sft.PEFT_METHODS
+    peft = method in llm_sft_steps.PEFT_METHODS
     assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file() == peft
     assert ("No PEFT `adapter/` is written" in table) == (not peft)
     if method == "sbvi":  # every target keeps some of its 2 layers x 8 modes
