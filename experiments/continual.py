@@ -46,20 +46,17 @@ from absl import logging
 from experiments import common
 from experiments.common import continual_report as report
 from experiments.common import continual_search as search
-from experiments.common import lowering, sweep
-from experiments.common.continual_backbones import build_backbone, make_model, pretrain_setup
-from experiments.common.continual_methods import HEADS, METHODS, make_method
+from experiments.common import sweep
+from experiments.common.continual_backbones import build_backbone
+from experiments.common.continual_methods import HEADS, METHODS, make_method, program_steps
 from experiments.common.continual_setup import (
     PROTOCOLS,
     Stream,
     check_setup,
     load_stream,
-    stream_shapes,
 )
 from lowrank_jax import continual, data
 from lowrank_jax.continual.streams import training_arrays
-from lowrank_jax.models.bert import split_encoder
-from lowrank_jax.models.bert_prefix import prefix_encoder
 from lowrank_jax.models.hf_vit import preprocessing
 
 __all__ = [
@@ -159,46 +156,10 @@ def check_config(config: Any) -> None:
 
 
 def steps(config: Any, mesh: Any = None) -> list[common.Step]:
-    """The jitted programs of a run on abstract inputs (no data, no weights read): the cached
-    MiniLM layers or the base session's step, and each method's first-task ``fit`` step.
-
-    (A method's ``predict`` and ``end_task`` jit inside the library on the state a task leaves,
-    so they are not among them.)
-    """
+    """The run's jitted programs on abstract inputs (no data, no weights read):
+    :func:`~experiments.common.continual_methods.program_steps` of a checked ``config``."""
     check_config(config)
-    mesh = common.make_mesh() if mesh is None else mesh
-    shapes, b = stream_shapes(config), config.data.batch_size
-    key, f32, spec = jax.random.key(0), jnp.float32, jax.ShapeDtypeStruct
-    out = []
-    if config.data.benchmark == "shakespeare_plays":
-        bert_config, encoder = lowering.abstract_minilm()
-        prefix = split_encoder(bert_config, encoder, config.model.first_layer)
-        ids = spec((64, config.data.seq_len), jnp.int32)  # chunks of 64
-        out.append(common.Step("prefix encoder", prefix_encoder(prefix[0]), (prefix[1], ids)))
-    if shapes["base"] is not None:
-        x_shape, classes = shapes["base"]
-        state, step = common.eval_shape_with_static(
-            lambda k: pretrain_setup(config, make_model(config, classes), x_shape, k), key
-        )
-        batch = {"x": spec((b, *x_shape), f32), "y": spec((b,), jnp.int32)}
-        out.append(common.fit_step(step, state, None, batch, mesh=mesh, name="base session"))
-    model = make_model(config, shapes["num_classes"])
-    variables = jax.eval_shape(model.init, key, jnp.zeros((1, *shapes["x"])))
-    batch = {"x": spec((b, *shapes["x"]), f32), "y": spec((b,), jnp.int32)}
-    batch["mask"] = spec((b, shapes["num_classes"]), jnp.bool_)
-    for name in config.methods:
-        method = make_method(config, name, model.apply, shapes["protocol"], config.seeds[0])
-        x = np.zeros((b, *shapes["x"]), np.float32)  # a stand-in first task (never read)
-        task = continual.Task(0, shapes["task_classes"], x, np.zeros(b, np.int32), shapes["num_classes"])  # fmt: skip
-
-        def first_task(variables, method=method, task=task):
-            trainable, frozen, tx = method.begin_task(method.init(variables), key, task)
-            return (trainable, frozen, tx.init(trainable)), tx
-
-        (trainable, frozen, opt_state), tx = common.eval_shape_with_static(first_task, variables)
-        state = {"trainable": trainable, "opt_state": opt_state, "step": 0}
-        out.append(common.fit_step(continual.make_train_step(method, tx), state, frozen, batch, mesh=mesh, name=name))  # fmt: skip
-    return out
+    return program_steps(config, mesh)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -46,9 +46,8 @@ import jax.numpy as jnp
 
 from configs import saber
 from experiments import common
-from experiments import continual as continual_experiment
 from experiments.common.continual_backbones import make_model
-from experiments.common.continual_methods import METHODS
+from experiments.common.continual_methods import METHODS, program_steps
 from experiments.common.continual_setup import stream_shapes
 
 # (train, test) images of each dataset: CIFAR-100 (TFDS), ImageNet-R's 80/20 split of its 30,000
@@ -93,7 +92,7 @@ def row(benchmark: str, method: str, *, utilisation: float, memory: bool) -> dic
     config = saber.get_config(f"benchmark={benchmark},method={method}")
     config.model.scan_layers = False  # XLA's cost analysis counts a scanned layer once
     b, tasks = config.data.batch_size, config.data.num_tasks
-    (train_step,) = continual_experiment.steps(config, common.make_mesh())
+    (train_step,) = program_steps(config, common.make_mesh())
     train_flops = _flops(train_step.fn.lower(*train_step.args, **train_step.kwargs))
     train, test = TRAIN_IMAGES[_dataset(benchmark)]
     steps = tasks * config.schedule.epochs_per_task * (train // tasks // b)
@@ -114,7 +113,7 @@ def row(benchmark: str, method: str, *, utilisation: float, memory: bool) -> dic
     if memory:
         for name, per_device in (("h100", b), ("v5e8", b // 8)):
             config.data.batch_size = per_device
-            (step,) = continual_experiment.steps(config, common.make_mesh())
+            (step,) = program_steps(config, common.make_mesh())
             out[f"{name}_memory_gb"] = _memory(step)
     return out
 

@@ -1,12 +1,23 @@
 """The continual methods of the experiment (``continual.py``), built from the config: a lookup
-of keyword arguments, since the methods live in the library (:mod:`lowrank_jax.continual`).
+of keyword arguments, since the methods live in the library (:mod:`lowrank_jax.continual`); and
+the experiment's jitted programs on abstract inputs (:func:`steps`, for lowering and costing).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments import common
+from experiments.common import lowering
+from experiments.common.continual_backbones import make_model, pretrain_setup
+from experiments.common.continual_setup import stream_shapes
 from lowrank_jax import continual
+from lowrank_jax.models.bert import split_encoder
+from lowrank_jax.models.bert_prefix import prefix_encoder
 
 METHODS = ("saber", "gr_lora", "seq_lora", "o_lora", "inflora", "gpm_lora", "sd_lora", "joint")
 HEADS = ("masked", "aligned", "prototype")  # config.head: the method as is, or with_head's
@@ -84,3 +95,45 @@ def make_method(
         drift=h.drift,
         drift_bandwidth=h.drift_bandwidth,
     )
+
+
+def program_steps(config: Any, mesh: Any = None) -> list[common.Step]:
+    """The jitted programs of a run on abstract inputs (no data, no weights read): the cached
+    MiniLM layers or the base session's step, and each method's first-task ``fit`` step.
+
+    (A method's ``predict`` and ``end_task`` jit inside the library on the state a task leaves,
+    so they are not among them.)
+    """
+    mesh = common.make_mesh() if mesh is None else mesh
+    shapes, b = stream_shapes(config), config.data.batch_size
+    key, f32, spec = jax.random.key(0), jnp.float32, jax.ShapeDtypeStruct
+    out = []
+    if config.data.benchmark == "shakespeare_plays":
+        bert_config, encoder = lowering.abstract_minilm()
+        prefix = split_encoder(bert_config, encoder, config.model.first_layer)
+        ids = spec((64, config.data.seq_len), jnp.int32)  # chunks of 64
+        out.append(common.Step("prefix encoder", prefix_encoder(prefix[0]), (prefix[1], ids)))
+    if shapes["base"] is not None:
+        x_shape, classes = shapes["base"]
+        state, step = common.eval_shape_with_static(
+            lambda k: pretrain_setup(config, make_model(config, classes), x_shape, k), key
+        )
+        batch = {"x": spec((b, *x_shape), f32), "y": spec((b,), jnp.int32)}
+        out.append(common.fit_step(step, state, None, batch, mesh=mesh, name="base session"))
+    model = make_model(config, shapes["num_classes"])
+    variables = jax.eval_shape(model.init, key, jnp.zeros((1, *shapes["x"])))
+    batch = {"x": spec((b, *shapes["x"]), f32), "y": spec((b,), jnp.int32)}
+    batch["mask"] = spec((b, shapes["num_classes"]), jnp.bool_)
+    for name in config.methods:
+        method = make_method(config, name, model.apply, shapes["protocol"], config.seeds[0])
+        x = np.zeros((b, *shapes["x"]), np.float32)  # a stand-in first task (never read)
+        task = continual.Task(0, shapes["task_classes"], x, np.zeros(b, np.int32), shapes["num_classes"])  # fmt: skip
+
+        def first_task(variables, method=method, task=task):
+            trainable, frozen, tx = method.begin_task(method.init(variables), key, task)
+            return (trainable, frozen, tx.init(trainable)), tx
+
+        (trainable, frozen, opt_state), tx = common.eval_shape_with_static(first_task, variables)
+        state = {"trainable": trainable, "opt_state": opt_state, "step": 0}
+        out.append(common.fit_step(continual.make_train_step(method, tx), state, frozen, batch, mesh=mesh, name=name))  # fmt: skip
+    return out
