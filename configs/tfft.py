@@ -34,7 +34,7 @@ resampling table from a second (``stage2=resample``, α × 1 only)::
     nice -n 10 python -m experiments.train --config=configs/tfft.py:paper,stage2=resample \
         --workdir=runs/tfft_paper_resample
 
-(about 6 CPU-hours and 1 CPU-hour on 2 cores, from the runtimes below; an interrupted run
+(about 5 and 1.5 CPU-hours on 2 cores, from the runtimes below; an interrupted run
 resumes).
 
 Runtime: with adjoint matching, ``:source=ring`` (3 seeds) took 18 minutes wall on a 2-core CPU

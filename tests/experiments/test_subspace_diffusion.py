@@ -117,7 +117,7 @@ def test_the_resolve_config_runs_the_papers_estimator_and_reports_the_floor_besi
         assert {k for k in json.load(f) if k.startswith("w1_")} == {"w1_diffusion", "w1_empirical"}
     criteria = [c["criterion"] for c in result["checks"]]
     assert any("on the resolved cells" in c for c in criteria)
-    assert any("resolved slope at D=12 vs D=4" in c for c in criteria)
+    assert any("slope at D=12 vs D=4" in c for c in criteria)
     assert not any("KDE" in c or c.startswith("mlp") for c in criteria)
     text = (tmp_path / "results.md").read_text()
     assert "slope_resolved" in text and "w1_over_floor" in text and "DSM-MLP" not in text
