@@ -82,9 +82,10 @@ def task_measures(state: continual.ContinualState, opt_state: Any) -> dict[str, 
         )
         if isinstance(s, lj_optim.GradientRecyclingState)
     ]
-    fill = []
-    if state.memory:
-        fill = [float(np.mean([int(m.size) / m.basis.shape[0] for m in state.memory.values()]))]
+    memories = jax.tree.leaves(
+        state.memory, is_leaf=lambda x: isinstance(x, lj_optim.SubspaceMemory)
+    )
+    fill = [float(np.mean([int(m.size) / m.basis.shape[0] for m in memories]))] if memories else []
     update = np.concatenate(
         [np.ravel(np.asarray(state.update[k], np.float32)) for k in state.kernels]
     )
