@@ -23,7 +23,18 @@ from ``<workdir>/cells``.
 Expected result (specs.md §7): slopes ≈ -1/max(k,2) (± 0.1), W₁ independent of D, the
 full-dimensional KDE degrading with D. What was measured is in ``results.md``, reproduced or not.
 
-``arg``: ``"reduced"`` or ``"smoke"`` (D ∈ {5, 20}, k ∈ {1, 2}, three small n, 2 seeds, tiny MLP).
+``:resolve`` (the rate where the evaluation can resolve it): twice the evaluation samples,
+m = 4,000 (the floor W₁(true, true') falls by 1.2-1.4×), on n ∈ {125, …, 1000} (n ≤ m/4), for
+k ∈ {1, 2} (target -1/2) at D ∈ {10, 200}: the Tweedie sampler and the empirical measure only, no
+MLP. A slope is read from the *resolved* cells only, those with W₁ ≥ ``eval.resolution`` × floor
+(2: the excess over the floor at least the floor itself), and only where ≥ 3 of them span ≥ 4× in
+n on every seed; elsewhere the rate is unresolved (inconclusive)::
+
+    nice -n 10 python -m experiments.train --config=configs/subspace_diffusion.py:resolve \
+        --workdir=runs/subspace_diffusion_resolve
+
+``arg``: ``"reduced"``, ``"resolve"`` or ``"smoke"`` (D ∈ {5, 20}, k ∈ {1, 2}, three small n,
+2 seeds, tiny MLP).
 """
 
 import ml_collections
@@ -32,8 +43,8 @@ from configs.common import hardware_section, parse_arg, profile_section, train_s
 
 
 def get_config(arg=None):
-    """``arg``: ``"smoke"``, ``"reduced"`` or nothing."""
-    arg = parse_arg(arg, smoke=False, reduced=False)
+    """``arg``: ``"smoke"``, ``"reduced"``, ``"resolve"`` or nothing."""
+    arg = parse_arg(arg, smoke=False, reduced=False, resolve=False)
     c = ml_collections.ConfigDict()
     c.experiment = "subspace_diffusion"
     c.seed = 0
@@ -46,9 +57,13 @@ def get_config(arg=None):
     )
     if arg.reduced:
         c.data.sources = c.data.sources[: 2 * len(ks) + 1]
+    if arg.resolve:
+        c.data.sources = tuple((k, d) for k in ks[:2] for d in (dims[0], dims[-1]))
     c.data.weights = (0.5, 0.3, 0.2)
     c.data.laws = ("uniform", "laplace", "two_point")
     c.data.sizes = (25, 50, 100) if arg.smoke else (125, 250, 500, 1000, 2000, 4000)
+    if arg.resolve:
+        c.data.sizes = c.data.sizes[:4]
     c.data.valid_size = 100 if arg.smoke else 300  # held-out points for the KDE bandwidth
 
     c.model = ml_collections.ConfigDict()
@@ -63,6 +78,8 @@ def get_config(arg=None):
     c.model.mlp_k = 2
     c.model.mlp_n = 100 if arg.smoke else 1000
     c.model.mlp_dims = (5, 20) if arg.smoke else (10, 50, 200)
+    if arg.resolve:
+        c.model.mlp_dims = ()  # no learned score (the paper's estimator only)
     c.model.mlp_features = (32, 32) if arg.smoke else (256, 256, 256)
     c.model.mlp_learning_rates = (1e-3, 3e-3) if arg.smoke else (3e-4, 1e-3, 3e-3)
     # "eps": ε-network; "edm": EDM-preconditioned denoiser
@@ -77,6 +94,14 @@ def get_config(arg=None):
 
     c.eval = ml_collections.ConfigDict()
     c.eval.num_samples = 200 if arg.smoke else 2000  # m generated vs m fresh true samples
+    if arg.resolve:
+        c.eval.num_samples = 4000 if not arg.smoke else 400
+    # the samplers evaluated (subset of experiments.subspace_diffusion_report.METHODS)
+    c.eval.methods = ("diffusion", "diffusion_no_tweedie", "empirical", "kde_cv", "kde_silverman")
+    if arg.resolve:
+        c.eval.methods = ("diffusion", "empirical")
+    # a cell resolves the rate when its W₁ >= resolution × the floor W₁(true, true')
+    c.eval.resolution = 2.0
     c.eval.num_seeds = 2 if arg.smoke else 3  # training set, sampler noise and true samples
     c.eval.slope_tolerance = 0.1
     c.eval.max_d_ratio = 1.25  # "independent of D": W₁(D_max)/W₁(D_min)

@@ -9,9 +9,11 @@ fresh true samples of that seed, next to the seed's floor ``W₁(true, true')``.
 (DSM-MLP) score, tuned per ``D`` on a validation draw, tests independence of ``D`` where it is not
 automatic (``experiments/subspace_diffusion_mlp.py``). Writes:
 
-- ``cells/<id>.json`` (one per source × n × seed; a rerun skips them), ``cells/mlp-<id>/``;
+- ``cells/<id>.json`` (``common.sweep.CellStore``: one per source × n × seed, per seed's floor and
+  per DSM-MLP fit; a rerun reads them back), ``mlp/<id>/`` (the DSM-MLP fits' checkpoints);
 - ``results.md`` / ``results.json`` (``experiments/subspace_diffusion_report.py``): slopes of
-  log W₁ and of log(W₁ - floor) vs log n (mean ± sd over seeds), W₁ against D, trend checks;
+  log W₁ and of log(W₁ - floor) vs log n (mean ± sd over seeds; also over the *resolved* cells
+  only, ``W₁ ≥ eval.resolution × floor``), W₁ against D, trend checks;
 - ``w1_vs_n.png`` (log-log, one panel per source) and ``samples.png``.
 """
 
@@ -24,11 +26,18 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import logging
 
 from experiments import common
 from experiments import subspace_diffusion_mlp as mlp
-from experiments.subspace_diffusion_report import checks, d_rows, notes, plots, summaries
+from experiments.common import sweep
+from experiments.subspace_diffusion_report import (
+    METHODS,
+    checks,
+    d_rows,
+    notes,
+    plots,
+    summaries,
+)
 from lowrank_jax import generative as gen
 from lowrank_jax.generative.baselines import silverman_bandwidth
 from lowrank_jax.generative.kernel_score import (
@@ -57,11 +66,18 @@ def check_config(config) -> None:
             raise c.ConfigError(f"config.data.laws has {law!r}: allowed are {LAWS}")
     if len(d.sizes) < 2 or min(d.sizes) < 2:
         raise c.ConfigError("config.data.sizes needs >= 2 sizes >= 2 to fit a slope")
+    methods = tuple(config.eval.methods)
+    if not methods or set(methods) - set(METHODS) or "empirical" not in methods:
+        raise c.ConfigError(
+            f"config.eval.methods={methods!r}: a subset of {METHODS} holding 'empirical'"
+        )
+    if config.eval.resolution < 1:
+        raise c.ConfigError(f"config.eval.resolution={config.eval.resolution} must be >= 1")
     mc = config.model
     missing = [dim for dim in mc.mlp_dims if (mc.mlp_k, dim) not in set(map(tuple, d.sources))]
     if missing:
         raise c.ConfigError(f"config.model.mlp_dims: (mlp_k, D) for D={missing} not in sources")
-    if mc.mlp_n not in d.sizes:
+    if mc.mlp_dims and mc.mlp_n not in d.sizes:
         raise c.ConfigError(f"config.model.mlp_n={mc.mlp_n} must be one of data.sizes")
     if not mc.mlp_learning_rates or min(mc.mlp_learning_rates) <= 0:
         raise c.ConfigError("config.model.mlp_learning_rates: a non-empty grid of positive rates")
@@ -142,30 +158,39 @@ def _kernel_sampler(config, k: int):
     return jax.jit(sample)
 
 
-def _run_cell(config, src, n: int, seed: int) -> dict[str, Any]:
+def _run_cell(config, src, n: int, seed: int, sampler=None) -> dict[str, Any]:
+    """``W₁`` of every sampler of ``config.eval.methods`` at one (source, n, seed); ``sampler``:
+    the source's jitted :func:`_kernel_sampler` (built here when not given)."""
     t_start = time.time()
     x = src["train"](n, seed)
-    m = config.eval.num_samples
+    m, methods = config.eval.num_samples, config.eval.methods
     key = jax.random.fold_in(jax.random.fold_in(jax.random.key(config.seed), n), seed)
     keys = jax.random.split(key, 4)
-    grid = _bandwidth_grid(x, config.model.kde_bandwidths)
-    h_cv, _ = gen.select_kde_bandwidth(x, src["valid"], bandwidths=grid)
-    h_silverman = silverman_bandwidth(x)
-    t0 = time.time()
-    tweedie, noisy = _kernel_sampler(config, src["k"])(keys[0], jnp.asarray(x, jnp.float32))
-    samples = {"diffusion": np.asarray(tweedie), "diffusion_no_tweedie": np.asarray(noisy)}
-    sampler_s = time.time() - t0
-    samples["empirical"] = np.asarray(gen.sample_empirical(keys[1], x, num_samples=m))
-    samples["kde_cv"] = np.asarray(gen.sample_kde(keys[2], x, bandwidth=h_cv, num_samples=m))
-    samples["kde_silverman"] = np.asarray(
-        gen.sample_kde(keys[3], x, bandwidth=h_silverman, num_samples=m)
-    )
-    true = src["true"](seed)
     out = {"id": f"{src['id']}-n{n}-s{seed}", "source": src["id"], "n": n, "seed": seed}
     out.update(k=src["k"], D=src["D"])
+    samples = {}
+    if {"diffusion", "diffusion_no_tweedie"} & set(methods):
+        t0 = time.time()
+        sampler = sampler or _kernel_sampler(config, src["k"])
+        tweedie, noisy = sampler(keys[0], jnp.asarray(x, jnp.float32))
+        samples.update(diffusion=np.asarray(tweedie), diffusion_no_tweedie=np.asarray(noisy))
+        out["sampler_s"] = time.time() - t0
+    samples["empirical"] = np.asarray(gen.sample_empirical(keys[1], x, num_samples=m))
+    if "kde_cv" in methods:
+        grid = _bandwidth_grid(x, config.model.kde_bandwidths)
+        out["h_cv"], _ = gen.select_kde_bandwidth(x, src["valid"], bandwidths=grid)
+        samples["kde_cv"] = np.asarray(
+            gen.sample_kde(keys[2], x, bandwidth=out["h_cv"], num_samples=m)
+        )
+    if "kde_silverman" in methods:
+        out["h_silverman"] = silverman_bandwidth(x)
+        samples["kde_silverman"] = np.asarray(
+            gen.sample_kde(keys[3], x, bandwidth=out["h_silverman"], num_samples=m)
+        )
+    samples = {name: s for name, s in samples.items() if name in methods}
+    true = src["true"](seed)
     for name, s in samples.items():
         out[f"w1_{name}"] = gen.wasserstein1(s, true)
-    out.update(h_cv=h_cv, h_silverman=h_silverman, sampler_s=sampler_s)
     out["seconds"] = time.time() - t_start
     if seed == 0 and n == max(config.data.sizes):  # for the samples figure
         out["samples"] = {k: v[:300].tolist() for k, v in samples.items() if k != "kde_silverman"}
@@ -200,48 +225,38 @@ def _split(setup):
     return state, static
 
 
-def _cached(path: str, resume: bool, fn):
-    if resume and os.path.exists(path):
-        import json
-
-        with open(path) as f:
-            return json.load(f)
-    out = fn()
-    common.write_json(path, out)
-    return out
-
-
 def run(config, workdir: str, options: common.TrainOptions | None = None) -> dict[str, Any]:
-    """Runs every cell (resuming finished ones), then writes the tables, checks and plots."""
+    """Runs every cell (``common.sweep.CellStore``: finished ones are read back), then writes the
+    tables, checks and plots."""
     from tqdm import tqdm
 
     check_config(config)
     options = common.TrainOptions.from_config(config, workdir) if options is None else options
     common.write_config_json(workdir, config)
-    cdir = os.path.join(workdir, "cells")
-    resume = config.ckpt.resume
+    store = sweep.CellStore(workdir, options=options, resume=config.ckpt.resume, log_metrics=False)
     sources = [_synthetic(config, k, d) for k, d in config.data.sources]
     seeds = range(config.eval.num_seeds)
     floors = {
-        (s["id"], seed): _cached(
-            os.path.join(cdir, f"floor-{s['id']}-s{seed}.json"),
-            resume,
+        (s["id"], seed): store.get(
+            f"floor-{s['id']}-s{seed}",
             lambda s=s, seed=seed: {"floor": gen.wasserstein1(s["true"](seed), s["true2"](seed))},
         )["floor"]
         for s in sources
         for seed in seeds
     }
-    cells = []
+    cells, samplers = [], {k: _kernel_sampler(config, k) for k in {s["k"] for s in sources}}
     todo = [(s, n, seed) for s in sources for n in config.data.sizes for seed in seeds]
     for src, n, seed in tqdm(todo, desc="cells"):
-        path = os.path.join(cdir, f"{src['id']}-n{n}-s{seed}.json")
-        cells.append(_cached(path, resume, lambda s=src, n=n, e=seed: _run_cell(config, s, n, e)))
-        logging.info(
-            "%s: %s", cells[-1]["id"],
-            {k: round(v, 4) for k, v in cells[-1].items() if k.startswith("w1_")},
-        )  # fmt: skip
-    cached = lambda p, fn: _cached(p, resume, fn)
-    mlp_rows = mlp.tuned_mlp_rows(config, sources, cached, cdir, options=options)
+        key = f"{src['id']}-n{n}-s{seed}"
+        cells.append(
+            store.get(key, lambda s=src, n=n, e=seed: _run_cell(config, s, n, e, samplers[s["k"]]))
+        )
+    mlp_rows = []
+    if config.model.mlp_dims:
+        mlp_rows = mlp.tuned_mlp_rows(
+            config, sources, store.get, os.path.join(workdir, "mlp"), options=options
+        )
+    store.close()
     rows = summaries(config, sources, cells, floors)
     by_d = d_rows(config, sources, cells, floors, mlp_rows)
     trend = checks(config, rows, by_d)
@@ -252,7 +267,8 @@ def run(config, workdir: str, options: common.TrainOptions | None = None) -> dic
         title="P7: W₁ vs n of the kernel-score diffusion sampler",
         notes=notes(config, trend, by_d, mlp_rows),
         columns=["source", "k", "D", "method", "slope", "slope_sd", "slope_excess",
-                 "slope_excess_sd", "excess_points", "target", "w1_n_min", "w1_n_max", "floor",
+                 "slope_excess_sd", "excess_points", "slope_resolved", "slope_resolved_sd",
+                 "resolved_points", "target", "w1_n_min", "w1_n_max", "floor", "w1_over_floor",
                  "ratio_to_empirical"],
     )  # fmt: skip
     result = {

@@ -129,13 +129,14 @@ def run_mlp_cell(
 
 
 def tuned_mlp_rows(
-    config, sources, cached, cdir: str, *, options: common.TrainOptions
+    config, sources, cached, fit_dir: str, *, options: common.TrainOptions
 ) -> list[dict[str, Any]]:
     """For every ``D`` of ``config.model.mlp_dims`` (at ``k = config.model.mlp_k``): the
     (learning rate, parameterisation) with the smallest validation ``W₁`` on seed 0, then that
     choice on every seed.
 
-    ``cached(path, fn)`` reads a finished run back or computes and stores it. Returns one row per
+    ``cached(key, fn)`` reads a finished run back or computes and stores it (``CellStore.get``);
+    each fit checkpoints under ``<fit_dir>/<key>``. Returns one row per
     ``(D, seed)`` with the choice and the validation ``W₁`` of every setting tried."""
     by_id = {s["id"]: s for s in sources}
     rows = []
@@ -150,9 +151,9 @@ def tuned_mlp_rows(
             lr, param = setting
             cid = f"mlp-{src['id']}-n{config.model.mlp_n}-{param}-lr{lr:g}-s{seed}"
             return cached(
-                os.path.join(cdir, f"{cid}.json"),
+                cid,
                 lambda: run_mlp_cell(
-                    config, src, lr, param, seed, os.path.join(cdir, cid), options=options
+                    config, src, lr, param, seed, os.path.join(fit_dir, cid), options=options
                 ),
             )
 

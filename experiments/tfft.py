@@ -18,9 +18,9 @@ iterative CVaR baseline, at matched KL (configs/tfft.py describes the study).
    log-likelihoods on ``eval.kl_samples`` samples), a 2-D histogram KL to the pre-trained samples
    (ring only) and the wall and CPU time of step 2
    (stage 1 included; the CPU time is the steadier column on a shared machine);
-4. with ``tfft.alpha_grid``, repeats 2-3 at those multiples of each method's ``α`` and compares
-   the methods at budgets of *measured* KL (``eval.kl_budgets``; ``frontier.md``,
-   ``kl_frontier_<source>.png``).
+4. with ``tfft.alpha_grid`` (or ``tfft.alpha_grid_by_source``), repeats 2-3 at those multiples
+   of each method's ``α`` and compares the methods at budgets of *measured* KL
+   (``eval.kl_budgets``; ``frontier.md``, ``kl_frontier_<source>.png``).
 
 Each (source, seed, method) is a cell (``cells/<key>.json``; a rerun reads finished cells back).
 :mod:`experiments.common.tfft_report` writes ``results.md`` / ``summary.json`` (table and the
@@ -78,17 +78,7 @@ def check_config(config: Any) -> None:
     for m in config.methods:
         if m != "pretrained":
             c.check_positive(config, f"tfft.alpha_scale.{m}")
-    grid, budgets = c.get_path(config, "tfft.alpha_grid"), c.get_path(config, "eval.kl_budgets")
-    if not all(0 < g < np.inf for g in grid):
-        raise c.ConfigError(
-            f"config.tfft.alpha_grid={tuple(grid)} is invalid: positive multiples of alpha "
-            "(empty: no KL frontier)"
-        )
-    if not budgets or not all(0 < b < np.inf for b in budgets):
-        raise c.ConfigError(
-            f"config.eval.kl_budgets={tuple(budgets)} is invalid: a non-empty tuple of positive "
-            "nats"
-        )
+    report.check_config(config, SOURCES)
     for key in ("eval.kl_samples", "eval.kl_steps"):
         c.check_positive(config, key, integer=True)
     for key in ("tfft.rounds", "tfft.num_stage1", "eval.num_samples", "model.sample_steps"):
@@ -377,11 +367,11 @@ def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -
     options = common.TrainOptions.from_config(config, workdir) if options is None else options
     store = sweep.CellStore(workdir, options=options)
     builders = {"ring": ring_source, "mnist": mnist_source}
-    runs = report.method_runs(config)  # (method, α multiple), the plain ones first
-    bar = tqdm(total=len(config.sources) * len(config.seeds) * len(runs), desc="tfft cells",
-               disable=None)  # fmt: skip
+    total = sum(len(report.method_runs(config, s)) for s in config.sources) * len(config.seeds)
+    bar = tqdm(total=total, desc="tfft cells", disable=None)
     warm = set()
     for name in config.sources:
+        runs = report.method_runs(config, name)  # (method, α multiple), the plain ones first
         src = None
         for seed in config.seeds:
             keys = [report.cell_key(name, seed, m, g) for m, g in runs]

@@ -197,6 +197,10 @@ RULES: tuple[tuple[str, str], ...] = (
         "tests/experiments/test_subspace_diffusion.py::test_smoke_run_writes_outputs_and_resumes",
         "slow",
     ),
+    (
+        "tests/experiments/test_subspace_diffusion.py::test_the_resolve_config_runs_*",
+        "slow",
+    ),
     ("tests/experiments/test_tfft.py::*", "slow"),
     ("tests/experiments/test_train_cli.py::test_smoke_run_writes_every_output", "slow"),
     (

@@ -23,7 +23,6 @@ from experiments.common.plots import plot_curves, plot_heatmap
 from experiments.common.sweep import markdown_table
 from lowrank_jax import continual
 from lowrank_jax import optim as lj_optim
-from lowrank_jax.optim.subspace_memory import SubspaceMemory
 
 __all__ = [
     "COLUMNS",
@@ -83,7 +82,9 @@ def task_measures(state: continual.ContinualState, opt_state: Any) -> dict[str, 
         )
         if isinstance(s, lj_optim.GradientRecyclingState)
     ]
-    memories = jax.tree.leaves(state.memory, is_leaf=lambda m: isinstance(m, SubspaceMemory))
+    memories = jax.tree.leaves(
+        state.memory, is_leaf=lambda x: isinstance(x, lj_optim.SubspaceMemory)
+    )
     # k / n per kernel (per layer of a stacked kernel: basis (*stack, n, k), size (*stack,))
     fill = [float(np.mean([np.mean(np.asarray(m.size) / m.basis.shape[-2]) for m in memories]))]
     fill = fill if memories else []

@@ -66,11 +66,20 @@ def initial_adapters(
     a, key = config.adapter, jax.random.key(config.seed)
     if a.init == "lora_da":
         rows = min(a.init_rows, len(packed["tokens"]))
-        batch = {k: jnp.asarray(packed[k][:rows]) for k in ("tokens", "segment_ids", "positions", "loss_mask")}  # fmt: skip
+        batch = {
+            k: jnp.asarray(packed[k][:rows])
+            for k in ("tokens", "segment_ids", "positions", "loss_mask")
+        }
         ad = adapters.lora_da(
-            key, variables, adapter_rules(config), batch, apply_fn=model.apply,
-            loss_fn=packed_loss, num_train=len(packed["tokens"]), chunk_size=4,
-        )  # fmt: skip
+            key,
+            variables,
+            adapter_rules(config),
+            batch,
+            apply_fn=model.apply,
+            loss_fn=packed_loss,
+            num_train=len(packed["tokens"]),
+            chunk_size=4,
+        )
         return ad, variables
     ad = adapters.init(key, variables, adapter_rules(config, init=a.init))
     return ad, adapters.unfold(variables, ad) if a.init == "pissa" else variables
@@ -125,10 +134,13 @@ def optimizer(config: Any) -> optax.GradientTransformation:
     if config.adapter.method == "sbvi":
         a = config.adapter
         tx = optim.scale_by_sbvi(
-            learning_rate=config.optim.learning_rate, friction=a.sbvi_friction,
-            temperature=a.sbvi_temperature, anneal_steps=max(1, int(0.8 * s.num_steps)),
-            prune_start=max(1, s.num_steps // 4), seed=config.seed,
-        )  # fmt: skip
+            learning_rate=config.optim.learning_rate,
+            friction=a.sbvi_friction,
+            temperature=a.sbvi_temperature,
+            anneal_steps=max(1, int(0.8 * s.num_steps)),
+            prune_start=max(1, s.num_steps // 4),
+            seed=config.seed,
+        )
     else:
         tx = optax.adamw(lr, weight_decay=config.optim.weight_decay)
     if config.optim.grad_clip:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -14,7 +15,8 @@ from lowrank_jax import adapters
 from lowrank_jax.adapters.paths import drop_path, get_path, set_path
 from lowrank_jax.continual.capture import head_features, layer_inputs
 from lowrank_jax.continual.protocol import ContinualState, kernel_paths
-from lowrank_jax.optim.subspace_memory import init_subspace_memory
+from lowrank_jax.optim.orthogonal_projection import init_memories
+from lowrank_jax.optim.subspace_memory import SubspaceMemory
 
 
 def lora_set(
@@ -130,17 +132,31 @@ class MethodBase(NamedTuple):
         kernels = kernel_paths(variables, self.targets)
         w0 = {k: jnp.asarray(get_path(variables, k)) for k in kernels}
         check_rank(self.rank, {k: w.shape for k, w in w0.items()})
-        mem = {}
-        if memory:  # one memory per layer of a stack (*L, n, m): basis (*L, n, n)
-            mem = {k: init_subspace_memory(w.shape[-2], stack=w.shape[:-2]) for k, w in w0.items()}
+        params = drop_path(variables, self.head_path)
+        # one memory per layer of a stack (*L, n, m): basis (*L, n, n)
+        exact = [re.escape(k) for k in kernels]
         return ContinualState(
-            params=drop_path(variables, self.head_path),
+            params=params,
             head=get_path(variables, self.head_path),
             kernels=w0,
-            memory=mem,
+            memory=init_memories(params, exact) if memory else None,
             update={},
             extra=extra(w0),
         )
+
+    def memories(self, state: ContinualState) -> dict[str, SubspaceMemory]:
+        """``{kernel path: SubspaceMemory}`` of ``state.memory``, in the order of the kernels."""
+        return {k: get_path(state.memory, k) for k in state.kernels}
+
+    def a_memories(self, state: ContinualState, trainable: Mapping[str, Any]) -> dict[str, Any]:
+        """The memory tree of an optax projection over ``trainable``: each kernel's memory at the
+        ``a`` factor of its adapter in ``trainable["shared"]``, ``None`` elsewhere."""
+        memories = self.memories(state)
+        shared = {
+            k: ad.replace(factors={**jax.tree.map(lambda _: None, ad.factors), "a": memories[k]})
+            for k, ad in trainable["shared"].items()
+        }
+        return {**jax.tree.map(lambda _: None, dict(trainable)), "shared": shared}
 
     def full(self, params: Any, head: Any) -> Any:
         """The model's variables: ``params`` with ``head`` at ``head_path``."""

@@ -44,12 +44,9 @@ from lowrank_jax.continual.protocol import (
     ContinualMethod,
 )
 from lowrank_jax.continual.statistics import ClassStatistics, class_statistics
+from lowrank_jax.optim.orthogonal_projection import extend_memories
 from lowrank_jax.optim.recycling import scale_by_gradient_recycling
-from lowrank_jax.optim.subspace_memory import (
-    extend_subspace_memory,
-    project_off,
-    project_onto,
-)
+from lowrank_jax.optim.subspace_memory import project_off, project_onto
 
 __all__ = [
     "GRLoRAState",
@@ -322,8 +319,7 @@ def gr_lora(
         return base.init(variables, memory=True, extra=lambda w0: GRLoRAState((), (), None))
 
     def begin_task(state, key, task):
-        lora = base.lora(key, state)
-        mem = state.memory
+        lora, mem = base.lora(key, state), base.memories(state)
         shared = replace_a(
             lora, {k: project_off(mem[k], ad.factors["a"]) for k, ad in lora.items()}
         )
@@ -336,7 +332,8 @@ def gr_lora(
             )
             for k, ad in lora.items()
         }
-        memory = {f"shared/{k}/factors/a": mem[k] for k in state.kernels}
+        trainable = {"shared": shared, "module": module, "head": state.head}
+        memory = base.a_memories(state, trainable)
         tx = base.tx([scale_by_gradient_recycling(memory, recycle_scale=recycle_scale)])
         frozen = {"params": base.full(state.params, state.head)}
         stats = state.extra.stats
@@ -348,7 +345,7 @@ def gr_lora(
             frozen["mask"] = jnp.asarray(mask)
             if state.extra.classes:
                 frozen["others"] = jnp.asarray(np.concatenate(state.extra.classes))
-        return {"shared": shared, "module": module, "head": state.head}, frozen, tx
+        return trainable, frozen, tx
 
     def apply(trainable, frozen, x):
         params = base.full(frozen["params"], trainable["head"])
@@ -380,10 +377,7 @@ def gr_lora(
         module = module_adapters(trained["module"], trained["shared"])
         state = state._replace(params=params, head=trained["head"], update=deltas)
         inputs = base.layer_inputs(state, task.x[:memory_examples])
-        memory = {
-            k: extend_subspace_memory(state.memory[k], inputs[k], threshold=memory_threshold)
-            for k in state.kernels
-        }
+        memory = extend_memories(state.memory, inputs, threshold=memory_threshold)
         stats = class_statistics(task.x, task.y, task.num_classes, previous=ex.stats)
         extra = GRLoRAState((*ex.modules, module), (*ex.classes, np.asarray(task.classes)), stats)
         return state._replace(memory=memory, extra=extra)

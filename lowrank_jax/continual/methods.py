@@ -52,8 +52,11 @@ from lowrank_jax.continual.protocol import (
     ContinualState,
     Task,
 )
-from lowrank_jax.optim.orthogonal_projection import scale_by_orthogonal_projection
-from lowrank_jax.optim.subspace_memory import extend_subspace_memory, project_off
+from lowrank_jax.optim.orthogonal_projection import (
+    extend_memories,
+    scale_by_orthogonal_projection,
+)
+from lowrank_jax.optim.subspace_memory import project_off
 
 __all__ = [
     "OLoRAState",
@@ -92,11 +95,7 @@ def _extend_memory(
     base: MethodBase, state: ContinualState, task: Task, *, examples: int, threshold: float
 ) -> ContinualState:
     inputs = base.layer_inputs(state, task.x[:examples])
-    memory = {
-        k: extend_subspace_memory(state.memory[k], inputs[k], threshold=threshold)
-        for k in state.kernels
-    }
-    return state._replace(memory=memory)
+    return state._replace(memory=extend_memories(state.memory, inputs, threshold=threshold))
 
 
 def _sd_kernel(w0: jax.Array, directions: jax.Array, magnitudes: jax.Array) -> jax.Array:
@@ -261,7 +260,8 @@ def inflora(
         template = base.lora(key, state)
         inputs = base.layer_inputs(state, task.x[:memory_examples])
         down = functools.partial(inflora_down_projection, rank=rank)
-        a = {k: per_layer(down, w)(inputs[k], state.memory[k]) for k, w in state.kernels.items()}
+        mem = base.memories(state)
+        a = {k: per_layer(down, w)(inputs[k], mem[k]) for k, w in state.kernels.items()}
         frozen = {**_begin_frozen(base, state), "a": a, "template": template}
         trainable = {"b": {k: ad.factors["b"] for k, ad in template.items()}, "head": state.head}
         return trainable, frozen, base.tx()
@@ -319,13 +319,11 @@ def gpm_lora(
 
     def begin_task(state, key, task):
         del task
-        lora = base.lora(key, state)
-        lora = replace_a(
-            lora, {k: project_off(state.memory[k], ad.factors["a"]) for k, ad in lora.items()}
-        )
-        memory = {f"shared/{k}/factors/a": state.memory[k] for k in state.kernels}
-        tx = base.tx([scale_by_orthogonal_projection(memory)])
-        return {"shared": lora, "head": state.head}, _begin_frozen(base, state), tx
+        lora, mem = base.lora(key, state), base.memories(state)
+        lora = replace_a(lora, {k: project_off(mem[k], ad.factors["a"]) for k, ad in lora.items()})
+        trainable = {"shared": lora, "head": state.head}
+        tx = base.tx([scale_by_orthogonal_projection(base.a_memories(state, trainable))])
+        return trainable, _begin_frozen(base, state), tx
 
     def end_task(state, trainable, frozen, task):
         state = sequential.end_task(state, trainable, frozen, task)

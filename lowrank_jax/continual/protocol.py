@@ -53,7 +53,6 @@ import numpy as np
 import optax
 
 from lowrank_jax.adapters.paths import named_leaves
-from lowrank_jax.optim.subspace_memory import SubspaceMemory
 
 __all__ = [
     "ContinualMethod",
@@ -93,8 +92,10 @@ class ContinualState(NamedTuple):
       params: the backbone's variables with every consolidated update merged in, without the head.
       head: the classifier head's parameters (the subtree at the method's ``head_path``).
       kernels: ``{path: W₀}`` the adapted kernels as the backbone had them before any task.
-      memory: ``{path: SubspaceMemory}`` the GPM memory of layer inputs per kernel (InfLoRA,
-        GPM-LoRA, GR-LoRA; SABER's shared subspace ``U_s``); empty for methods without one.
+      memory: the GPM memories of layer inputs (InfLoRA, GPM-LoRA, GR-LoRA; SABER's shared
+        subspace ``U_s``) as a pytree shaped like ``params``: a
+        :class:`~lowrank_jax.optim.SubspaceMemory` at each adapted kernel, ``None`` at every other
+        leaf (:func:`~lowrank_jax.optim.init_memories`); ``None`` for methods without one.
       update: ``{path: ΔW_t}`` the last task's own update (before consolidation), a diagnostic.
       extra: the method's own record (:class:`~lowrank_jax.continual.saber.SaberState`,
         :class:`~lowrank_jax.continual.gr_lora.GRLoRAState`,
@@ -105,7 +106,7 @@ class ContinualState(NamedTuple):
     params: Any
     head: Any
     kernels: dict[str, jax.Array]
-    memory: dict[str, SubspaceMemory]
+    memory: Any
     update: dict[str, jax.Array]
     extra: Any
 

@@ -55,7 +55,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lowrank_jax.adapters.paths import set_path
+from lowrank_jax.adapters.paths import get_path, set_path
 from lowrank_jax.continual._src import (
     check_threshold,
     common_args,
@@ -68,6 +68,7 @@ from lowrank_jax.continual.heads import refit_head
 from lowrank_jax.continual.protocol import (
     ContinualMethod,
 )
+from lowrank_jax.optim.orthogonal_projection import extend_memories
 from lowrank_jax.optim.subspace_memory import (
     SubspaceMemory,
     extend_subspace_memory,
@@ -360,7 +361,7 @@ def saber(
     def begin_task(state, key, task):
         del task
         k_sh, k_sp = jax.random.split(key)
-        mem = state.memory
+        mem = base.memories(state)
         sh = base.lora(k_sh, state, rank // 2)
         sp = base.lora(k_sp, state, rank - rank // 2)
         sh = replace_a(
@@ -376,7 +377,7 @@ def saber(
         )
         sp = replace_a(sp, {k: project_off(mem[k], ad.factors["a"]) for k, ad in sp.items()})
         trainable = {"shared": sh, "specific": sp, "head": state.head}
-        frozen = {"params": base.full(state.params, state.head), "shared_mem": mem}
+        frozen = {"params": base.full(state.params, state.head), "shared_mem": state.memory}
         return trainable, frozen, base.tx()
 
     def apply(trainable, frozen, x):
@@ -391,7 +392,7 @@ def saber(
             return jnp.sum(per_layer(alignment_penalty, a)(a, shared))
 
         return lambda_align * sum(
-            penalty(ad.factors["a"], frozen["shared_mem"][k])
+            penalty(ad.factors["a"], get_path(frozen["shared_mem"], k))
             for k, ad in trainable["shared"].items()
         )
 
@@ -402,7 +403,7 @@ def saber(
         specific_deltas = base.deltas(state, trained["specific"])
         raw = {k: shared_deltas[k] + specific_deltas[k] for k in state.kernels}
         before = base.layer_inputs(state, task.x[:memory_examples])  # the inputs ΔW_t saw
-        ex = state.extra
+        ex, mem = state.extra, base.memories(state)
         spec, cov, s_parts, d_parts = (dict(ex.specific), dict(ex.old_cov),
                                        dict(ex.shared_parts), dict(ex.specific_parts))  # fmt: skip
         weights, params = {}, state.params
@@ -411,7 +412,7 @@ def saber(
             recompose, gamma=gamma, min_weight=min_weight, shared_mode=shared_mode
         )
         for k, w0 in state.kernels.items():  # a stack (*L, n, m): every step per layer
-            s, d = per_layer(decompose_update, w0)(raw[k], state.memory[k], spec[k])
+            s, d = per_layer(decompose_update, w0)(raw[k], mem[k], spec[k])
             x = before[k]  # (*L, b, n)
             new_cov = jnp.swapaxes(x, -1, -2) @ x / x.shape[-2]
             s = per_layer(balance, w0)(s, cov[k], new_cov)
@@ -445,10 +446,7 @@ def saber(
             )
             state = state._replace(head=head)
         inputs = base.layer_inputs(state, task.x[:memory_examples])
-        memory = {
-            k: extend_subspace_memory(state.memory[k], inputs[k], threshold=shared_threshold)
-            for k in state.kernels
-        }
+        memory = extend_memories(state.memory, inputs, threshold=shared_threshold)
         return state._replace(memory=memory)
 
     def diagnostics(state):

@@ -4,6 +4,7 @@ from lowrank_jax.optim.adalora import AdaLoRAState, adalora_ranks, scale_by_adal
 from lowrank_jax.optim.orthogonal_projection import (
     OrthogonalProjectionState,
     fill_memories,
+    init_memories,
     scale_by_orthogonal_projection,
 )
 from lowrank_jax.optim.recycling import GradientRecyclingState, scale_by_gradient_recycling
@@ -26,6 +27,7 @@ __all__ = [
     "captured_energy",
     "extend_subspace_memory",
     "fill_memories",
+    "init_memories",
     "init_subspace_memory",
     "project_onto",
     "sbvi_posterior",

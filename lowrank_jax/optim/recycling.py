@@ -23,9 +23,12 @@ fill the memory come from :func:`lowrank_jax.continual.layer_inputs`.
 
 The updates pytree is a dict with two entries: ``shared`` (the shared adapter, whose targeted
 leaves are projected) and ``module`` (the task module, whose leaf at the same sub-path receives
-the recycled part in place of its own update). Other entries and leaves pass unchanged::
+the recycled part in place of its own update). Other entries and leaves pass unchanged. The
+memories are a pytree shaped like the params, with a memory at each projected leaf of ``shared``
+and ``None`` elsewhere; ``tree_map`` pairs them with the updates::
 
     params = {"shared": adapter_set, "module": module_set, "head": head}
+    memory = init_memories(params, r"shared/.*/a")        # or the memories of earlier tasks
     tx = optax.chain(optax.scale_by_adam(), scale_by_gradient_recycling(memory),
                      optax.scale(-1e-3))
 
@@ -37,14 +40,14 @@ References:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
 from lowrank_jax.adapters import paths
-from lowrank_jax.optim.orthogonal_projection import init_memories
+from lowrank_jax.optim.orthogonal_projection import check_memories, init_memories, is_memory
 from lowrank_jax.optim.subspace_memory import SubspaceMemory, project_off, project_onto
 
 __all__ = ["GradientRecyclingState", "scale_by_gradient_recycling", "split_update"]
@@ -69,19 +72,20 @@ class GradientRecyclingState(NamedTuple):
 
     Attributes:
       count: number of updates so far (int32).
-      memory: ``{path: SubspaceMemory}`` keyed by '/'-joined paths of the shared leaves (e.g.
-        ``"shared/params/dense_0/kernel/factors/a"``).
+      memory: a pytree shaped like the params: a :class:`SubspaceMemory` at each projected leaf
+        under ``shared`` (e.g. ``["shared"]["params/dense_0/kernel"].factors["a"]``), ``None``
+        elsewhere.
       recycled_fraction: ``Σ‖u_∥‖² / Σ‖u‖²`` of the last update over all shared targeted leaves
         (0: nothing recycled, 1: the projection would have discarded everything).
     """
 
     count: jax.Array
-    memory: dict[str, SubspaceMemory]
+    memory: Any
     recycled_fraction: jax.Array
 
 
 def scale_by_gradient_recycling(
-    memory: Mapping[str, SubspaceMemory] | None = None,
+    memory: Any = None,
     *,
     shared: str = "shared",
     module: str = "module",
@@ -91,19 +95,21 @@ def scale_by_gradient_recycling(
 ) -> optax.GradientTransformation:
     r"""Splits shared-adapter updates into the kept orthogonal part and the recycled part.
 
-    For every targeted leaf ``u`` under ``updates[shared]`` at sub-path ``p``:
+    For every leaf ``u`` under ``updates[shared]`` with a memory ``M``, at sub-path ``p``:
     ``updates[shared][p] ← (I − MMᵀ) u`` and ``updates[module][p] ← recycle_scale · MMᵀ u``
     (the module's own update at ``p`` is replaced). ``recycle_scale = 0`` is pure projection
     (GPM/InfLoRA-style); ``1`` gives the pair ``(shared + module)`` the unprojected update.
 
     Args:
-      memory: ``{path: SubspaceMemory}`` for shared leaves (full '/'-joined paths starting with
-        ``shared``), an explicit argument stored in the state; ``None`` creates empty memories
-        for the targeted leaves (fill them between tasks with
+      memory: a pytree shaped like the params with a :class:`SubspaceMemory` at each projected
+        leaf under ``shared`` and ``None`` elsewhere (a ``None`` may stand for a whole subtree,
+        e.g. ``{"shared": ..., "module": None, "head": None}``), an explicit argument stored in
+        the state; ``None`` creates empty memories for the targeted leaves
+        (:func:`~lowrank_jax.optim.init_memories`; fill them between tasks with
         :func:`~lowrank_jax.optim.fill_memories`).
       shared: top-level key of the shared adapter in the params/updates dict.
-      module: top-level key of the current task's module; must hold, for every targeted shared
-        leaf, a leaf of the same shape at the same sub-path.
+      module: top-level key of the current task's module; its subtree must have the structure of
+        the shared one, with a leaf of the same shape at the sub-path of every projected leaf.
       targets: regexes for ``memory=None`` (default ``"<shared>/.*/a"``: every LoRA ``a`` factor).
       capacity: basis columns per empty memory (default: ``n``).
       recycle_scale: multiplier of the recycled part (keep knob for the paper's exact form).
@@ -113,22 +119,30 @@ def scale_by_gradient_recycling(
 
     Raises:
       ValueError: in ``init``, params are not a dict with ``shared`` and ``module`` entries, a
-        targeted shared leaf has no module counterpart of the same shape, or a memory does not fit.
+        memory is not under ``shared`` or does not fit, or a projected shared leaf has no
+        module counterpart of the same shape.
 
     References:
       P2 GR-LoRA (reconstruction, specs §2); Saha et al. 2021 (GPM).
 
     Example:
+      >>> mem = init_memories(params, r"shared/.*/a")           # or last task's memories
       >>> tx = optax.chain(optax.scale_by_adam(), scale_by_gradient_recycling(mem),
       ...                  optax.scale(-1e-3))
     """
     if not recycle_scale >= 0.0:
         raise ValueError(f"recycle_scale must be >= 0, got {recycle_scale!r}.")
     targets = f"{shared}/.*/a" if targets is None else targets
-    prefix = shared + "/"
 
-    def _counterpart(path: str) -> str:
-        return module + "/" + path[len(prefix) :]
+    def check_module(keypath, mem, kept, counterpart):  # a leaf of shared, its module twin
+        if mem is None:
+            return
+        where = paths.path_to_str(keypath)
+        if counterpart.shape != kept.shape:
+            raise ValueError(
+                f"{shared}/{where} has no module counterpart {module}/{where} of shape "
+                f"{kept.shape}: give the task module the same factor layout."
+            )
 
     def init_fn(params):
         if not isinstance(params, Mapping) or shared not in params or module not in params:
@@ -137,17 +151,26 @@ def scale_by_gradient_recycling(
                 f"adapter) and {module!r} (the task module); got "
                 f"{list(params) if isinstance(params, Mapping) else type(params).__name__}."
             )
-        memories = init_memories(params, memory, targets, capacity)
-        leaves = paths.named_leaves(params)
-        for path in memories:
-            if not path.startswith(prefix):
-                raise ValueError(f"memory path {path!r} is not under the shared entry {shared!r}.")
-            other = _counterpart(path)
-            if other not in leaves or leaves[other].shape != leaves[path].shape:
-                raise ValueError(
-                    f"{path!r} has no module counterpart {other!r} of shape "
-                    f"{leaves[path].shape}: give the task module the same factor layout."
-                )
+        if memory is None:
+            memories = init_memories(params, targets, capacity=capacity)
+        else:
+            check_memories(params, memory)
+            memories = memory
+        outside = [
+            p
+            for p, m in paths.named_leaves({**memories, shared: None}, is_leaf=is_memory).items()
+            if m is not None
+        ]
+        if outside:
+            raise ValueError(f"memories {outside} are not under the shared entry {shared!r}.")
+        if jax.tree.structure(params[module]) != jax.tree.structure(params[shared]):
+            raise ValueError(
+                f"params[{module!r}] (the task module) has no counterpart of every leaf of "
+                f"params[{shared!r}]: give it the shared adapter's factor layout."
+            )
+        jax.tree_util.tree_map_with_path(
+            check_module, memories[shared], params[shared], params[module], is_leaf=is_memory
+        )
         return GradientRecyclingState(
             count=jnp.zeros([], jnp.int32),
             memory=memories,
@@ -156,32 +179,27 @@ def scale_by_gradient_recycling(
 
     def update_fn(updates, state, params=None):
         del params
-        recycled: dict[str, jax.Array] = {}
         kept_sq, recycled_sq = jnp.zeros([]), jnp.zeros([])
 
-        def shared_leaf(keypath, u):
+        def split(mem, u):
             nonlocal kept_sq, recycled_sq
-            path = paths.path_to_str(keypath)
-            if path not in state.memory:
-                return u
-            k, r = project_off(state.memory[path], u), project_onto(state.memory[path], u)
-            recycled[_counterpart(path)] = r
+            if mem is None:
+                return u, None
+            k, r = project_off(mem, u), project_onto(mem, u)
             kept_sq = kept_sq + jnp.sum(jnp.square(k))
             recycled_sq = recycled_sq + jnp.sum(jnp.square(r))
-            return k
+            return k, r
 
-        def module_leaf(keypath, u):
-            path = paths.path_to_str(keypath)
-            if path not in recycled:
-                return u
-            return (recycle_scale * recycled[path]).astype(u.dtype)
-
-        new_shared = jax.tree_util.tree_map_with_path(shared_leaf, {shared: updates[shared]})[
-            shared
-        ]
-        new_module = jax.tree_util.tree_map_with_path(module_leaf, {module: updates[module]})[
-            module
-        ]
+        memory = state.memory[shared]
+        pairs = jax.tree.map(split, memory, updates[shared], is_leaf=is_memory)
+        new_shared = jax.tree.map(lambda m, p: p[0], memory, pairs, is_leaf=is_memory)
+        new_module = jax.tree.map(
+            lambda m, p, u: u if m is None else (recycle_scale * p[1]).astype(u.dtype),
+            memory,
+            pairs,
+            updates[module],
+            is_leaf=is_memory,
+        )
         out = {**updates, shared: new_shared, module: new_module}
         fraction = recycled_sq / jnp.maximum(kept_sq + recycled_sq, 1e-30)
         return out, GradientRecyclingState(

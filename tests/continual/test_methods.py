@@ -14,7 +14,7 @@ from lowrank_jax.continual.capture import head_features
 from lowrank_jax.continual.class_incremental import HeadState
 from lowrank_jax.continual.evaluation import evaluate_tasks
 from lowrank_jax.continual.gr_lora import module_adapters
-from lowrank_jax.optim.orthogonal_projection import check_projection_order
+from lowrank_jax.optim.orthogonal_projection import check_projection_order, is_memory
 
 TARGETS = (r"params/dense_\d+/kernel",)
 KW = dict(targets=TARGETS, rank=4, alpha=8.0, learning_rate=3e-3, grad_clip=1.0)
@@ -90,9 +90,11 @@ def test_every_method_runs_from_a_users_loop_and_its_state_is_a_pytree(stream, t
     method, state = trained(name)
     assert isinstance(state, continual.ContinualState)
     # the state survives jit (a pytree of arrays) unchanged
-    again = jax.jit(lambda s: s)(state)
-    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(again), strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    again, host = jax.jit(lambda s: s)(state), jax.device_get(state)
+    for copy in (again, host):
+        assert jax.tree.structure(copy) == jax.tree.structure(state)
+        for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(copy), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert "head" not in state.params["params"] and set(state.head) == {"kernel", "bias"}
     logits, selected = method.predict(state, tasks[1].x[:8])
     assert logits.shape == (8, 10) and np.all(np.isfinite(np.asarray(logits)))
@@ -178,7 +180,7 @@ def test_state_survives_checkpoint_restore(stream, trained, tmp_path):
     from experiments.common import checkpoint
 
     _, _, tasks = stream
-    for name in ("saber", "gr_lora", "sd_lora"):
+    for name in ("saber", "gr_lora", "gpm_lora", "sd_lora"):
         method, state = trained(name)
         manager = checkpoint.make_manager(tmp_path / name, every=1)
         checkpoint.save(manager, 1, state, meta={}, force=True)
@@ -198,14 +200,27 @@ def test_projection_methods_keep_a_off_the_memory(stream, trained):
     _, _, tasks = stream
     for name in ("gpm_lora", "inflora"):
         method, state = trained(name)
-        assert int(state.memory["params/dense_0/kernel"].size) > 0
-        trainable, frozen, _ = method.begin_task(
+        k = "params/dense_0/kernel"
+        # the memory is shaped like the params: a SubspaceMemory at each kernel, None elsewhere
+        memories = named_leaves(state.memory, is_leaf=is_memory)
+        assert list(memories) == list(named_leaves(state.params))
+        assert [p for p, m in memories.items() if m is not None] == sorted(state.kernels)
+        assert int(get_path(state.memory, k).size) > 0
+        trainable, frozen, tx = method.begin_task(
             state, jax.random.key(5), tasks[1]._replace(index=2)
         )
-        k = "params/dense_0/kernel"
         a = frozen["a"][k] if name == "inflora" else trainable["shared"][k].factors["a"]
-        basis = np.asarray(state.memory[k].basis, np.float64)
+        basis = np.asarray(get_path(state.memory, k).basis, np.float64)
         np.testing.assert_allclose(basis.T @ np.asarray(a, np.float64), 0.0, atol=1e-5)
+        if name == "gpm_lora":  # the transform's memory is shaped like the trainable pytree
+            (projection,) = optax.tree_utils.tree_get_all_with_path(
+                tx.init(trainable), "OrthogonalProjectionState"
+            )
+            placed = named_leaves(projection[1].memory, is_leaf=is_memory)
+            assert [p for p, m in placed.items() if m is not None] == [
+                f"shared/{kernel}/factors/a" for kernel in sorted(state.kernels)
+            ]
+            assert placed[f"shared/{k}/factors/a"] is get_path(state.memory, k)
 
 
 def test_sd_lora_kernel_is_base_plus_scaled_unit_directions(trained):

@@ -78,3 +78,49 @@ def test_config_checks():
     config.model.mlp_n = 30
     with pytest.raises(common.ConfigError, match="one of data.sizes"):
         subspace_diffusion.check_config(config)
+
+
+def test_resolved_slope_uses_only_cells_well_above_the_floor():
+    sizes = [100, 200, 400, 800, 1600]
+    floor = 0.1
+    errors = [floor + 0.8 * (n / 100) ** -0.5 for n in sizes]  # excess 0.8, 0.57, 0.4, 0.28, 0.2
+    slope, used = report.resolved_slope(sizes, errors, floor, resolution=2.0)
+    assert used == 5 and slope == pytest.approx(-0.5)
+    # at resolution 4 only W₁ >= 0.4 counts: 100, 200 and 400 (the last with 0.5): 3 cells, 4x
+    slope, used = report.resolved_slope(sizes, errors, floor, resolution=4.0)
+    assert used == 3 and slope == pytest.approx(-0.5)
+    # at 6 two cells are left: unresolved
+    slope, used = report.resolved_slope(sizes, errors, floor, resolution=6.0)
+    assert used == 2 and math.isnan(slope)
+    # three cells spanning less than 4x in n: unresolved
+    assert math.isnan(report.resolved_slope([100, 150, 200], [1.0, 0.9, 0.8], 0.1, 2.0)[0])
+
+
+def test_the_resolve_config_runs_the_papers_estimator_and_reports_the_floor_beside_the_slope(
+    tmp_path,
+):
+    config = cfg.get_config("smoke,resolve")
+    assert config.eval.methods == ("diffusion", "empirical") and config.model.mlp_dims == ()
+    assert config.eval.num_samples == 2 * cfg.get_config("smoke").eval.num_samples
+    config.data.sources = ((2, 4), (2, 12))
+    config.data.sizes = (10, 20, 40)
+    config.model.num_steps = 8
+    config.eval.num_samples = 80
+    config.eval.resolution = 1.0  # every cell above the floor counts: a slope on each seed
+    result = subspace_diffusion.run(config, str(tmp_path))
+    rows = {(r["source"], r["method"]): r for r in result["rows"]}
+    assert set(rows) == {(f"syn-k2-D{d}", m) for d in (4, 12) for m in config.eval.methods}
+    for r in rows.values():
+        assert r["floor"] > 0 and r["w1_over_floor"] > 0 and r["resolved_points"] <= 3
+    assert result["mlp"] == []
+    with open(tmp_path / "cells" / "syn-k2-D4-n10-s0.json") as f:
+        assert {k for k in json.load(f) if k.startswith("w1_")} == {"w1_diffusion", "w1_empirical"}
+    criteria = [c["criterion"] for c in result["checks"]]
+    assert any("on the resolved cells" in c for c in criteria)
+    assert any("slope at D=12 vs D=4" in c for c in criteria)
+    assert not any("KDE" in c or c.startswith("mlp") for c in criteria)
+    text = (tmp_path / "results.md").read_text()
+    assert "slope_resolved" in text and "w1_over_floor" in text and "DSM-MLP" not in text
+    config.eval.methods = ("diffusion",)
+    with pytest.raises(common.ConfigError, match="holding 'empirical'"):
+        subspace_diffusion.check_config(config)

@@ -20,9 +20,11 @@ import optax
 import pytest
 
 from lowrank_jax import continual, models
+from lowrank_jax.adapters.paths import get_path, named_leaves
 from lowrank_jax.continual import _src
 from lowrank_jax.continual.protocol import kernel_paths
 from lowrank_jax.models.decoder import init_cache
+from lowrank_jax.optim.orthogonal_projection import is_memory
 
 L = 2
 CONFIG = models.DecoderConfig(
@@ -135,8 +137,11 @@ def learn(method, variables, steps=3):
 
 
 def projectors(memory):
+    """``{kernel path: (MMᵀ, size)}`` of a memory tree (``{}`` for a method without one)."""
     return {
-        k: (jnp.einsum("...nk,...mk->...nm", m.basis, m.basis), m.size) for k, m in memory.items()
+        k: (jnp.einsum("...nk,...mk->...nm", m.basis, m.basis), m.size)
+        for k, m in named_leaves(memory, is_leaf=is_memory).items()
+        if m is not None
     }
 
 
@@ -212,8 +217,9 @@ def test_method_on_the_stack_equals_it_on_unrolled_layers(name, variables, monke
     # and the last task's factors, trained in the projected subspace, by 1.4e-5 on one host)
     close(got, trained, atol=1e-4 if name == "gpm_lora" else 1e-5)  # last task's factors, head
     close(restack(projectors(unrolled.memory)), projectors(scanned.memory), atol=1e-4)
-    if scanned.memory:  # filled per layer: one size per layer
-        sizes = np.asarray(scanned.memory["params/model/layers/self_attn/q_proj/kernel"].size)
+    if scanned.memory is not None:  # filled per layer: one size per layer
+        q_proj = get_path(scanned.memory, "params/model/layers/self_attn/q_proj/kernel")
+        sizes = np.asarray(q_proj.size)
         assert sizes.shape == (L,) and (sizes > 0).all()
     if name == "saber":
         close(restack(unrolled.extra.weights), scanned.extra.weights)  # (L, T): per layer

@@ -7,7 +7,14 @@ import optax
 import pytest
 
 from lowrank_jax import adapters, models
-from lowrank_jax.optim import GradientRecyclingState, SubspaceMemory, scale_by_gradient_recycling
+from lowrank_jax.adapters.paths import named_leaves
+from lowrank_jax.optim import (
+    GradientRecyclingState,
+    SubspaceMemory,
+    init_memories,
+    scale_by_gradient_recycling,
+)
+from lowrank_jax.optim.orthogonal_projection import is_memory
 from lowrank_jax.optim.recycling import split_update
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -21,6 +28,13 @@ def _params():
     shared = adapters.init(jax.random.key(1), variables, rules)
     module = jax.tree.map(jnp.zeros_like, shared)
     return {"shared": shared, "module": module, "head": jnp.ones((3,))}
+
+
+def _tree(params, mem):
+    """The memory tree of the tests: ``mem`` at the shared ``a`` factor, None elsewhere."""
+    ad = params["shared"][KEY]
+    shared = {KEY: ad.replace(factors={"a": mem, "b": None})}
+    return {"shared": shared, "module": None, "head": None}  # None: a whole unprojected subtree
 
 
 def _memory(rng, n=8, k=3, capacity=6):
@@ -43,10 +57,9 @@ def test_split_update_identity():
 def test_recycling_routes_discarded_component_to_module():
     rng = np.random.default_rng(1)
     q, mem = _memory(rng)
-    path = f"shared/{KEY}/factors/a"
     params = _params()
     inner = optax.scale_by_adam()
-    tx = optax.chain(inner, scale_by_gradient_recycling({path: mem}), optax.scale(-0.1))
+    tx = optax.chain(inner, scale_by_gradient_recycling(_tree(params, mem)), optax.scale(-0.1))
     reference = optax.chain(optax.scale_by_adam(), optax.scale(-0.1))
     state, ref_state = tx.init(params), reference.init(params)
     rec_state = state[1]
@@ -79,13 +92,16 @@ def test_zero_recycle_scale_is_pure_projection_and_empty_memory_recycles_nothing
     path = f"shared/{KEY}/factors/a"
     params = _params()
     g = jax.tree.map(lambda p: jnp.asarray(rng.standard_normal(p.shape), p.dtype), params)
-    out, _ = scale_by_gradient_recycling({path: mem}, recycle_scale=0.0).update(
-        g, scale_by_gradient_recycling({path: mem}, recycle_scale=0.0).init(params)
-    )
+    pure = scale_by_gradient_recycling(_tree(params, mem), recycle_scale=0.0)
+    out, _ = pure.update(g, pure.init(params))
     np.testing.assert_allclose(out["module"][KEY].factors["a"], 0.0)
+    kept = np.asarray(g["shared"][KEY].factors["a"], np.float64)
+    np.testing.assert_allclose(out["shared"][KEY].factors["a"], kept - q @ (q.T @ kept), **TOL)
     tx = scale_by_gradient_recycling(capacity=4)  # empty memories from the default targets
     state = tx.init(params)
-    assert list(state.memory) == [path]
+    memories = named_leaves(state.memory, is_leaf=is_memory)
+    assert list(memories) == list(named_leaves(params))  # shaped like the params
+    assert [p for p, m in memories.items() if m is not None] == [path]
     out, state = tx.update(g, state)
     np.testing.assert_allclose(out["shared"][KEY].factors["a"], g["shared"][KEY].factors["a"])
     np.testing.assert_allclose(out["module"][KEY].factors["a"], 0.0)
@@ -100,5 +116,12 @@ def test_recycling_errors():
     bad["module"] = {}
     with pytest.raises(ValueError, match="counterpart"):
         scale_by_gradient_recycling().init(bad)
+    bad["module"] = jax.tree.map(lambda x: jnp.zeros((*x.shape[:-1], 1)), params["module"])
+    with pytest.raises(ValueError, match="no module counterpart .* of shape"):
+        scale_by_gradient_recycling().init(bad)
+    with pytest.raises(ValueError, match="not under the shared entry"):
+        scale_by_gradient_recycling(init_memories(params, r"module/.*/a")).init(params)
+    with pytest.raises(ValueError, match="shaped like the params"):
+        scale_by_gradient_recycling({"shared": None}).init(params)
     with pytest.raises(ValueError, match="recycle_scale"):
         scale_by_gradient_recycling(recycle_scale=-1.0)

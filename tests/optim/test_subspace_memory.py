@@ -7,6 +7,7 @@ import optax
 import pytest
 
 from lowrank_jax import adapters, models
+from lowrank_jax.adapters.paths import named_leaves, path_to_str
 from lowrank_jax.optim import (
     OrthogonalProjectionState,
     SubspaceMemory,
@@ -16,6 +17,7 @@ from lowrank_jax.optim import (
     project_onto,
     scale_by_orthogonal_projection,
 )
+from lowrank_jax.optim.orthogonal_projection import init_memories, is_memory
 from lowrank_jax.optim.subspace_memory import project_off
 from lowrank_jax.spectral.svd import left_singular
 
@@ -118,15 +120,23 @@ def _adapter_params():
     return adapters.init(jax.random.key(1), variables, [(r".*dense_\d/kernel", adapters.lora(4))])
 
 
+def _placed(params, path, memory):
+    """A memory tree shaped like ``params``: ``memory`` at ``path``, None elsewhere."""
+    return jax.tree_util.tree_map_with_path(
+        lambda kp, _: memory if path_to_str(kp) == path else None, params
+    )
+
+
 def test_transform_in_chain_keeps_factor_off_memory():
     rng = np.random.default_rng(3)
     params = _adapter_params()
     q = _orthonormal(rng, 8, 3)
     key = "params/dense_0/kernel/factors/a"
-    memory = {key: _memory(q, capacity=5)}
+    mem = _memory(q, capacity=5)
+    memory = _placed(params, key, mem)
     # A starts off the memory (InfLoRA/GPM-style initialisation)
     a0 = params["params/dense_0/kernel"].factors["a"]
-    params["params/dense_0/kernel"].factors["a"] = project_off(memory[key], a0)
+    params["params/dense_0/kernel"].factors["a"] = project_off(mem, a0)
     tx = optax.chain(
         optax.scale_by_adam(), scale_by_orthogonal_projection(memory), optax.scale(-0.1)
     )
@@ -164,12 +174,15 @@ def test_empty_memories_from_targets_and_tree_set():
     params = _adapter_params()
     tx = scale_by_orthogonal_projection(capacity=4)
     state = tx.init(params)
-    assert sorted(state.memory) == [
+    # shaped like the params: a memory at each `a` factor, None at every other leaf
+    memories = named_leaves(state.memory, is_leaf=is_memory)
+    assert list(memories) == list(named_leaves(params))
+    assert [p for p, m in memories.items() if m is not None] == [
         "params/dense_0/kernel/factors/a",
         "params/dense_1/kernel/factors/a",
     ]
-    assert state.memory["params/dense_0/kernel/factors/a"].basis.shape == (8, 4)
-    assert state.memory["params/dense_1/kernel/factors/a"].basis.shape == (16, 4)
+    assert state.memory["params/dense_0/kernel"].factors["a"].basis.shape == (8, 4)
+    assert state.memory["params/dense_1/kernel"].factors["a"].basis.shape == (16, 4)
     # an empty memory projects nothing
     g = jax.tree.map(jnp.ones_like, params)
     out, _ = tx.update(g, state)
@@ -177,28 +190,69 @@ def test_empty_memories_from_targets_and_tree_set():
         np.testing.assert_allclose(a, b)
     # fill one memory between tasks through optax.tree_utils.tree_set
     x = jax.random.normal(jax.random.key(0), (30, 8))
-    mem = dict(state.memory)
-    k = "params/dense_0/kernel/factors/a"
-    mem[k] = extend_subspace_memory(mem[k], x, threshold=0.9)
+    ad = state.memory["params/dense_0/kernel"]
+    filled = extend_subspace_memory(ad.factors["a"], x, threshold=0.9)
+    mem = {**state.memory, "params/dense_0/kernel": ad.replace(factors={**ad.factors, "a": filled})}
     chained = optax.chain(optax.identity(), tx)
     cstate = optax.tree_utils.tree_set(chained.init(params), memory=mem)
     out, _ = chained.update(g, cstate)
-    basis = np.asarray(mem[k].basis)
-    np.testing.assert_allclose(
-        basis.T @ np.asarray(out[k[: -len("/factors/a")]].factors["a"]), 0.0, atol=1e-5
-    )
+    basis = np.asarray(filled.basis)
+    assert int(filled.size) > 0
+    a_out = np.asarray(out["params/dense_0/kernel"].factors["a"])
+    np.testing.assert_allclose(basis.T @ a_out, 0.0, atol=1e-5)
+    assert np.abs(a_out - 1.0).max() > 0.1  # it was projected
 
 
 def test_transform_errors():
     params = _adapter_params()
     with pytest.raises(ValueError, match="match no parameter"):
         scale_by_orthogonal_projection(targets="nothing").init(params)
-    with pytest.raises(ValueError, match="not parameters"):
-        scale_by_orthogonal_projection({"x/a": init_subspace_memory(8)}).init(params)
+    a = "params/dense_0/kernel/factors/a"
+    with pytest.raises(ValueError, match="shaped like the params"):  # keyed by path: no longer
+        scale_by_orthogonal_projection({a: init_subspace_memory(8)}).init(params)
+    with pytest.raises(ValueError, match="not at a parameter"):
+        memory = _placed(params, a, None)
+        memory["params/dense_0/kernel"] = init_subspace_memory(8)
+        scale_by_orthogonal_projection(memory).init(params)
     with pytest.raises(ValueError, match="does not fit"):
-        scale_by_orthogonal_projection(
-            {"params/dense_0/kernel/factors/a": init_subspace_memory(5)}
-        ).init(params)
+        scale_by_orthogonal_projection(_placed(params, a, init_subspace_memory(5))).init(params)
+    with pytest.raises(TypeError, match="SubspaceMemory"):
+        scale_by_orthogonal_projection(_placed(params, a, jnp.eye(8))).init(params)
+
+
+def test_memory_state_survives_jit_device_get_and_orbax(tmp_path):
+    import orbax.checkpoint as ocp
+
+    params = _adapter_params()
+    x = jax.random.normal(jax.random.key(0), (30, 8))
+    tx = optax.chain(optax.scale_by_adam(), scale_by_orthogonal_projection(), optax.scale(-0.1))
+    state = tx.init(params)
+    state = optax.tree_utils.tree_set(
+        state,
+        memory=jax.tree.map(
+            lambda m: m if m is None or m.basis.shape[0] != 8
+            else extend_subspace_memory(m, x, threshold=0.9),
+            state[1].memory,
+            is_leaf=is_memory,
+        ),
+    )  # fmt: skip
+    g = jax.tree.map(jnp.ones_like, params)
+    want, _ = tx.update(g, state, params)
+    again, host = jax.jit(lambda s: s)(state), jax.device_get(state)
+    with ocp.StandardCheckpointer() as ckpt:
+        ckpt.save(tmp_path / "state", state)
+        ckpt.wait_until_finished()
+        restored = ckpt.restore(
+            tmp_path / "state", jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+        )
+    for copy in (again, host, restored):
+        assert jax.tree.structure(copy) == jax.tree.structure(state)
+        for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(copy), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        got, _ = jax.jit(tx.update)(g, copy, params)
+        for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert int(restored[1].memory["params/dense_0/kernel"].factors["a"].size) > 0
 
 
 @pytest.mark.parametrize("shape", [(6, 40), (6, 4)])
@@ -240,21 +294,30 @@ def test_fill_memories_from_layer_inputs_keyed_by_kernel_path():
         want = extend_subspace_memory(
             init_subspace_memory(inputs[kernel].shape[1]), inputs[kernel], threshold=0.9
         )
-        got = memory[f"{kernel}/factors/a"]
+        got = memory[kernel].factors["a"]
         np.testing.assert_array_equal(got.basis, want.basis)
         assert int(got.size) == int(want.size) > 0
     # The filled state projects: an update of A leaves the recorded inputs' outputs unchanged.
     g = jax.tree.map(jnp.ones_like, ads)
     updates, _ = tx.update(g, filled, ads)
     a0 = np.asarray(updates["params/dense_0/kernel"].factors["a"])
-    basis = np.asarray(memory["params/dense_0/kernel/factors/a"].basis)
+    basis = np.asarray(memory["params/dense_0/kernel"].factors["a"].basis)
     np.testing.assert_allclose(basis.T @ a0, 0.0, atol=1e-5)
     shared = {"shared": ads, "module": ads}
     recycle = optax.masked(optim.scale_by_gradient_recycling(), {"shared": True, "module": True})
     state = optim.fill_memories(recycle.init(shared), inputs, threshold=0.9)
     inner = state.inner_state  # optax.masked's state around the recycling state
-    assert sorted(inner.memory) == [f"shared/{k}/factors/a" for k in kernels]
-    assert all(int(m.size) > 0 for m in inner.memory.values())
+    filled_paths = [
+        p for p, m in named_leaves(inner.memory, is_leaf=is_memory).items() if m is not None
+    ]
+    assert filled_paths == [f"shared/{k}/factors/a" for k in kernels]
+    assert all(int(inner.memory["shared"][k].factors["a"].size) > 0 for k in kernels)
+    # A memory tree of one's own (init_memories) is filled the same way.
+    own = optim.fill_memories(
+        scale_by_orthogonal_projection(init_memories(ads, r".*/a")).init(ads), inputs, threshold=0.9
+    )
+    for a, b in zip(jax.tree.leaves(own.memory), jax.tree.leaves(memory), strict=True):
+        np.testing.assert_array_equal(a, b)
     # Errors name what is missing.
     with pytest.raises(ValueError, match="'params/dense_1/kernel/factors/a' has no layer inputs"):
         optim.fill_memories(tx.init(ads), {kernels[0]: inputs[kernels[0]]}, threshold=0.9)
