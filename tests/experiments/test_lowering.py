@@ -32,6 +32,7 @@ EXTRA = (  # variants whose programs differ from the plain :smoke ones
     "configs/tfft.py:smoke,stage2=resample",
     "configs/llm_sft.py:smoke,method=frameft",
     "configs/llm_sft.py:smoke,method=sbvi",  # the SBVI optimizer's update in the step
+    "configs/llm_sft.py:smoke,fp8",  # P14's scales from the adapted W_Q, W_K; FP8 logits
     # the continual methods' first-task steps on the decoder (penalties, projections, magnitudes)
     *(f"configs/llm_sft.py:smoke,continual={m}" for m in ("saber", "gr_lora", "o_lora")),
     *(f"configs/llm_sft.py:smoke,continual={m}" for m in ("inflora", "sd_lora", "sequential")),
