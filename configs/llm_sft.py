@@ -24,7 +24,10 @@ rows are held out for validation.
 ``o_lora``, ``inflora``, ``sd_lora``, ``sequential``; also ``:smoke,continual=saber``): continual
 fine-tuning, one task per file, with per-task losses and forgetting;
 ``--config.select.fraction=0.25`` (GIST, P11: keep the rows chosen for ``select.target`` or the
-validation rows); ``--config.data.train=tfds:NAME[@SPLIT]`` (a TFDS dataset; ``data.tfds_text``).
+validation rows); ``--config.data.train=tfds:NAME[@SPLIT]`` (a TFDS dataset; ``data.tfds_text``);
+``--config.fp8.enabled=True`` (also ``:smoke,fp8``): attention logits in simulated FP8 E4M3 at
+P14's geometry-aware scales from the adapted W_Q, W_K (RoPE-safe bound), overflow counts logged
+next to a naive amax scale's.
 See docs/guides/finetune_checkpoint.md.
 
 Outputs in the workdir: ``adapter/`` (PEFT ``adapter_model.safetensors`` + ``adapter_config.json``:
@@ -49,8 +52,9 @@ from configs.common import hardware_section, parse_arg, profile_section, train_s
 
 
 def get_config(arg=None):
-    """``arg``: ``"smoke"``, ``"method=<adapter.method>"`` (e.g. ``"smoke,method=sbvi"``)."""
-    arg = parse_arg(arg, smoke=False, method="lora", continual="")
+    """``arg``: ``"smoke"``, ``"method=<adapter.method>"`` (e.g. ``"smoke,method=sbvi"``),
+    ``"continual=<continual.method>"``, ``"fp8"`` (``fp8.enabled``)."""
+    arg = parse_arg(arg, smoke=False, method="lora", continual="", fp8=False)
     c = ml_collections.ConfigDict()
     c.experiment = "llm_sft"
     c.seed = 0
@@ -102,6 +106,12 @@ def get_config(arg=None):
     c.select.target = ""  # the target source ("": the validation rows)
     c.select.k = 8  # GIST's directions (at most the target's rows)
     c.select.chunk_size = 16  # examples per vmap chunk of per-example gradients
+
+    c.fp8 = ml_collections.ConfigDict()  # P14: attention logits in simulated FP8 E4M3
+    c.fp8.enabled = arg.fp8  # train and evaluate with geometry-aware scales; overflows logged
+    c.fp8.bound = "rank_aware"  # P14's alpha ("rank_agnostic") or "worst_case" (no overflow)
+    c.fp8.delta = 1e-6  # failure probability of the rank-aware / rank-agnostic bound
+    c.fp8.calibration = 1.0  # c: the scale times c (> 1 narrows the range the bound leaves)
 
     c.optim = ml_collections.ConfigDict()
     c.optim.learning_rate = 1e-2 if arg.smoke else 2e-4

@@ -24,7 +24,8 @@ Options (``experiments/common``): several training sources are the tasks of a co
 (``continual.method``, :mod:`~experiments.common.llm_continual`); ``select.fraction`` keeps the
 training rows GIST (P11) chooses for a target (:mod:`~experiments.common.llm_gist`); a source may
 be a TFDS dataset (``tfds:NAME[@SPLIT]``, :mod:`~experiments.common.llm_data`). The step, the
-evaluation and the export are in :mod:`~experiments.common.llm_sft_steps`.
+evaluation and the export are in :mod:`~experiments.common.llm_sft_steps`; ``fp8.enabled`` casts
+the attention logits to FP8 at P14's geometry-aware scales (:mod:`~experiments.common.llm_fp8`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import jax.numpy as jnp
 from absl import logging
 
 from experiments import common
-from experiments.common import llm_continual, llm_data, llm_fixture, llm_gist
+from experiments.common import llm_continual, llm_data, llm_fixture, llm_fp8, llm_gist
 from experiments.common.llm_sft_report import sample, sampling_forward, write_report
 from experiments.common.llm_sft_steps import (
     adapter_rules,
@@ -117,6 +118,7 @@ def check_config(config: Any) -> None:
     c.check_positive(config, "optim.learning_rate")
     c.check_nonnegative(config, "optim.weight_decay")
     c.check_nonnegative(config, "optim.grad_clip")
+    llm_fp8.check_config(config)
     common.config_checks.check_warmup(config)
     common.config_checks.check_fit_options(config)
 
@@ -203,7 +205,7 @@ def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -
         return llm_continual.finish(config, workdir, files, mc, result)
     ((_, train, valid),) = tasks
     train_packed, valid_packed = pack(train), pack(valid)
-    forward = make_forward(model)
+    forward = llm_fp8.make_forward(config, model) if config.fp8.enabled else make_forward(model)
     evaluate = make_evaluate(forward, mesh, batch_size=config.eval.batch_size)
 
     def on_mesh(tree):  # as fit places them
@@ -223,6 +225,10 @@ def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -
         train_packed = check_rows(config, "the GIST selection", pack(train))
     zero = jax.device_get(lora)  # the adapters before training (fit donates its state)
     frozen = on_mesh(frozen_base(config, base))
+    if config.fp8.enabled:  # P14's scales, and a naive amax scale evaluated beside them
+        first = {k: v[: config.data.batch_size] for k, v in train_packed.items()}
+        naive = llm_fp8.naive_scales(model, on_mesh(lora), frozen, first)
+        evaluate = llm_fp8.make_evaluate(config, model, mesh, naive)
     before = evaluate(on_mesh(lora), frozen, valid_packed)
     tx = optimizer(config)
     result = common.fit(
@@ -264,7 +270,11 @@ def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -
         extra["sbvi_ranks"] = optim.sbvi_ranks(
             jax.device_get(sbvi_state(result.state["opt_state"]))
         )
-    write_report(config, workdir, files, {**counts, **extra}, before, after, samples)
+    sections = []
+    if config.fp8.enabled:
+        extra.update(llm_fp8.summary(config, before, after))
+        sections = llm_fp8.report_lines(config, before, after)
+    write_report(config, workdir, files, {**counts, **extra}, before, after, samples, sections)
     metrics = {
         "valid_loss_before": before["valid/loss"],
         "valid_loss_after": after["valid/loss"],
@@ -312,14 +322,16 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
         return llm_continual.steps(config, model, variables, mesh)
     (state, frozen), tx = common.eval_shape_with_static(build, jax.random.key(config.seed))
     a = config.adapter
+    fp8 = config.fp8.enabled
+    forward = llm_fp8.make_forward(config, model) if fp8 else make_forward(model)
     return [
         common.fit_step(
-            make_step(make_forward(model), tx),
+            make_step(forward, tx),
             state,
             frozen,
             batch,
             mesh=mesh,
             fsdp=config.parallel.fsdp,
-            name=f"{a.method} on a {a.base} base",
+            name=f"{a.method} on a {a.base} base" + (", FP8 logits (P14)" if fp8 else ""),
         )
     ]

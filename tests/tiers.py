@@ -178,6 +178,7 @@ RULES: tuple[tuple[str, str], ...] = (
     ("tests/experiments/test_llm_sft_methods.py::test_continual_over_files_*", "slow"),
     ("tests/experiments/test_llm_sft_methods.py::test_gist_*", "slow"),
     ("tests/experiments/test_llm_sft_methods.py::test_a_tfds_*", "slow"),
+    ("tests/experiments/test_llm_sft_methods.py::test_fp8_*", "slow"),
     ("tests/experiments/test_lora_bo.py::*", "slow"),
     ("tests/experiments/test_lora_finetune.py::*", "slow"),
     (
@@ -259,6 +260,7 @@ RULES: tuple[tuple[str, str], ...] = (
     ("tests/models/test_decoder.py::test_cache_prefill_and_decode_equal_full_forward", "slow"),
     ("tests/models/test_decoder.py::test_sampler_temperature_and_eos", "slow"),
     ("tests/models/test_decoder_continual.py::*", "slow"),
+    ("tests/models/test_decoder_fp8.py::*", "slow"),
     ("tests/models/test_decoder_lora.py::*", "slow"),
     ("tests/models/test_decoder_methods.py::*", "slow"),
     ("tests/models/test_fp8_transformer.py::test_geometry_readout_feeds_a_policy", "slow"),

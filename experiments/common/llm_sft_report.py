@@ -63,7 +63,9 @@ def sample(
     return texts
 
 
-def write_report(config, workdir, files, counts, before, after, samples) -> None:
+def write_report(config, workdir, files, counts, before, after, samples, sections=()) -> None:
+    """``results.md``: the losses before and after, the run's notes, ``sections`` (markdown
+    lines, e.g. ``llm_fp8.report_lines``) and the greedy samples."""
     rows = [
         {"": "validation loss (nats per target token)", "before": before["valid/loss"],
          "after": after["valid/loss"]},
@@ -92,7 +94,7 @@ def write_report(config, workdir, files, counts, before, after, samples) -> None
             "are in the run's checkpoints, and `merged/` (when exported) has them folded in."
         )
     body = common.write_results_md(workdir, rows, title="Fine-tuning", notes=notes)
-    lines = ["", "## Greedy samples (prompt → continuation)", ""]
+    lines = [*sections, "", "## Greedy samples (prompt → continuation)", ""]
     for i, ((prompt, old), (_, new)) in enumerate(
         zip(samples["before"], samples["after"], strict=True)
     ):

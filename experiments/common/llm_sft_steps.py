@@ -148,23 +148,34 @@ def optimizer(config: Any) -> optax.GradientTransformation:
     return tx
 
 
+def logits_and_counts(out: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """``(logits, counts)`` of a forward that returns logits or ``(logits, {name: counts})``
+    (the FP8 forward of :mod:`~experiments.common.llm_fp8`: per-layer overflow counts)."""
+    return out if isinstance(out, tuple) else (out, {})
+
+
 def make_step(forward: Any, tx: optax.GradientTransformation) -> Any:
-    """``step(state, frozen, batch, rng)`` for ``fit``: the mean loss over the batch's targets."""
+    """``step(state, frozen, batch, rng)`` for ``fit``: the mean loss over the batch's targets
+    (and the total of each count the forward reports)."""
 
     def step(state, frozen, batch, rng):
         del rng
 
         def loss_fn(lora):
-            logits = forward(lora, frozen, batch)
+            logits, counts = logits_and_counts(forward(lora, frozen, batch))
             total, count = text.next_token_loss(logits, batch["tokens"], batch["loss_mask"])
-            return total / jnp.maximum(count, 1.0), count
+            return total / jnp.maximum(count, 1.0), (count, counts)
 
-        (loss, count), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["adapters"])
+        (loss, (count, counts)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+            state["adapters"]
+        )
         updates, opt_state = tx.update(grads, state["opt_state"], state["adapters"])
         new = optax.apply_updates(state["adapters"], updates)
+        totals = {k: jnp.sum(v) for k, v in counts.items()}
         return {**state, "adapters": new, "opt_state": opt_state}, {
             "loss": loss,
             "target_tokens": count,
+            **totals,
         }
 
     return step
@@ -172,22 +183,33 @@ def make_step(forward: Any, tx: optax.GradientTransformation) -> Any:
 
 def make_evaluate(forward: Any, mesh: Any, *, batch_size: int) -> Any:
     """``evaluate(adapters, frozen, packed) -> {"valid/loss", "valid/ppl"}``: the mean next-token
-    loss over every target of the packed validation rows, and its perplexity."""
+    loss over every target of the packed validation rows, and its perplexity; per count ``name``
+    the forward reports ((L,) per layer), ``valid/<name>`` and ``valid/<name>_layer<i>``, summed
+    over the rows (padding rows get no segment, so they attend to nothing and count nothing)."""
 
     @jax.jit
     def sums(lora, frozen, batch, weight):
-        logits = forward(lora, frozen, batch)
-        return text.next_token_loss(logits, batch["tokens"], batch["loss_mask"] * weight[:, None])
+        batch = {**batch, "segment_ids": batch["segment_ids"] * (weight[:, None] > 0)}
+        logits, counts = logits_and_counts(forward(lora, frozen, batch))
+        mask = batch["loss_mask"] * weight[:, None]
+        return (*text.next_token_loss(logits, batch["tokens"], mask), counts)
 
     def evaluate(lora, frozen, packed):
         total = count = 0.0
+        totals = {}
         rows = {**packed, "y": np.zeros(len(packed["tokens"]))}
         for chunk, weight in common.padded_batches(rows, batch_size):
             del chunk["y"]
-            t, n = sums(lora, frozen, *common.shard_batch(mesh, (chunk, weight)))
+            t, n, counts = sums(lora, frozen, *common.shard_batch(mesh, (chunk, weight)))
             total, count = total + float(t), count + float(n)
+            for k, v in counts.items():
+                totals[k] = totals.get(k, 0) + np.asarray(v, np.int64)
         loss = total / max(count, 1.0)
-        return {"valid/loss": loss, "valid/ppl": data.perplexity(loss)}
+        out = {"valid/loss": loss, "valid/ppl": data.perplexity(loss)}
+        for k, v in totals.items():
+            out[f"valid/{k}"] = int(v.sum())
+            out.update({f"valid/{k}_layer{i}": int(c) for i, c in enumerate(v)})
+        return out
 
     return evaluate
 

@@ -34,6 +34,8 @@ kernels (the same function, for debugging and per-layer checks; loaders need the
 that differ (sliding vs full attention, Gemma-3's local vs global RoPE base) receive their window
 and RoPE choice as per-layer scan inputs, so the stack stays one program. A `KVCache` is explicit
 state: `DecoderLM.__call__(tokens, mask, cache=cache)` returns `(logits, new_cache)`.
+`fp8_scales=` (L, H) casts the attention logits to simulated FP8 and sows overflow counts
+(P14; `lowrank_jax.models.decoder_fp8`).
 
 LoRA on the stack: rules take the stacked kernels with `lora(r, in_ndim=1, out_ndim=1)` (the
 leading axis is the layer), so the factors are stacked too (`a` (L, n, r), `b` (L, r, m)), and
@@ -67,6 +69,7 @@ from flax import struct
 from jax import lax
 
 from lowrank_jax.models.decoder_config import DecoderConfig, rope_frequencies
+from lowrank_jax.models.decoder_fp8 import fp8_logits
 
 __all__ = ["DecoderLM", "DecoderModel", "KVCache", "RMSNorm", "init_cache"]
 
@@ -134,6 +137,7 @@ class _PerLayer(NamedTuple):
     local: jax.Array  # () bool: use the local RoPE tables
     cache_k: jax.Array | None  # (b, S, g, k)
     cache_v: jax.Array | None
+    fp8_scales: jax.Array | None = None  # (H,) FP8 logit scales (`decoder_fp8`)
 
 
 class _Shared(NamedTuple):
@@ -209,12 +213,15 @@ class _Attention(nn.Module):
         scale = (cfg.query_pre_attn_scalar or k) ** -0.5
         qg = q.reshape(b, t, g, h // g, k)
         scores = jnp.einsum("btgrk,bsgk->bgrts", qg, key.astype(q.dtype)).astype(jnp.float32)
-        scores = _softcap(scores * scale, cfg.attn_logit_softcapping)
         qs, ks = shared.query_slots[:, None], shared.key_slots[None, :]
         allowed = (ks <= qs) & (qs - ks < layer.window)  # (t, S)
         allowed = allowed[None, None, None] & shared.key_valid[:, None, None, None, :]
         if shared.same_segment is not None:  # packed sequences: no attention across segments
             allowed = allowed & shared.same_segment[:, None, None]
+        scores = scores * scale
+        if layer.fp8_scales is not None:  # simulated FP8 logits, overflow counts sown
+            scores = fp8_logits(self, scores, layer.fp8_scales, allowed)
+        scores = _softcap(scores, cfg.attn_logit_softcapping)
         scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(cfg.dtype)
         out = jnp.einsum("bgrts,bsgk->btgrk", probs, value.astype(cfg.dtype))
@@ -288,7 +295,7 @@ class DecoderModel(nn.Module):
         if cfg.scan_layers:
             self.layers = nn.scan(
                 layer,
-                variable_axes={"params": 0},
+                variable_axes={"params": 0, "intermediates": 0},
                 split_rngs={"params": True},
                 in_axes=(0, nn.broadcast),
                 length=cfg.num_hidden_layers,
@@ -304,6 +311,7 @@ class DecoderModel(nn.Module):
         positions: jax.Array,
         cache: KVCache | None,
         segment_ids: jax.Array | None = None,
+        fp8_scales: jax.Array | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
         """Final hidden states (b, t, d) and the updated cache (see `DecoderLM`)."""
         cfg = self.config
@@ -323,7 +331,7 @@ class DecoderModel(nn.Module):
             if segment_ids is not None:
                 same = segment_ids[:, :, None] == segment_ids[:, None, :]
             shared = _Shared(rope, local_rope, slots, slots, attention_mask, None, same)
-            per_layer = _PerLayer(jnp.asarray(window), jnp.asarray(local), None, None)
+            per_layer = _PerLayer(jnp.asarray(window), jnp.asarray(local), None, None, fp8_scales)
         else:
             valid = lax.dynamic_update_slice(cache.mask, attention_mask, (0, cache.index))
             shared = _Shared(
@@ -334,7 +342,9 @@ class DecoderModel(nn.Module):
                 valid,
                 cache.index,
             )
-            per_layer = _PerLayer(jnp.asarray(window), jnp.asarray(local), cache.k, cache.v)
+            per_layer = _PerLayer(
+                jnp.asarray(window), jnp.asarray(local), cache.k, cache.v, fp8_scales
+            )
         if cfg.scan_layers:
             x, new_kv = self.layers(x, per_layer, shared)
         else:
@@ -403,6 +413,7 @@ class DecoderLM(nn.Module):
         positions: jax.Array | None = None,
         cache: KVCache | None = None,
         segment_ids: jax.Array | None = None,
+        fp8_scales: jax.Array | None = None,
     ) -> jax.Array | tuple[jax.Array, KVCache]:
         """Logits for the next token at every position.
 
@@ -420,13 +431,16 @@ class DecoderLM(nn.Module):
           cache: a `KVCache`; the t tokens are written at slots `cache.index ...` and attend to
             every earlier valid slot. Keep `cache.index + t <= S`: under `jit` an overflow cannot
             be detected, and XLA's `dynamic_update_slice` would clamp the write position.
+          fp8_scales: (L, H) per-layer, per-head scales: every layer's attention logits go
+            through simulated FP8 E4M3 and their overflow counts are sown into `intermediates`
+            (`lowrank_jax.models.decoder_fp8`; apply with `mutable=["intermediates"]`).
 
         Returns:
           (b, t, V) float32 logits; with a cache, `(logits, updated_cache)`.
 
         Raises:
           ValueError: tokens that are not 2-D integers, a mask or segment ids of another shape,
-            or segment ids with a cache.
+            or segment ids with a cache, FP8 scales not (L, H).
         """
         if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
             raise ValueError(
@@ -450,9 +464,14 @@ class DecoderLM(nn.Module):
                 f"attention_mask {attention_mask.shape} must have the tokens' shape {tokens.shape}."
             )
         attention_mask = attention_mask.astype(jnp.bool_)
+        heads = (self.config.num_hidden_layers, self.config.num_attention_heads)
+        if fp8_scales is not None and jnp.shape(fp8_scales) != heads:
+            raise ValueError(
+                f"fp8_scales must be (layers, heads) = {heads}; got {jnp.shape(fp8_scales)}."
+            )
         if positions is None:
             positions = _positions(attention_mask, cache)
-        x, new_cache = self.model(tokens, attention_mask, positions, cache, segment_ids)
+        x, new_cache = self.model(tokens, attention_mask, positions, cache, segment_ids, fp8_scales)
         logits = self.model.attend(x) if self.config.tie_word_embeddings else self.lm_head(x)
         logits = _softcap(logits.astype(jnp.float32), self.config.final_logit_softcapping)
         return logits if cache is None else (logits, new_cache)

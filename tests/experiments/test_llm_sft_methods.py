@@ -119,3 +119,34 @@ def test_a_tfds_dataset_is_a_data_source(files, tmp_path):
     config.data.tfds_text = ""
     with pytest.raises(common.ConfigError, match="data.tfds_text"):
         llm_sft.check_config(config)
+
+
+def test_fp8_logits_log_zero_overflows_at_the_geometry_scale_and_some_at_too_large_ones(
+    files, tmp_path
+):
+    """P14 in the fine-tuning job: every evaluation logs the overflow counts of the geometry-aware
+    scale (0) and of the naive amax scale calibrated on the first training batch (> 0 on the
+    validation rows); `fp8.calibration=1e4` (a scale 10⁴ too large: a range too small) overflows."""
+    config = _config(files)
+    config.fp8.enabled, config.eval.every = True, 2
+    m = llm_sft.run(config, str(tmp_path / "geometry"))
+    evals = [r for r in common.read_metrics(tmp_path / "geometry") if "valid/loss" in r]
+    assert [r["step"] for r in evals] == [2, 4]
+    for r in evals:
+        assert r["valid/fp8_overflow"] == 0 == r["valid/fp8_overflow_layer0"]
+        assert r["valid/naive_fp8_overflow"] > 0, r
+        assert r["valid/naive_fp8_overflow"] == sum(
+            r[f"valid/naive_fp8_overflow_layer{i}"] for i in range(2)
+        )
+    train = [r for r in common.read_metrics(tmp_path / "geometry") if "train/loss" in r]
+    assert train and all(r["train/fp8_overflow"] == 0 for r in train)
+    assert m["fp8_overflow_before"] == m["fp8_overflow_after"] == 0
+    assert m["naive_fp8_overflow_before"] > 0 and m["naive_fp8_overflow_after"] > 0
+    table = (tmp_path / "geometry" / "results.md").read_text()
+    assert "## FP8 attention logits (P14)" in table and "| amax (naive) | after |" in table
+    config.fp8.calibration, config.schedule.num_steps, config.eval.every = 1e4, 2, 0
+    m = llm_sft.run(config, str(tmp_path / "too_large"))
+    assert m["fp8_overflow_before"] > 0 and m["fp8_overflow_after"] > 0
+    config.fp8.bound = "amax"
+    with pytest.raises(common.ConfigError, match="fp8.bound"):
+        llm_sft.check_config(config)

@@ -35,6 +35,7 @@ EXTRA = (  # variants whose programs differ from the plain :smoke ones
     # the pre-trained-ViT benchmarks at paper scale (ViT-B/16, 224x224, batch 128 over the
     # v5e-8-shaped mesh; no checkpoint: ViT-B/16's shapes), every continual method
     "configs/saber.py:benchmark=imagenet_r_10,method=every",
+    "configs/llm_sft.py:smoke,fp8",  # P14's scales from the adapted W_Q, W_K; FP8 logits
     # the continual methods' first-task steps on the decoder (penalties, projections, magnitudes)
     *(f"configs/llm_sft.py:smoke,continual={m}" for m in ("saber", "gr_lora", "o_lora")),
     *(f"configs/llm_sft.py:smoke,continual={m}" for m in ("inflora", "sd_lora", "sequential")),
