@@ -101,7 +101,7 @@ def checks(config, means) -> list[dict[str, Any]]:
 
 def paired(config, cells) -> dict[str, str]:
     """Per-seed paired differences at the training rate and the highest test rate,
-    ``"mean ± half-width"`` (95% t-interval over seeds): every arm minus the probe, the trend's
+    ``"mean ± half-width (sd s)"`` (95% t-interval and standard deviation over seeds): every arm minus the probe, the trend's
     steps (SPR − DCP-like, DCP-like − MAP, SPR − MAP), each SPR ablation minus SPR, and each
     ``<method>:drop`` minus its blank arm (each only where its arms ran)."""
     rates = sorted({config.missing.train_rate, max(config.missing.test_rates)})
@@ -112,7 +112,8 @@ def paired(config, cells) -> dict[str, str]:
         def diff(a: str, b: str, col: str = col) -> str:
             v = [cells[f"seed={s}/{a}"][col] - cells[f"seed={s}/{b}"][col] for s in config.seeds]
             mean, half = _ci(v)
-            return f"{a} {mean:+.3f} ± {half:.3f}"
+            sd = float(np.std(v, ddof=1)) if len(v) > 1 else 0.0
+            return f"{a} {mean:+.3f} ± {half:.3f} (sd {sd:.3f})"
 
         if "probe" in config.methods:
             arms = [m for m in _arms(config) if m != "probe"]

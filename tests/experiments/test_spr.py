@@ -95,7 +95,8 @@ def test_paired_differences_cover_the_trend_steps_and_ablations():
         [cells[f"seed={s}/spr"]["f1@0.9"] - cells[f"seed={s}/map"]["f1@0.9"] for s in (0, 1, 2)]
     )
     half = scipy.stats.t.ppf(0.975, 2) * v.std(ddof=1) / np.sqrt(3)
-    assert f"spr {v.mean():+.3f} ± {half:.3f} vs map" in text
+    want = f"spr {v.mean():+.3f} ± {half:.3f} (sd {v.std(ddof=1):.3f}) vs map"
+    assert want in text
     for step in ("vs dcp", "dcp ", "spr-gif "):
         assert step in text
     assert "paired difference drop − blank (f1@0.7)" not in out
