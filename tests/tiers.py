@@ -283,6 +283,10 @@ RULES: tuple[tuple[str, str], ...] = (
         "slow",
     ),
     (
+        "tests/prompts/test_prompts.py::test_dcp_and_spr_prompts_depend_on_the_input_and_map_msp_do_not",
+        "slow",
+    ),
+    (
         "tests/selection/test_diagnostics.py::test_lora_vs_full_uses_equal_sizes_and_the_named_coordinates",
         "slow",
     ),

@@ -101,8 +101,9 @@ def checks(config, means) -> list[dict[str, Any]]:
 
 def paired(config, cells) -> dict[str, str]:
     """Per-seed paired differences at the training rate and the highest test rate,
-    ``"mean ± half-width"`` (95% t-interval over seeds): every arm minus the probe, and each
-    ``<method>:drop`` minus its blank arm."""
+    ``"mean ± half-width (sd s)"`` (95% t-interval and standard deviation over seeds): every arm minus the probe, the trend's
+    steps (SPR − DCP-like, DCP-like − MAP, SPR − MAP), each SPR ablation minus SPR, and each
+    ``<method>:drop`` minus its blank arm (each only where its arms ran)."""
     rates = sorted({config.missing.train_rate, max(config.missing.test_rates)})
     drops = [m for m in config.missing.get("drop_methods", ()) if m in config.methods]
     out = {}
@@ -111,12 +112,20 @@ def paired(config, cells) -> dict[str, str]:
         def diff(a: str, b: str, col: str = col) -> str:
             v = [cells[f"seed={s}/{a}"][col] - cells[f"seed={s}/{b}"][col] for s in config.seeds]
             mean, half = _ci(v)
-            return f"{a} {mean:+.3f} ± {half:.3f}"
+            sd = float(np.std(v, ddof=1)) if len(v) > 1 else 0.0
+            return f"{a} {mean:+.3f} ± {half:.3f} (sd {sd:.3f})"
 
         if "probe" in config.methods:
             arms = [m for m in _arms(config) if m != "probe"]
             out[f"paired difference to the probe ({col})"] = ", ".join(
                 diff(m, "probe") for m in arms
+            )
+        steps = [("spr", "dcp"), ("dcp", "map"), ("spr", "map")]
+        steps += [(a, "spr") for a in ("spr-gif", "spr-lfr", "spr-cfs")]
+        steps = [(a, b) for a, b in steps if a in config.methods and b in config.methods]
+        if steps:
+            out[f"paired difference, trend steps and ablations ({col})"] = ", ".join(
+                f"{diff(a, b)} vs {b}" for a, b in steps
             )
         if drops:
             out[f"paired difference drop − blank ({col})"] = ", ".join(

@@ -17,6 +17,9 @@ blank image / empty text, whose tokens are the projection bias ``c_i`` plus posi
 * ``"drop"`` (an ablation): the tokens are removed from the attention keys (key mask False), so
   no other token reads them and the missing modality has no effect on the output.
 
+``modality_features`` pools each modality's embedded tokens into one (b, M, d) summary (zeros for
+a missing modality), the input that input-conditioned prompt methods read.
+
 Prompts (``lowrank_jax.prompts.methods``) are ``P`` (b, L_p, T, d): deep, input-level prompts as
 in MAP/VPT-deep. ``T`` prompt slots are prepended to the sequence; before block l < L_p the slots
 are *set* to ``P[:, l]`` (the outputs of block l-1 in those slots are replaced); after block
@@ -165,6 +168,18 @@ class MultimodalTransformer(nn.Module):
             )
             masks.append(jnp.broadcast_to(keep, (b, t)))
         return jnp.concatenate(parts, 1) + self.pos_embed, jnp.concatenate(masks, 1)
+
+    def modality_features(self, x: jax.Array, missing: jax.Array) -> jax.Array:
+        """The available modalities' features ``(b, M, d)``: modality i's mean embedded token
+        (``x`` from ``embed``), zeros where ``missing[:, i]`` — the input that conditioned prompt
+        methods (DCP-like, SPR) read."""
+        starts = [1 + sum(self.tokens[:i]) for i in range(len(self.tokens))]
+        means = [x[:, s : s + t].mean(1) for s, t in zip(starts, self.tokens, strict=True)]
+        return jnp.where(missing[:, :, None], 0.0, jnp.stack(means, 1))
+
+    def classify(self, h: jax.Array) -> jax.Array:
+        """The head on CLS features ``(b, d)``: logits ``(b, num_classes)``."""
+        return self.head(h)
 
     def encode(
         self,

@@ -1,13 +1,17 @@
 """Prompt methods for a frozen multimodal transformer with missing modalities (P13 SPR).
 
-A method is a value, ``PromptMethod(name, init, prompts)`` of pure functions:
-``init(key) -> params`` and ``prompts(params, missing) -> (P (b, L, T, d), mask (b, T))`` or
-``None`` (no prompts: the linear probe). ``missing`` is the (b, M) boolean pattern and
-``missing_type`` its id in [0, K), K = 2^M - 1. Type-conditioned methods build a table of K
-prompt tensors (K, L, T, d) once per call and gather each example's row with a one-hot product,
-so every missing pattern runs through the same jitted code (no Python branch per example).
+A method is a value, ``PromptMethod(name, init, prompts, conditioned)`` of pure functions:
+``init(key) -> params`` and ``prompts(params, missing, context) -> (P (b, L, T, d), mask (b, T))``
+or ``None`` (no prompts: the linear probe). ``missing`` is the (b, M) boolean pattern and
+``missing_type`` its id in [0, K), K = 2^M - 1. ``context`` (b, M, d) holds the available
+modalities' features (``MultimodalTransformer.modality_features``: each modality's mean embedded
+token, zeros where it is missing); *input-conditioned* methods (``conditioned=True``: DCP-like and
+SPR) read it and raise without it, the others ignore it. Type-conditioned parts gather each
+example's row of a (K, ...) table with a one-hot product, so every missing pattern runs through the
+same jitted code (no Python branch per example).
 
-* ``map_prompts`` (MAP, Lee et al. CVPR'23): one free prompt tensor per missing type.
+* ``map_prompts`` (MAP, Lee et al. CVPR'23): one free prompt tensor per missing type; the prompts
+  of two inputs with the same missing pattern are equal.
 * ``modality_prompts`` (MSP, Jang, Wang, Kim ICASSP'24; reconstruction, the paper was not read):
   one prompt group per modality, (M, L, T, d), linear rather than exponential in M; group i is
   an active slot group when modality i is missing (it stands in for the absent modality), so a
@@ -15,26 +19,15 @@ so every missing pattern runs through the same jitted code (no Python branch per
 * ``dcp_prompts`` (DCP-like, after Hu et al. NeurIPS'24): layer-0 prompts per missing type plus
   prompts generated layer by layer, ``P^l = P^{l-1} + MLP_l(LN(P^{l-1}))``, where the MLP (bottleneck
   r) acts on the *concatenation of the M modality groups' tokens* (DCP's correlated image/text
-  generation), plus modality-common prompts ``C_l`` shared by all missing types. DCP's dynamic
-  (input-conditioned) prompts are left out.
-* ``spr_prompts`` (SPR, ICML'26 poster 64804; a reconstruction, specs.md §13 [R], since only the
-  abstract is public): per-type base prompts P_m (L, T, d) refined by::
-
-    GIF  P~ = P + W_o [h_fwd; h_bwd]            (bidirectional GRU along the layer axis L,
-                                                 tokens as the batch),
-    LFR  P^ = P~ + W_pw GELU(DWConv_3(P~))      (depthwise kernel-3 conv along the token axis T),
-    CFS  P_out = P^ * g_m,  g_m = 2 sigmoid(W_2 GELU(W_1 [mean_T P^; e_m]))  in (0, 2)^{L x d},
-
-  with e_m a learned missing-type embedding. The spec writes sigma; the factor 2 lets the gate
-  *boost* channels (the abstract's wording) and makes g = 1 at initialisation. W_o, W_pw and
-  W_2 start at zero, so an SPR at initialisation produces exactly its MAP base prompts; each
-  module can be switched off (``gif=False`` ...) for the single-module ablations.
+  generation), plus modality-common prompts ``C_l`` shared by all missing types, plus *dynamic*
+  prompts generated from the input, ``D^l(x) = U_l GELU(W LN([c_1; ...; c_M]))`` from the available
+  modalities' features ``c_i`` (a reconstruction: DCP's code splits the prompt length between
+  static, dynamic and common prompts; here the three are summed over the same T slots).
 
 References:
   Lee et al., CVPR 2023 (MAP); Hu et al., "Deep Correlated Prompting for Visual Recognition with
   Missing Modalities", NeurIPS 2024 (DCP); Jang, Wang, Kim, "Towards Robust Multimodal Prompting
-  with Missing Modalities", ICASSP 2024 (MSP); "SPR: A Structured Prompt Refinement Network for
-  Modality Missing", ICML 2026 poster 64804 (abstract only; module stack reconstructed).
+  with Missing Modalities", ICASSP 2024 (MSP). SPR: :mod:`lowrank_jax.prompts.spr`.
 """
 
 from __future__ import annotations
@@ -54,21 +47,23 @@ __all__ = [
     "map_prompts",
     "modality_prompts",
     "no_prompts",
-    "spr_prompts",
 ]
 
 Prompts = tuple[jax.Array, jax.Array] | None
 
 
 class PromptMethod(NamedTuple):
-    """A prompt method: ``init(key) -> params``, ``prompts(params, missing) -> (P, mask) | None``.
+    """A prompt method: ``init(key) -> params``,
+    ``prompts(params, missing, context=None) -> (P, mask) | None``.
 
-    ``P`` is (b, L, T, d), ``mask`` (b, T) bool (active slots); ``missing`` (b, M) bool.
+    ``P`` is (b, L, T, d), ``mask`` (b, T) bool (active slots); ``missing`` (b, M) bool;
+    ``context`` (b, M, d) the available modalities' features, required where ``conditioned``.
     """
 
     name: str
     init: Callable[[jax.Array], Any]
-    prompts: Callable[[Any, jax.Array], Prompts]
+    prompts: Callable[..., Prompts]
+    conditioned: bool = False
 
 
 def _check_dims(num_modalities: int, num_layers: int, num_tokens: int, dim: int) -> int:
@@ -88,6 +83,22 @@ def _check_missing(missing: jax.Array, num_modalities: int) -> jax.Array:
     return missing
 
 
+def _check_context(name: str, context: Any, missing: jax.Array, dim: int) -> jax.Array:
+    """``context`` as a (b, M, d) float array matching ``missing`` (b, M)."""
+    if context is None:
+        raise ValueError(
+            f"{name} prompts are input-conditioned: pass context, the (b, M, d) modality "
+            f"features (MultimodalTransformer.modality_features; prompts.prompted_logits does)."
+        )
+    context = jnp.asarray(context)
+    if context.shape != (*missing.shape, dim) or not jnp.issubdtype(context.dtype, jnp.floating):
+        raise ValueError(
+            f"context must be a float array of shape (b, M, d) = {(*missing.shape, dim)}; got "
+            f"{context.dtype} {context.shape}."
+        )
+    return context
+
+
 def _gather(table: jax.Array, missing: jax.Array) -> jax.Array:
     """Row ``missing_type(missing)[b]`` of a (K, ...) table for every example: (b, ...)."""
     onehot = jax.nn.one_hot(missing_type(missing), table.shape[0], dtype=table.dtype)
@@ -100,29 +111,61 @@ def _jit_init(module: nn.Module) -> Callable[[jax.Array], Any]:
     return jax.jit(lambda key: module.init(key)["params"])
 
 
-def _from_module(
-    name: str, module: nn.Module, num_modalities: int, mask_fn: Callable | None = None
-) -> PromptMethod:
-    """A PromptMethod whose (K, L, T, d) table is ``module.apply(params)``."""
+def _from_module(name: str, module: nn.Module, num_modalities: int) -> PromptMethod:
+    """A PromptMethod whose (K, L, T, d) table is ``module.apply(params)`` (no input)."""
 
     init = _jit_init(module)
 
-    def prompts(params: Any, missing: jax.Array) -> Prompts:
+    def prompts(params: Any, missing: jax.Array, context: Any = None) -> Prompts:
+        del context  # a fixed table per missing type
         missing = _check_missing(missing, num_modalities)
-        table = module.apply({"params": params})
-        p = _gather(table, missing)
-        mask = jnp.ones(p.shape[:1] + p.shape[2:3], bool) if mask_fn is None else mask_fn(missing)
-        return p, mask
+        p = _gather(module.apply({"params": params}), missing)
+        return p, jnp.ones(p.shape[:1] + p.shape[2:3], bool)
 
     return PromptMethod(name, init, prompts)
+
+
+def conditioned_method(
+    name: str, module: nn.Module, *, num_modalities: int, dim: int
+) -> PromptMethod:
+    """An input-conditioned PromptMethod: ``P = module.apply(params, onehot, context)`` (b, L, T, d),
+    with ``onehot`` (b, K) the one-hot missing types and ``context`` (b, M, d); every slot active.
+    """
+    k = num_missing_types(num_modalities)
+    init = jax.jit(
+        lambda key: module.init(
+            key, jnp.zeros((1, k)), jnp.zeros((1, num_modalities, dim), jnp.float32)
+        )["params"]
+    )
+
+    def prompts(params: Any, missing: jax.Array, context: Any = None) -> Prompts:
+        missing = _check_missing(missing, num_modalities)
+        context = _check_context(name, context, missing, dim)
+        onehot = jax.nn.one_hot(missing_type(missing), k, dtype=context.dtype)
+        p = module.apply({"params": params}, onehot, context)
+        return p, jnp.ones(p.shape[:1] + p.shape[2:3], bool)
+
+    return PromptMethod(name, init, prompts, conditioned=True)
+
+
+class InputCode(nn.Module):
+    """``z = GELU(W LN([c_1; ...; c_M]))`` (b, width): a code of the available modalities'
+    features ``context`` (b, M, d) (a missing modality's ``c_i`` is zero)."""
+
+    width: int
+
+    @nn.compact
+    def __call__(self, context: jax.Array) -> jax.Array:
+        flat = context.reshape(context.shape[0], -1)
+        return nn.gelu(nn.Dense(self.width, name="dense")(nn.LayerNorm(name="ln")(flat)))
 
 
 def no_prompts(*, num_modalities: int) -> PromptMethod:
     """The linear probe: no prompt parameters, ``prompts(...) -> None``."""
     num_missing_types(num_modalities)
 
-    def prompts(params: Any, missing: jax.Array) -> Prompts:
-        del params
+    def prompts(params: Any, missing: jax.Array, context: Any = None) -> Prompts:
+        del params, context
         _check_missing(missing, num_modalities)
         return None
 
@@ -174,7 +217,8 @@ def modality_prompts(
 
     init = _jit_init(module)
 
-    def prompts(params: Any, missing: jax.Array) -> Prompts:
+    def prompts(params: Any, missing: jax.Array, context: Any = None) -> Prompts:
+        del context  # one fixed group per modality
         missing = _check_missing(missing, num_modalities)
         groups = module.apply({"params": params})  # (M, L, T, d)
         m, layers, t, d = groups.shape
@@ -186,7 +230,8 @@ def modality_prompts(
 
 
 class _CorrelatedPrompts(nn.Module):
-    """DCP-like: per-type layer-0 prompts, correlated layer-to-layer generation, common prompts."""
+    """DCP-like: per-type layer-0 prompts, correlated layer-to-layer generation, common prompts,
+    and dynamic prompts generated from the input; (b, L, T, d)."""
 
     num_types: int
     num_modalities: int
@@ -196,12 +241,13 @@ class _CorrelatedPrompts(nn.Module):
     bottleneck: int
 
     @nn.compact
-    def __call__(self) -> jax.Array:
+    def __call__(self, onehot: jax.Array, context: jax.Array) -> jax.Array:
         k, m, t, d = self.num_types, self.num_modalities, self.num_tokens, self.dim
+        layers = self.num_layers
         p = self.param("prompts", nn.initializers.normal(0.02), (k, t, d))
-        common = self.param("common", nn.initializers.zeros, (self.num_layers, t, d))
+        common = self.param("common", nn.initializers.zeros, (layers, t, d))
         out = [p + common[0]]
-        for layer in range(1, self.num_layers):
+        for layer in range(1, layers):
             # The M modality groups of T/M tokens side by side: (K, T/M, M*d).
             joint = p.reshape(k, m, t // m, d).transpose(0, 2, 1, 3).reshape(k, t // m, m * d)
             h = nn.LayerNorm(name=f"ln_{layer}")(joint)
@@ -210,18 +256,23 @@ class _CorrelatedPrompts(nn.Module):
             h = h.reshape(k, t // m, m, d).transpose(0, 2, 1, 3).reshape(k, t, d)
             p = p + h
             out.append(p + common[layer])
-        return jnp.stack(out, 1)  # (K, L, T, d)
+        static = jnp.tensordot(onehot, jnp.stack(out, 1), axes=1)  # (b, L, T, d)
+        z = InputCode(self.bottleneck, name="dynamic_code")(context)
+        dynamic = nn.Dense(layers * t * d, kernel_init=nn.initializers.zeros, name="dynamic")(z)
+        return static + dynamic.reshape(-1, layers, t, d)
 
 
 def dcp_prompts(
     *, num_modalities: int, num_layers: int, num_tokens: int, dim: int, bottleneck: int = 16
 ) -> PromptMethod:
-    """DCP-like correlated prompts (see the module docstring for the recursion).
+    """DCP-like correlated prompts with dynamic, input-conditioned prompts (see the module
+    docstring for the recursion); ``prompts(params, missing, context)`` needs ``context``.
 
     Args:
       num_modalities, num_layers, num_tokens, dim: as in ``map_prompts``; ``num_tokens`` must
         be a multiple of M (T/M tokens per modality group).
-      bottleneck: hidden width r of each layer's generator MLP.
+      bottleneck: hidden width r of each layer's generator MLP and of the dynamic prompts'
+        input code.
 
     Raises:
       ValueError: for non-positive sizes or T not a multiple of M.
@@ -233,86 +284,4 @@ def dcp_prompts(
             f"and bottleneck={bottleneck} >= 1."
         )
     module = _CorrelatedPrompts(k, num_modalities, num_layers, num_tokens, dim, bottleneck)
-    return _from_module("dcp", module, num_modalities)
-
-
-class _SPRPrompts(nn.Module):
-    """SPR's base prompts refined by GIF -> LFR -> CFS (each optional), as a (K, L, T, d) table."""
-
-    num_types: int
-    num_layers: int
-    num_tokens: int
-    dim: int
-    hidden: int
-    gif: bool = True
-    lfr: bool = True
-    cfs: bool = True
-
-    @nn.compact
-    def __call__(self) -> jax.Array:
-        k, layers, t, d = self.num_types, self.num_layers, self.num_tokens, self.dim
-        p = self.param("prompts", nn.initializers.normal(0.02), (k, layers, t, d))
-        zeros = nn.initializers.zeros
-        if self.gif:  # bidirectional GRU along L; (K*T) sequences of length L
-            seq = p.transpose(0, 2, 1, 3).reshape(k * t, layers, d)
-            rnn = nn.Bidirectional(
-                nn.RNN(nn.GRUCell(self.hidden), name="gru_fwd"),
-                nn.RNN(nn.GRUCell(self.hidden), name="gru_bwd"),
-                name="gif",
-            )
-            h = nn.Dense(d, kernel_init=zeros, name="gif_out")(rnn(seq))
-            p = p + h.reshape(k, t, layers, d).transpose(0, 2, 1, 3)
-        if self.lfr:  # depthwise conv along T (kernel 3), GELU, point-wise linear, residual
-            flat = p.reshape(k * layers, t, d)
-            h = nn.Conv(d, (3,), padding="SAME", feature_group_count=d, name="lfr_dw")(flat)
-            h = nn.Dense(d, kernel_init=zeros, name="lfr_pw")(nn.gelu(h))
-            p = p + h.reshape(k, layers, t, d)
-        if self.cfs:  # gate per (type, layer, channel) from the token mean and a type embedding
-            e = self.param("type_embed", nn.initializers.normal(0.02), (k, self.hidden))
-            e = jnp.broadcast_to(e[:, None, :], (k, layers, self.hidden))
-            h = jnp.concatenate([p.mean(axis=2), e], -1)
-            h = nn.gelu(nn.Dense(self.hidden, name="cfs_1")(h))
-            g = 2.0 * jax.nn.sigmoid(nn.Dense(d, kernel_init=zeros, name="cfs_2")(h))
-            p = p * g[:, :, None, :]
-        return p
-
-
-def spr_prompts(
-    *,
-    num_modalities: int,
-    num_layers: int,
-    num_tokens: int,
-    dim: int,
-    hidden: int = 32,
-    gif: bool = True,
-    lfr: bool = True,
-    cfs: bool = True,
-) -> PromptMethod:
-    """SPR (reconstruction of specs.md §13): MAP base prompts refined by GIF, LFR and CFS.
-
-    Args:
-      num_modalities, num_layers, num_tokens, dim: as in ``map_prompts``.
-      hidden: GRU width of GIF, and hidden width and type-embedding width of CFS.
-      gif, lfr, cfs: keep each module (False: the single-module ablations).
-
-    Returns:
-      A PromptMethod named ``spr`` (``spr-gif`` etc. with a module removed).
-
-    Raises:
-      ValueError: for non-positive sizes.
-
-    Example:
-      >>> method = spr_prompts(num_modalities=2, num_layers=3, num_tokens=4, dim=64)
-      >>> params = method.init(jax.random.key(0))
-      >>> p, mask = method.prompts(params, jnp.array([[False, True]]))
-      >>> p.shape, mask.shape
-      ((1, 3, 4, 64), (1, 4))
-    """
-    k = _check_dims(num_modalities, num_layers, num_tokens, dim)
-    if hidden < 1:
-        raise ValueError(f"hidden must be >= 1; got {hidden}.")
-    name = "spr" + "".join(
-        f"-{m}" for m, on in (("gif", gif), ("lfr", lfr), ("cfs", cfs)) if not on
-    )
-    module = _SPRPrompts(k, num_layers, num_tokens, dim, hidden, gif, lfr, cfs)
-    return _from_module(name, module, num_modalities)
+    return conditioned_method("dcp", module, num_modalities=num_modalities, dim=dim)

@@ -60,6 +60,9 @@ def prompted_logits(
 ) -> jax.Array:
     """Logits (b, classes) of the frozen backbone with ``method``'s prompts and the trained head.
 
+    Input-conditioned methods (``method.conditioned``) get ``context``, the frozen backbone's
+    ``modality_features`` of this input (each available modality's mean embedded token).
+
     Args:
       model: the ``MultimodalTransformer`` module.
       frozen: its parameters without ``head`` (``split_head``); never receive gradients.
@@ -68,10 +71,15 @@ def prompted_logits(
       features: ``{modality: (b, n_i)}``.
       missing: (b, M) bool missing pattern.
     """
-    params = {**jax.lax.stop_gradient(dict(frozen)), "head": trainable["head"]}
-    out = method.prompts(trainable["prompts"], missing)
+    variables = {"params": {**jax.lax.stop_gradient(dict(frozen)), "head": trainable["head"]}}
+    x, key_mask = model.apply(variables, features, missing, method="embed")
+    context = None
+    if method.conditioned:  # the available modalities' features, from the frozen embedding
+        context = model.apply(variables, x, missing, method="modality_features")
+    out = method.prompts(trainable["prompts"], missing, context)
     prompts, mask = (None, None) if out is None else out
-    return model.apply({"params": params}, features, missing, prompts=prompts, prompt_mask=mask)
+    h = model.apply(variables, x, key_mask, prompts, mask, method="encode")
+    return model.apply(variables, h, method="classify")
 
 
 def macro_f1(pred: np.ndarray, labels: np.ndarray, *, num_classes: int) -> float:

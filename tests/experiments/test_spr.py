@@ -74,3 +74,29 @@ def test_bad_configs_fail_early_with_the_key():
         spr.check_config(config)
     with pytest.raises(common.ConfigError, match="methods='maple' is invalid"):
         cfg.get_config("methods=maple")
+
+
+def test_paired_differences_cover_the_trend_steps_and_ablations():
+    """The report's paired differences (per seed, 95% t-interval) for SPR − DCP-like, DCP-like −
+    MAP, SPR − MAP and each ablation − SPR, computed from the cells."""
+    from experiments.common import spr_report
+
+    config = cfg.get_config("methods=probe+map+dcp+spr+spr-gif,drop=,seeds=3")
+    rng = np.random.default_rng(0)
+    cols = ("f1@0.5", "f1@0.7", "f1@0.9", "complete", "no_fou", "no_zer")
+    cells = {
+        f"seed={s}/{m}": {c: float(rng.uniform(0.6, 0.9)) for c in cols}
+        for s in config.seeds
+        for m in config.methods
+    }
+    out = spr_report.paired(config, cells)
+    text = out["paired difference, trend steps and ablations (f1@0.9)"]
+    v = np.array(
+        [cells[f"seed={s}/spr"]["f1@0.9"] - cells[f"seed={s}/map"]["f1@0.9"] for s in (0, 1, 2)]
+    )
+    half = scipy.stats.t.ppf(0.975, 2) * v.std(ddof=1) / np.sqrt(3)
+    want = f"spr {v.mean():+.3f} ± {half:.3f} (sd {v.std(ddof=1):.3f}) vs map"
+    assert want in text
+    for step in ("vs dcp", "dcp ", "spr-gif "):
+        assert step in text
+    assert "paired difference drop − blank (f1@0.7)" not in out

@@ -1,4 +1,5 @@
-"""P13 prompt methods on a tiny frozen multimodal transformer: identities, masks, gradients."""
+"""P13 prompt methods on a tiny frozen multimodal transformer: identities, masks, gradients,
+and input conditioning (DCP-like and SPR read the input; MAP and MSP do not)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,17 @@ def setup():
 
 
 KW = dict(num_modalities=2, num_layers=2, num_tokens=4, dim=DIM)
+# The modality features of B inputs, rows repeating with period 3 (as PATTERNS["mixed"] does).
+CONTEXT = jnp.tile(jax.random.normal(jax.random.key(11), (3, 2, DIM)), (B // 3, 1, 1))
+
+
+def _shifted(params, scale=0.1):
+    """Every leaf moved by random noise (a trained-looking state: zero-initialised output layers
+    become non-zero, so every module acts)."""
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(3), len(leaves))
+    noisy = [x + scale * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys, strict=True)]
+    return jax.tree.unflatten(tree, noisy)
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +166,9 @@ def test_shapes_masks_and_type_gather_for_every_pattern(methods):
     types = np.asarray(P.missing_type(missing))
     np.testing.assert_array_equal(types, [0, 1, 2] * (B // 3))
     for name, (method, pp) in methods.items():
-        p, mask = jax.jit(method.prompts)(pp, missing)
+        assert method.conditioned == (name in ("dcp", "spr")), name
+        pp = _shifted(pp)  # every module acting (at init DCP's and SPR's input terms are zero)
+        p, mask = jax.jit(method.prompts)(pp, missing, CONTEXT)
         tokens = 8 if name == "msp" else 4
         assert p.shape == (B, 2, tokens, DIM) and mask.shape == (B, tokens), name
         if name == "msp":  # group i (4 slots) on where modality i is missing
@@ -163,21 +177,63 @@ def test_shapes_masks_and_type_gather_for_every_pattern(methods):
             np.testing.assert_array_equal(p[0, :, 4:], pp["prompts"][1])
         else:
             assert bool(mask.all()), name
-        # Examples of one missing type get the same prompts; the three types differ.
-        np.testing.assert_array_equal(p[:3], p[3:])
+        # Examples of one missing type and one input get the same prompts; the types differ.
+        np.testing.assert_allclose(p[:3], p[3:], rtol=0, atol=1e-6)
         assert (name == "msp") == bool(jnp.all(p[0] == p[1]))
     mp, pp = methods["map"]
     p, _ = mp.prompts(pp, missing)
     np.testing.assert_array_equal(p, pp["prompts"][types])
 
 
+def test_dcp_and_spr_prompts_depend_on_the_input_and_map_msp_do_not(setup, methods):
+    """Same missing pattern, different inputs: the input-conditioned methods' prompts differ (so
+    no MAP table reproduces them), MAP's and MSP's are equal. The context comes from the frozen
+    backbone and never reads a missing modality's features."""
+    model, feats, params = setup
+    other = jax.tree.map(lambda x: x[::-1] + 1.0, feats)  # different inputs, same patterns
+    variables = {"params": params}
+
+    @jax.jit
+    def context(f, missing):
+        x, _ = model.apply(variables, f, missing, method="embed")
+        return model.apply(variables, x, missing, method="modality_features")
+
+    shifted = {m: (jax.jit(method.prompts), _shifted(pp)) for m, (method, pp) in methods.items()}
+    for name, pattern in PATTERNS.items():
+        missing = jnp.array(pattern)
+        c1, c2 = context(feats, missing), context(other, missing)
+        # A missing modality's features are zeros in the context, whatever its input values.
+        np.testing.assert_array_equal(np.asarray(c1)[np.asarray(missing)], 0.0)
+        noisy = {k: v + 100.0 * missing[:, i : i + 1] for i, (k, v) in enumerate(feats.items())}
+        np.testing.assert_allclose(context(noisy, missing), c1, rtol=0, atol=1e-5)
+        for m, (prompts, pp) in shifted.items():
+            p1, _ = prompts(pp, missing, c1)
+            p2, _ = prompts(pp, missing, c2)
+            gap = np.abs(np.asarray(p1 - p2)).max(axis=(1, 2, 3))  # per example
+            if m in ("dcp", "spr"):
+                assert gap.min() > 1e-3, (m, name, gap)
+            else:
+                np.testing.assert_array_equal(gap, 0.0, err_msg=f"{m} {name}")
+    # Each of SPR's modules alone reads the input (GIF, LFR, CFS; no module: only the table).
+    missing = jnp.array(PATTERNS["img-missing"])
+    c1, c2 = context(feats, missing), context(other, missing)
+    for module in ("gif", "lfr", "cfs"):
+        off = {k: False for k in ("gif", "lfr", "cfs") if k != module}
+        spr = P.spr_prompts(**KW, hidden=8, **off)
+        pp, prompts = _shifted(spr.init(jax.random.key(5))), jax.jit(spr.prompts)
+        p1, _ = prompts(pp, missing, c1)
+        p2, _ = prompts(pp, missing, c2)
+        assert np.abs(np.asarray(p1 - p2)).max() > 1e-3, module
+
+
 def test_spr_at_init_is_its_map_base_and_each_module_acts_as_specified(methods):
     spr, pp = methods["spr"]
-    p, _ = jax.jit(spr.prompts)(pp, jnp.array(PATTERNS["mixed"]))
+    p, _ = jax.jit(spr.prompts)(pp, jnp.array(PATTERNS["mixed"]), CONTEXT)
     base = pp["prompts"][np.array([0, 1, 2] * (B // 3))]
     np.testing.assert_allclose(p, base, atol=1e-6)  # zero-initialised outputs, g = 1
     kw = dict(num_modalities=2, num_layers=3, num_tokens=5, dim=DIM, hidden=8)
     missing = jnp.array([[False, False], [True, False], [False, True]])
+    context = CONTEXT[:3]
 
     def perturbed(method, names):
         params = method.init(jax.random.key(6))
@@ -190,10 +246,10 @@ def test_spr_at_init_is_its_map_base_and_each_module_acts_as_specified(methods):
 
     def change(method, params, at):  # which prompt entries move when base[:, at] moves
         prompts = jax.jit(method.prompts)
-        base, _ = prompts(params, missing)
+        base, _ = prompts(params, missing, context)
         moved = jax.tree.map(lambda x: x, params)
         moved["prompts"] = params["prompts"].at[at].add(1.0)
-        out, _ = prompts(moved, missing)
+        out, _ = prompts(moved, missing, context)
         return np.abs(np.asarray(out - base)).max(-1) > 1e-7  # (types, L, T)
 
     # GIF is bidirectional along layers: the last layer's base prompt reaches layer 0.
@@ -208,7 +264,7 @@ def test_spr_at_init_is_its_map_base_and_each_module_acts_as_specified(methods):
     # CFS scales every token of a (type, layer) by one gate per channel, in (0, 2).
     cfs = P.spr_prompts(**kw, gif=False, lfr=False)
     params = perturbed(cfs, ["cfs_2"])
-    out, _ = cfs.prompts(params, missing)
+    out, _ = cfs.prompts(params, missing, context)
     gate = np.asarray(out) / np.asarray(params["prompts"])
     np.testing.assert_allclose(gate, np.broadcast_to(gate[:, :, :1], gate.shape), rtol=1e-4)
     assert gate.min() > 0 and gate.max() < 2 and np.abs(gate[0] - gate[1]).max() > 1e-4
@@ -219,13 +275,14 @@ def test_dcp_generation_is_residual_and_correlates_the_modality_groups():
     dcp = dcp_prompts(**kw)
     pp = dcp.init(jax.random.key(7))
     missing = jnp.array([[False, False], [True, False]])
-    p, _ = dcp.prompts(pp, missing)
-    for layer in range(3):  # zero generators and common prompts: every layer is the base
+    context = CONTEXT[:2]
+    p, _ = dcp.prompts(pp, missing, context)
+    for layer in range(3):  # zero generators, common and dynamic prompts: every layer is the base
         np.testing.assert_allclose(p[:, layer], pp["prompts"][:2], atol=1e-6)
     pp = jax.tree.map(lambda x: x + 0.1, pp)
-    base, _ = dcp.prompts(pp, missing)
+    base, _ = dcp.prompts(pp, missing, context)
     moved = dict(pp, prompts=pp["prompts"].at[0, 0].add(1.0))  # token 0 = modality group 0
-    out, _ = dcp.prompts(moved, missing)
+    out, _ = dcp.prompts(moved, missing, context)
     diff = np.abs(np.asarray(out - base)).max(-1)[0]  # (L, T)
     assert diff[1, 2] > 1e-6  # group 1's token 0 (index 2) is generated from group 0's
     assert diff[1, 1] < 1e-7 and diff[1, 3] < 1e-7  # other positions are not
@@ -320,6 +377,12 @@ def test_bad_inputs_raise_clear_errors(setup):
         map_prompts(num_modalities=2, num_layers=1, num_tokens=1, dim=DIM).prompts(
             {"prompts": jnp.zeros((3, 1, 1, DIM))}, jnp.zeros((2, 3), bool)
         )
+    spr = P.spr_prompts(num_modalities=2, num_layers=1, num_tokens=2, dim=DIM, hidden=4)
+    pp, missing = spr.init(key), jnp.zeros((2, 2), bool)
+    with pytest.raises(ValueError, match="spr prompts are input-conditioned: pass context"):
+        spr.prompts(pp, missing)
+    with pytest.raises(ValueError, match=r"context must be a float array of shape \(b, M, d\)"):
+        spr.prompts(pp, missing, jnp.zeros((2, 3, DIM)))
     with pytest.raises(ValueError, match="multiple of num_modalities"):
         dcp_prompts(num_modalities=2, num_layers=2, num_tokens=3, dim=DIM)
     with pytest.raises(ValueError, match="num_tokens must be a positive int"):
