@@ -47,19 +47,24 @@ def get_config(arg=None):
     # effective length n (1 - rho) / (1 + rho) >= horizon / alpha = 10^4 at rho = 0.5: the bootstrap
     # must resolve a per-step tail near alpha / horizon
     c.data.train_len = 200 if arg.smoke else 30000
-    c.data.horizon = 150 if arg.smoke else 500  # null runs and change runs
-    c.data.tau = 60 if arg.smoke else 200
+    c.data.horizon = 150 if arg.smoke else 3000  # the spec's null runs (thresholds at this T)
+    c.data.tau = 60 if arg.smoke else 500  # change time of the change runs
+    c.data.post_change = 60 if arg.smoke else 500  # change runs end at tau + post_change
     c.data.kinds = ("local", "global")
     c.data.kappas = (4.0, 8.0) if arg.smoke else (3.0, 6.0, 12.0)
-    c.data.null_reps = 60 if arg.smoke else 1000  # MC s.e. of a 0.05 rate: 0.007
-    c.data.change_reps = 20 if arg.smoke else 40
+    c.data.null_reps = 60 if arg.smoke else 500  # MC s.e. of a 0.05 rate: 0.0097
+    c.data.change_reps = 20 if arg.smoke else 200
 
     c.model = ml_collections.ConfigDict()  # the detectors
     c.model.rank = 2  # r of b_{t,w}; the fixed rank of `lowrank_fixed`
     c.model.max_rank = 4  # the most directions an SVT window estimate may keep (lowrank)
     c.model.svt_calibrate = True  # c_tau of tau_S from the training stretch (block bootstrap)
     c.model.svt_scale = 0.5  # c_tau when svt_calibrate is False
-    c.model.num_scales = 5  # windows 1..32
+    c.model.num_scales = 4 if arg.smoke else 8  # windows 1..256 (half the post-change stretch)
+    c.model.num_scales_grid = (2, 4) if arg.smoke else (5, 8)  # window scales compared
+    c.model.scales_delays = True  # change runs at the other J too (kappas below)
+    c.model.scales_kappas = (8.0,) if arg.smoke else (6.0,)
+    c.model.methods = ("lowrank", "frobenius", "cusum_totals", "cusum_entrywise")
     c.model.alpha_stat = 0.05  # level inside log(t^2 (J+1)/alpha)
     c.model.power_iters = 1
     c.model.cusum_total_change = 0.05  # relative change the totals CUSUM is tuned to
@@ -68,7 +73,8 @@ def get_config(arg=None):
     c.eval = ml_collections.ConfigDict()
     c.eval.alphas = (0.01, 0.05, 0.1)
     c.eval.alpha = 0.05  # level of the delay runs and the flights monitor
-    c.eval.boot_streams = 100 if arg.smoke else 1000
+    c.eval.cal_streams = 60 if arg.smoke else 500  # simulated null streams per threshold
+    c.eval.boot_streams = 100 if arg.smoke else 1000  # block bootstrap of c_tau, flights
     c.eval.block_len = 32  # moving-block bootstrap block = the longest window 2^J (synthetic)
     c.eval.chunk = 16  # observations per scan step
     c.eval.refit_cusum = True  # re-estimate the totals CUSUM's rate per bootstrap stream
@@ -77,13 +83,14 @@ def get_config(arg=None):
     c.flights.enabled = arg.flights and not arg.smoke
     c.flights.train_days = 90  # January-March
     c.flights.rank = 3
+    c.flights.num_scales = 5  # windows 1..32 (about a month)
     c.flights.max_rank = 5
     c.flights.block_len = 7  # whole weeks
     c.flights.restart_ref_days = 28  # reference stretch of a restarted detector
     c.flights.boot_streams = 200
 
     c.ckpt = ml_collections.ConfigDict()
-    c.ckpt.note = "finished cells in <workdir>/cells/*.json (reruns skip them)"
+    c.ckpt.note = "finished cells in <workdir>/cells/*.json (CellStore; reruns read them back)"
 
     c.log = ml_collections.ConfigDict()
     c.log.progress = not arg.smoke
