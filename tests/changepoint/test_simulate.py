@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -73,6 +74,17 @@ def test_change_and_refit():
     refit = {"tot": lambda mean: totals_cusum(mean.sum(), rel_change=0.1)}
     loose = simulate.simulate_scores(dets, model, refit=refit, num_train=20, **kw)["tot"]
     assert np.quantile(loose.max(1), 0.9) > np.quantile(null.max(1), 0.9)
+
+
+def test_inversion_never_counts_through_all_terms():
+    """float32 CDF sums fall short of 1 by up to ~2e-7: a uniform above that (a float32 uniform
+    can be 1 - 2^-23) would count through all K terms. The sampler's uniforms stay below U_MAX."""
+    model = simulate.NullModel(_lam(), 0.5, 0.3)
+    k = simulate._num_terms(simulate.check_model(model), None)
+    lam = jnp.linspace(0.01, float(_lam().max()) * math.exp(4 * 0.3), 20000)
+    top = simulate._invert(jnp.full(lam.shape, simulate.U_MAX), lam, k)
+    assert int(top.max()) < k
+    assert int(simulate._invert(jnp.full(lam.shape, 1 - 2.0**-23), lam, k).max()) == k  # the bug
 
 
 def test_bad_inputs_raise_clear_errors():
