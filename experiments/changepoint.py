@@ -1,38 +1,37 @@
 """P17: online low-rank Poisson change points — synthetic grid of specs §17 and NYC flights 2013.
 
-Synthetic (per AR(1) coefficient ρ): a training stretch gives every detector its reference
-(mean counts / rates) and, by the same moving-block bootstrap, its threshold; false-alarm rates on
-``null_reps`` fresh null streams at each α; delays on ``change_reps`` streams per change kind and
-size κ. The low-rank scan is also calibrated with an i.i.d. bootstrap (block 1) to show what the
-blocks buy under dependence. Flights: ``lowrank_jax.data.load_flight_counts`` (16 carriers × 19
-hours per day), thresholds from a weekly-block bootstrap of January–March, monitoring of
-April–December with a restart after each alarm (the restarted detector's reference is the last
-``restart_ref_days`` days); FOCuS on totals (changepoint-online) and ruptures' PELT with a
-Poisson cost (offline, whole period, penalty from the same bootstrap) side by side.
+Synthetic, per AR(1) coefficient ρ and number of window scales ``J`` (windows ``1..2^J``): a
+training stretch gives every detector its reference (mean counts / rates) and a fitted null model
+(:func:`lowrank_jax.changepoint.simulate.fit_null_model`); each threshold is the ``(1−α)``
+quantile of the detector's maximum over ``cal_streams`` null streams of the spec's horizon ``T``
+simulated from that fitted model (the totals CUSUM's rate re-estimated on a simulated training
+stretch per stream). False-alarm rates on ``null_reps`` fresh null streams of length ``T`` from
+the true model at each α (with their Monte Carlo s.e.); detection and delays on ``change_reps``
+streams per change kind and size κ (change at ``τ``, monitored to ``τ + post_change``). The
+flights study is :mod:`experiments.common.changepoint_flights`.
 
 The methods live in ``lowrank_jax.changepoint``; this module only wires data, detectors and
-reports. Finished cells are stored in ``<workdir>/cells`` and skipped on rerun.
+reports. Finished cells are stored by :class:`experiments.common.sweep.CellStore` in
+``<workdir>/cells`` and read back on rerun.
 """
 
 from __future__ import annotations
 
-import json
+import math
 import os
 from typing import Any
 
 import jax
 import numpy as np
-import tqdm
 
 from experiments import common
+from experiments.common import changepoint_flights, sweep
 from lowrank_jax import changepoint as cp
-from lowrank_jax import data
-from lowrank_jax.changepoint import peers, synthetic
-from lowrank_jax.changepoint.calibration import block_bootstrap_indices, quantile_threshold
+from lowrank_jax.changepoint import simulate, synthetic
+from lowrank_jax.changepoint.calibration import quantile_threshold
 from lowrank_jax.changepoint.detectors import entrywise_cusum, totals_cusum
 
 METHODS = ("lowrank", "lowrank_fixed", "frobenius", "cusum_totals", "cusum_entrywise")
-NULL_BATCH = 200  # null streams sampled at once (memory: 200 x T x p x L counts)
 
 
 def check_config(config: Any) -> None:
@@ -41,7 +40,7 @@ def check_config(config: Any) -> None:
     c.check_nonnegative(config, "seed", integer=True)
     for key in ("p", "num_cells", "rank", "block", "train_len", "horizon", "tau"):
         c.check_positive(config, f"data.{key}", integer=True)
-    for key in ("null_reps", "change_reps"):
+    for key in ("null_reps", "change_reps", "post_change"):
         c.check_positive(config, f"data.{key}", integer=True)
     if config.data.tau >= config.data.horizon:
         raise c.ConfigError(f"config.data.tau={config.data.tau} must be < data.horizon")
@@ -61,28 +60,44 @@ def check_config(config: Any) -> None:
         raise c.ConfigError("config.eval.block_len must lie in [1, data.train_len]")
     if config.flights.enabled and config.flights.max_rank < config.flights.rank:
         raise c.ConfigError("config.flights.max_rank must be >= flights.rank")
+    for k in config.model.methods:
+        if k not in METHODS:
+            raise c.ConfigError(f"config.model.methods has {k!r}: use some of {METHODS}")
+    for j in config.model.num_scales_grid:
+        if not isinstance(j, int) or not 0 <= j <= 12:
+            raise c.ConfigError(f"config.model.num_scales_grid has {j!r}: use integers in [0, 12]")
+    c.check_positive(config, "eval.cal_streams", integer=True)
     c.check_positive(config, "eval.boot_streams", integer=True)
     c.check_positive(config, "eval.chunk", integer=True)
 
 
 def make_detectors(
-    reference: np.ndarray, m: Any, *, rank: int, max_rank: int, svt_scale: float, rate_bound=None
+    reference: np.ndarray,
+    m: Any,
+    *,
+    rank: int,
+    max_rank: int,
+    svt_scale: float,
+    num_scales: int,
+    methods=METHODS,
+    rate_bound=None,
 ) -> dict:
-    """The detectors built from a reference stretch ``(n, p, L)``: the low-rank scan with adaptive
-    SVT window estimates (``lowrank``, the default) and with the fixed rank-``rank`` truncation
-    (``lowrank_fixed``), the Frobenius scan and the two CUSUMs."""
+    """The detectors ``methods`` built from a reference stretch ``(n, p, L)``: the low-rank scan
+    with adaptive SVT window estimates (``lowrank``) and with the fixed rank-``rank`` truncation
+    (``lowrank_fixed``), the Frobenius scan (windows ``1..2^num_scales``) and the two CUSUMs."""
     mean = reference.mean(0)
-    kw = dict(num_scales=m.num_scales, alpha=m.alpha_stat, rate_bound=rate_bound)
+    kw = dict(num_scales=num_scales, alpha=m.alpha_stat, rate_bound=rate_bound)
     scan = dict(rank=rank, power_iters=m.power_iters, **kw)
-    return {
-        "lowrank": cp.lowrank_scan(
+    build = {
+        "lowrank": lambda: cp.lowrank_scan(
             mean, estimator="svt", max_rank=max_rank, svt_scale=svt_scale, **scan
         ),
-        "lowrank_fixed": cp.lowrank_scan(mean, estimator="rank", **scan),
-        "frobenius": cp.frobenius_scan(mean, **kw),
-        "cusum_totals": totals_cusum(mean.sum(), rel_change=m.cusum_total_change),
-        "cusum_entrywise": entrywise_cusum(mean, rel_change=m.cusum_cell_change),
+        "lowrank_fixed": lambda: cp.lowrank_scan(mean, estimator="rank", **scan),
+        "frobenius": lambda: cp.frobenius_scan(mean, **kw),
+        "cusum_totals": lambda: totals_cusum(mean.sum(), rel_change=m.cusum_total_change),
+        "cusum_entrywise": lambda: entrywise_cusum(mean, rel_change=m.cusum_cell_change),
     }
+    return {k: build[k]() for k in methods}
 
 
 def steps(config: Any, mesh: Any = None) -> list[common.Step]:
@@ -97,6 +112,7 @@ def steps(config: Any, mesh: Any = None) -> list[common.Step]:
         rank=m.rank,
         max_rank=m.max_rank,
         svt_scale=m.svt_scale,
+        num_scales=m.num_scales,
     )
     chunks = -(-d.horizon // e.chunk)
     ys = jax.ShapeDtypeStruct((chunks, e.chunk, d.p, d.num_cells), np.float32)
@@ -109,31 +125,15 @@ def _scan_detector(det):
 
 
 def cusum_totals_refit(rel_change: float):
-    """Traceable factory ``stretch -> totals_cusum(mean total)`` for ``refit``."""
+    """Traceable factory ``training mean (p, L) -> totals_cusum(its total)`` for ``refit``."""
 
-    def refit(stretch):
-        return totals_cusum(stretch.sum((1, 2)).mean(), rel_change=rel_change)
+    def refit(mean):
+        return totals_cusum(mean.sum(), rel_change=rel_change)
 
     return refit
 
 
-def _scores(det, streams: np.ndarray, chunk: int) -> np.ndarray:
-    b, t = streams.shape[:2]
-    flat = streams.reshape(b * t, *streams.shape[2:])
-    return np.asarray(cp.run_detector(det, flat, index=np.arange(b * t).reshape(b, t), chunk=chunk))
-
-
-def _cell(workdir: str, name: str, fn) -> dict:
-    path = os.path.join(workdir, "cells", f"{name}.json")
-    if os.path.exists(path):
-        with open(path) as f:
-            return json.load(f)
-    out = fn()
-    common.write_json(path, out)
-    return out
-
-
-def _svt_scale(config, train, key, *, horizon, block_len) -> float:
+def svt_scale(config, train, key, *, horizon, block_len, num_scales) -> float:
     """``c_τ`` of the SVT level: calibrated on the training stretch, or ``model.svt_scale``."""
     m = config.model
     if not m.svt_calibrate:
@@ -143,258 +143,217 @@ def _svt_scale(config, train, key, *, horizon, block_len) -> float:
         key=jax.random.fold_in(key, 1),
         alpha=config.eval.alpha,
         horizon=horizon,
-        num_scales=m.num_scales,
+        num_scales=num_scales,
         block_len=block_len,
         num_streams=config.eval.boot_streams,
     )
 
 
-def synthetic_rho(config: Any, rho: float, key: jax.Array) -> dict:
-    """Calibration, false alarms and delays of every detector at one ρ."""
-    d, m, e = config.data, config.model, config.eval
-    keys = jax.random.split(key, 6)
-    lam = synthetic.lowrank_intensity(
-        keys[0], p=d.p, num_cells=d.num_cells, rank=d.rank, mean=d.mean
-    )
-    sample = dict(rho=rho, sigma=d.sigma)
-    train = synthetic.sample_streams(keys[1], lam, num_streams=1, length=d.train_len, **sample)[0]
-    svt_scale = _svt_scale(config, train, keys[2], horizon=d.horizon, block_len=e.block_len)
-    dets = make_detectors(train, m, rank=m.rank, max_rank=m.max_rank, svt_scale=svt_scale)
-    # The totals CUSUM's rate is a plug-in: re-estimated on each bootstrap resample (refit).
-    refit = {"cusum_totals": cusum_totals_refit(m.cusum_total_change)} if e.refit_cusum else {}
-    cal = {
-        k: cp.calibrate_threshold(
-            det,
-            train,
-            key=keys[2],
+class _Setting:
+    """One (ρ, J) setting: the true intensity, a training stretch, the fitted null model, the
+    detectors built from the stretch (lazily, on first use)."""
+
+    def __init__(self, config, rho, num_scales, key):
+        d = config.data
+        self.config, self.rho, self.num_scales = config, rho, num_scales
+        self.keys = jax.random.split(key, 6)
+        self.lam = synthetic.lowrank_intensity(
+            self.keys[0], p=d.p, num_cells=d.num_cells, rank=d.rank, mean=d.mean
+        )
+        self.truth = simulate.NullModel(self.lam, rho, d.sigma)
+        self._dets = None
+
+    def detectors(self):
+        if self._dets is None:
+            d, m, e = self.config.data, self.config.model, self.config.eval
+            train = synthetic.sample_streams(
+                self.keys[1],
+                self.lam,
+                num_streams=1,
+                length=d.train_len,
+                rho=self.rho,
+                sigma=d.sigma,
+            )[0]
+            self.fit = simulate.fit_null_model(train)
+            self.svt_scale = svt_scale(
+                self.config,
+                train,
+                self.keys[2],
+                horizon=d.horizon,
+                block_len=e.block_len,
+                num_scales=self.num_scales,
+            )
+            self._dets = make_detectors(
+                train,
+                m,
+                rank=m.rank,
+                max_rank=m.max_rank,
+                svt_scale=self.svt_scale,
+                num_scales=self.num_scales,
+                methods=m.methods,
+            )
+        return self._dets
+
+    def thresholds(self) -> dict:
+        d, m, e = self.config.data, self.config.model, self.config.eval
+        dets = self.detectors()
+        refit = {}
+        if e.refit_cusum and "cusum_totals" in dets:
+            refit["cusum_totals"] = cusum_totals_refit(m.cusum_total_change)
+        cal = simulate.calibrate_by_simulation(
+            dets,
+            self.fit,
+            key=self.keys[3],
             alpha=e.alpha,
             horizon=d.horizon,
-            block_len=e.block_len,
-            num_streams=e.boot_streams,
+            num_streams=e.cal_streams,
             chunk=e.chunk,
-            refit=refit.get(k),
-        ).maxima
-        for k, det in dets.items()
-    }
-    cal["lowrank_iid"] = cp.calibrate_threshold(
-        dets["lowrank"],
-        train,
-        key=keys[2],
-        alpha=e.alpha,
-        horizon=d.horizon,
-        block_len=1,
-        num_streams=e.boot_streams,
-        chunk=e.chunk,
-    ).maxima
-    thr = {k: {a: quantile_threshold(v, a) for a in e.alphas} for k, v in cal.items()}
-    null_max = {k: [] for k in dets}
-    for start in range(0, d.null_reps, NULL_BATCH):  # fresh null streams, a batch at a time
-        null = synthetic.sample_streams(
-            jax.random.fold_in(keys[3], start),
-            lam,
-            num_streams=min(NULL_BATCH, d.null_reps - start),
-            length=d.horizon,
-            **sample,
+            refit=refit,
+            num_train=d.train_len if refit else None,
         )
-        for k, det in dets.items():
-            null_max[k].append(_scores(det, null, e.chunk).max(1))
-    null_max = {k: np.concatenate(v) for k, v in null_max.items()}
-    null_max["lowrank_iid"] = null_max["lowrank"]
-    fa = {k: {str(a): float(np.mean(null_max[k] > thr[k][a])) for a in e.alphas} for k in thr}
-    delays = {}
-    for i, kind in enumerate(d.kinds):
-        for j, kappa in enumerate(d.kappas):
-            kk = jax.random.fold_in(keys[4], 100 * i + j)
-            after = synthetic.change_intensity(
-                lam, key=keys[5], kind=kind, kappa=kappa, block=d.block
-            )
-            ys = synthetic.sample_streams(
-                kk,
-                lam,
-                num_streams=d.change_reps,
-                length=d.horizon,
-                tau=d.tau,
-                lam_after=after,
-                **sample,
-            )
-            for k, det in dets.items():
-                alarm = cp.first_alarm(_scores(det, ys, e.chunk), thr[k][e.alpha])
-                late = alarm > d.tau
-                delay = np.where(late, alarm - d.tau, d.horizon - d.tau)  # misses censored
-                delays[f"{kind}/{kappa}/{k}"] = {
-                    "mean_delay": float(delay[alarm != 0].mean()) if (alarm != 0).any() else None,
-                    "delay_censored": float(np.where(alarm == 0, d.horizon - d.tau, delay).mean()),
-                    "detected": float(late.mean()),
-                    "early_alarm": float(((alarm > 0) & (alarm <= d.tau)).mean()),
-                }
-    return {
-        "false_alarm": fa,
-        "delays": delays,
-        "thresholds": {k: v[e.alpha] for k, v in thr.items()},
-        "svt_scale": svt_scale,
-    }
+        thr = {
+            k: {str(a): quantile_threshold(c.maxima, a) for a in e.alphas} for k, c in cal.items()
+        }
+        fit = {"rho": self.fit.rho, "sigma": self.fit.sigma}
+        return {"thresholds": thr, "svt_scale": self.svt_scale, "fitted": fit}
 
-
-def _restart_monitor(counts, train_days, det_fn, thresholds, ref_days, chunk):
-    """Alarms (day indices) of each detector, restarting after every alarm."""
-    alarms = {k: [] for k in thresholds}
-    for k in thresholds:
-        start, ref = train_days, counts[:train_days]
-        while start < len(counts):
-            det = det_fn(ref)[k]
-            s = np.asarray(cp.run_detector(det, counts[start:], chunk=chunk))
-            a = int(cp.first_alarm(s, thresholds[k]))
-            if a == 0:
-                break
-            day = start + a - 1
-            alarms[k].append(day)
-            start, ref = day + 1, counts[max(0, day + 1 - ref_days) : day + 1]
-    return alarms
-
-
-def flights(config: Any, key: jax.Array) -> dict:
-    """Thresholds on January–March, alarms April–December, peers, carrier-level changes."""
-    f, m, e = config.flights, config.model, config.eval
-    fc = data.load_flight_counts()
-    counts, n = fc.counts, config.flights.train_days
-    train, horizon = counts[:n], len(counts) - n
-    lam_bar = float(train.mean(0).max())
-
-    svt_scale = _svt_scale(config, train, key, horizon=horizon, block_len=f.block_len)
-
-    def det_fn(ref):
-        return make_detectors(
-            ref, m, rank=f.rank, max_rank=f.max_rank, svt_scale=svt_scale, rate_bound=lam_bar
-        )
-
-    dets = det_fn(train)
-    thr = {
-        k: cp.calibrate_threshold(
-            det,
-            train,
-            key=key,
-            alpha=e.alpha,
-            horizon=horizon,
-            block_len=f.block_len,
-            num_streams=f.boot_streams,
+    def false_alarms(self, thr) -> dict:
+        d, e = self.config.data, self.config.eval
+        scores = simulate.simulate_scores(
+            self.detectors(),
+            self.truth,
+            key=self.keys[4],
+            num_streams=d.null_reps,
+            horizon=d.horizon,
             chunk=e.chunk,
-        ).threshold
-        for k, det in dets.items()
-    }
-    alarms = _restart_monitor(counts, n, det_fn, thr, f.restart_ref_days, e.chunk)
-    # Peers: FOCuS on totals (known rate from the reference), same bootstrap threshold.
-    idx = np.asarray(
-        block_bootstrap_indices(
-            key, n, horizon=horizon, block_len=f.block_len, num_streams=f.boot_streams
         )
-    )
-    tot = counts.sum((1, 2))
-    rate0 = float(tot[:n].mean())
-    thr["focus_totals"] = quantile_threshold(
-        [peers.focus_scores(tot[i], rate=rate0).max() for i in idx], e.alpha
-    )
-    alarms["focus_totals"], start, rate = [], n, rate0
-    while start < len(tot):
-        a = int(cp.first_alarm(peers.focus_scores(tot[start:], rate=rate), thr["focus_totals"]))
-        if a == 0:
-            break
-        alarms["focus_totals"].append(start + a - 1)
-        start = start + a
-        rate = float(tot[max(0, start - f.restart_ref_days) : start].mean())
-    # ruptures PELT (offline) on carrier totals; penalty: 1-α quantile of the best single-split
-    # gain on the bootstrap streams (a lower bound of the zero-change penalty).
-    per_c = counts.sum(2).astype(np.float64)
-    cost_cls = peers.ruptures_poisson_cost()
-    gains = []
-    for i in idx[:50]:
-        c = cost_cls().fit(per_c[i])
-        gains.append(
-            c.error(0, horizon)
-            - min(c.error(0, s) + c.error(s, horizon) for s in range(2, horizon - 1))
-        )
-    pen = quantile_threshold(gains, e.alpha)
-    import ruptures
+        fa = {
+            k: {a: float(np.mean(s.max(1) > thr[k][a])) for a in thr[k]} for k, s in scores.items()
+        }
+        se = {str(a): math.sqrt(a * (1 - a) / d.null_reps) for a in e.alphas}
+        return {"false_alarm": fa, "mc_se": se, "null_reps": d.null_reps}
 
-    bk = ruptures.Pelt(custom_cost=cost_cls(), min_size=7).fit(per_c[n:]).predict(pen=pen)
-    alarms["ruptures_pelt_offline"] = [n + b - 1 for b in bk[:-1]]
-    # Carrier-level volume change around each alarm: mean daily flights 28 days after vs before.
-    explain = {}
-    for k, days in alarms.items():
-        for day in days:
-            before = per_c[max(0, day - 27) : day + 1].mean(0)
-            after = per_c[day + 1 : day + 29].mean(0) if day + 1 < len(per_c) else before
-            top = np.argsort(-np.abs(after - before))[:3]
-            explain[f"{k}@{day}"] = ", ".join(
-                f"{fc.carriers[c]} {before[c]:.0f}->{after[c]:.0f}" for c in top
+    def delays(self, thr, kind, kappa) -> dict:
+        d, e = self.config.data, self.config.eval
+        after = synthetic.change_intensity(
+            self.lam, key=self.keys[5], kind=kind, kappa=kappa, block=d.block
+        )
+        scores = simulate.simulate_scores(
+            self.detectors(),
+            self.truth,
+            key=jax.random.fold_in(self.keys[5], int(kappa * 10)),
+            num_streams=d.change_reps,
+            horizon=d.tau + d.post_change,
+            tau=d.tau,
+            rates_after=after,
+            chunk=e.chunk,
+        )
+        out = {}
+        for k, s in scores.items():
+            alarm = cp.first_alarm(s, thr[k][str(e.alpha)])
+            late = alarm > d.tau
+            delay = np.where(late, alarm - d.tau, d.post_change)  # misses, early alarms censored
+            out[k] = {
+                "detected": float(late.mean()),
+                "early_alarm": float(((alarm > 0) & (alarm <= d.tau)).mean()),
+                "mean_delay": float((alarm[late] - d.tau).mean()) if late.any() else None,
+                "delay_censored": float(delay.mean()),
+            }
+        return {"delays": out, "change_reps": d.change_reps}
+
+
+def synthetic_cells(config: Any, store: sweep.CellStore, key: jax.Array) -> dict:
+    """Every (J, ρ) setting's thresholds, false alarms and delays, cell by cell (the main J
+    first, then the other window scales)."""
+    d, m = config.data, config.model
+    grid = [m.num_scales] + [j for j in m.num_scales_grid if j != m.num_scales]
+    out = {}
+    for j in grid:
+        for rho in d.rhos:
+            s = _Setting(config, rho, j, jax.random.fold_in(key, int(rho * 100)))
+            name = f"J={j}/rho={rho}"
+            cal = store.get(f"{name}/thresholds", s.thresholds)
+            out[f"{name}/thresholds"] = cal
+            thr = cal["thresholds"]
+            out[f"{name}/null"] = store.get(
+                f"{name}/null", lambda s=s, thr=thr: s.false_alarms(thr)
             )
-    dates = {k: [str(fc.dates[d]) for d in v] for k, v in alarms.items()}
-    return {
-        "alarms": dates,
-        "explain": explain,
-        "thresholds": thr,
-        "ruptures_penalty": pen,
-        "svt_scale": svt_scale,
-    }
+            if j != m.num_scales and not m.scales_delays:
+                continue
+            for kind in d.kinds:
+                kappas = d.kappas if j == m.num_scales else m.scales_kappas
+                for kappa in kappas:
+                    cell = f"{name}/{kind}/{kappa}"
+                    out[cell] = store.get(
+                        cell, lambda s=s, t=thr, k=kind, x=kappa: s.delays(t, k, x)
+                    )
+    return out
+
+
+def _rows(config, out):
+    """False-alarm rows and delay rows of the synthetic cells."""
+    fa_rows, rows = [], []
+    for name, cell in out.items():
+        j, rho, *rest = name.split("/")
+        head = {"J": int(j[2:]), "rho": float(rho[4:])}
+        if rest == ["null"]:
+            thr = out[f"{j}/{rho}/thresholds"]
+            for k, v in cell["false_alarm"].items():
+                fa = {f"FA@{a}": x for a, x in v.items()}
+                se = {f"s.e.@{a}": x for a, x in cell["mc_se"].items()}
+                fa_rows.append({**head, "method": k, **fa, **se, "c_tau": thr["svt_scale"]})
+        elif rest != ["thresholds"]:
+            for k, v in cell["delays"].items():
+                rows.append({**head, "change": rest[0], "kappa": float(rest[1]), "method": k, **v})
+    return fa_rows, rows
 
 
 def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -> dict:
     """Runs the synthetic grid and the flights study; writes results.md, JSON cells, plots."""
-    del options  # no trainer of experiments.common runs here
     check_config(config)
     common.write_config_json(workdir, config)
     key = jax.random.key(config.seed)
-    rows, fa_rows, out = [], [], {}
-    bar = tqdm.tqdm(config.data.rhos, disable=not config.log.progress, desc="rho")
-    for rho in bar:
-        res = _cell(
-            workdir,
-            f"rho={rho}",
-            lambda rho=rho: synthetic_rho(config, rho, jax.random.fold_in(key, int(rho * 100))),
-        )
-        out[f"rho={rho}"] = res
-        for k, v in res["false_alarm"].items():
-            fa_rows.append({"rho": rho, "method": k, **{f"FA@{a}": x for a, x in v.items()}})
-        for name, v in res["delays"].items():
-            kind, kappa, meth = name.split("/")
-            rows.append({"rho": rho, "change": kind, "kappa": float(kappa), "method": meth, **v})
-    metrics = {}
-    for r in rows:
-        metrics[f"delay/rho={r['rho']}/{r['change']}/{r['kappa']}/{r['method']}"] = r[
+    store = sweep.CellStore(workdir, options=options, log_metrics=False)
+    out = synthetic_cells(config, store, key)
+    fa_rows, rows = _rows(config, out)
+    m = config.model
+    metrics = {
+        f"delay/J={r['J']}/rho={r['rho']}/{r['change']}/{r['kappa']}/{r['method']}": r[
             "delay_censored"
         ]
+        for r in rows
+    }
     for r in fa_rows:
-        metrics[f"fa/rho={r['rho']}/{r['method']}"] = r[f"FA@{config.eval.alpha}"]
+        metrics[f"fa/J={r['J']}/rho={r['rho']}/{r['method']}"] = r[f"FA@{config.eval.alpha}"]
     for rho in config.data.rhos:
         for kind in config.data.kinds:
+            sel = [r for r in rows if r["J"] == m.num_scales and r["rho"] == rho]
             curves = {
-                m: (
-                    [
-                        r["kappa"]
-                        for r in rows
-                        if r["method"] == m and r["change"] == kind and r["rho"] == rho
-                    ],
-                    [
-                        r["delay_censored"]
-                        for r in rows
-                        if r["method"] == m and r["change"] == kind and r["rho"] == rho
-                    ],
+                k: tuple(
+                    [r[f] for r in sel if r["method"] == k and r["change"] == kind]
+                    for f in ("kappa", "delay_censored")
                 )
-                for m in METHODS
+                for k in m.methods
             }
             common.plot_curves(
                 os.path.join(workdir, f"delay_{kind}_rho{rho}.png"),
                 curves,
-                title=f"delay vs κ ({kind}, ρ={rho})",
+                title=f"delay vs κ ({kind}, ρ={rho}, J={m.num_scales})",
                 xlabel="κ",
-                ylabel="delay",
+                ylabel="delay (misses censored)",
                 logy=True,
             )
-    notes = "False-alarm rates on null streams (thresholds from the block bootstrap):\n\n"
+    notes = "False-alarm rates on fresh null streams of length T (thresholds simulated):\n\n"
     notes += common.write_results_md(
         workdir, fa_rows, title="false alarms", filename="false_alarms.md"
     )
     if config.flights.enabled:
-        fl = _cell(workdir, "flights", lambda: flights(config, jax.random.fold_in(key, 7)))
+        fl = store.get(
+            "flights",
+            lambda: changepoint_flights.flights(
+                config, jax.random.fold_in(key, 7), make_detectors, svt_scale
+            ),
+        )
         out["flights"] = fl
         notes += "\n## NYC flights 2013: alarms (April–December)\n\n"
         for k, v in fl["alarms"].items():
@@ -406,4 +365,5 @@ def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -
         workdir, rows, title="P17 change points: delays (synthetic)", notes=notes
     )
     common.write_json(os.path.join(workdir, "results.json"), out)
+    store.close()
     return metrics

@@ -113,6 +113,7 @@ RULES: tuple[tuple[str, str], ...] = (
     ("tests/changepoint/test_bench.py::*", "slow"),
     ("tests/changepoint/test_changepoint.py::*", "slow"),
     ("tests/changepoint/test_experiment.py::*", "slow"),
+    ("tests/changepoint/test_simulate.py::*", "slow"),
     (
         "tests/continual/test_heads.py::test_aligned_head_keeps_old_classes_better_than_masked",
         "slow",

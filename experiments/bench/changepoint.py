@@ -6,11 +6,14 @@ is row ``t mod 4096`` of a sampled block, since the cost does not depend on the 
 are timed, all methods interleaved in rounds (``experiments.bench.common.run_rounds``):
 
 * ``lowrank``: :func:`lowrank_jax.changepoint.lowrank_scan`, the default (adaptive SVT window
-  estimates, rank 2 in ``b``, at most 4 directions per window, J = 5, one subspace step), a
+  estimates, rank 2 in ``b``, at most 4 directions per window, ``J`` = the first of
+  ``--num-scales``, default 8 as in the experiment, one subspace step), a
   ``lax.scan`` fed one observation per step (``chunk=1``, the online latency) and 16 per step
-  (``chunk=16``, the same per-observation work batched);
+  (``chunk=16``, the same per-observation work batched); ``lowrank_J<j>``: the same at the other
+  ``--num-scales`` (chunk 16; window sums are updated incrementally, so ``J`` costs ``2(J+1)``
+  estimates per observation, not ``2^J`` observations);
 * the profile of that scan, chunk 16 (``--profile``, default on): ``frobenius`` (the same window
-  sums and 12 means per observation, no estimate: the floor of any such scan),
+  sums and 2(J+1) means per observation, no estimate: the floor of any such scan),
   ``lowrank_fixed`` (fixed rank 2: two products of every mean with a ``30 × 2`` basis) and
   ``lowrank`` (SVT: the same with 4 directions, Gram–Schmidt ``R`` and the thresholds), each
   with XLA's FLOP and byte counts per observation (``cost_analysis`` of one chunk's update);
@@ -69,16 +72,26 @@ def main(argv=None) -> dict:
     ap.add_argument("--window", type=int, default=64, help="ruptures window")
     ap.add_argument("--ruptures-steps", type=int, default=3)
     ap.add_argument("--no-profile", dest="profile", action="store_false")
+    ap.add_argument(
+        "--num-scales",
+        type=int,
+        nargs="+",
+        default=[8, 5],
+        help="J of the low-rank scan (windows 1..2^J); the first is timed one at a time too",
+    )
     args = ap.parse_args(argv)
     key = jax.random.key(0)
     lam = synthetic.lowrank_intensity(key, p=30, num_cells=30, rank=2, mean=2.0)
     block = synthetic.sample_streams(key, lam, num_streams=1, length=BLOCK)[0]
     source = jnp.asarray(block)
     totals = block.sum((1, 2)).astype(np.float64)
-    dets = {"lowrank": cp.lowrank_scan(lam, rank=2, num_scales=5)}
+    main_j = args.num_scales[0]
+    dets = {"lowrank": cp.lowrank_scan(lam, rank=2, num_scales=main_j)}
+    for j in args.num_scales[1:]:
+        dets[f"lowrank_J{j}"] = cp.lowrank_scan(lam, rank=2, num_scales=j)
     if args.profile:
-        dets["lowrank_fixed"] = cp.lowrank_scan(lam, rank=2, num_scales=5, estimator="rank")
-        dets["frobenius"] = cp.frobenius_scan(lam, num_scales=5)
+        dets["lowrank_fixed"] = cp.lowrank_scan(lam, rank=2, num_scales=main_j, estimator="rank")
+        dets["frobenius"] = cp.frobenius_scan(lam, num_scales=main_j)
     runs = [("lowrank", 1), *((name, 16) for name in dets)]  # (detector, chunk)
     cost = peers.ruptures_poisson_cost()
     from changepoint_online import Focus, Poisson
@@ -162,6 +175,7 @@ def main(argv=None) -> dict:
         "cpu_us_per_obs": {k: round(v * 1e6, 2) for k, v in per_obs.items()},
         "wall_us_per_obs": {k: round(v * 1e6, 2) for k, v in wall.items()},
         "ts": args.ts,
+        "num_scales": args.num_scales,
         "threads": bench.num_threads(),
     }
     print(json.dumps(out))

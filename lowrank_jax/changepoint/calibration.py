@@ -238,22 +238,22 @@ def calibrate_svt_scale(
             key, n, horizon=int(w[-1]), block_len=block_len, num_streams=num_streams
         )
     )
-    stretches = src[idx].astype(np.float64)  # (B, 2^J, p, L)
     tau = np.asarray(
         lowrank.svt_threshold(
             horizon, w.astype(np.float32), svt, p=p, num_cells=num_cells, num_scales=num_scales
         ),
         np.float64,
     )
-    ratios = np.stack(
-        [
+    ratios = []
+    for i in range(0, num_streams, 50):  # (50, 2^J, p, L) stretches at a time (memory)
+        stretches = src[idx[i : i + 50]].astype(np.float64)
+        top = [
             np.linalg.svd(stretches[:, -int(size) :].mean(1) - mean, compute_uv=False)[:, 0]
             / tau[j]
             for j, size in enumerate(w)
-        ],
-        axis=1,
-    )
-    return quantile_threshold(ratios.max(1), alpha)
+        ]
+        ratios.append(np.stack(top, axis=1).max(1))
+    return quantile_threshold(np.concatenate(ratios), alpha)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 4))

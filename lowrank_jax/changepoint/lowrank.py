@@ -18,9 +18,11 @@ and alarms at the first ``t`` with ``max_w D_{t,w} / b_{t,w} > C`` (``D_{t,w} = 
 ``λ̄`` is the largest cell mean (from a training stretch), the ``log t²`` term a union bound over
 time, and ``C`` is calibrated by block bootstrap (:mod:`lowrank_jax.changepoint.calibration`).
 
-Constant cost: the state holds the running sum ``A_t = Σ_{u≤t} Y_u`` and the last ``2^J``
-observations, from which the window sums ``S_w = Σ_{u∈(t-w,t]} Y_u`` of every scale follow
-(integer, exact); the past mean is ``(A_t − S_w)/(t − w)``. Per observation the work is ``O(J p L)`` for the sums plus the rank-``r``
+Constant cost: the state holds the running sum ``A_t = Σ_{u≤t} Y_u``, the window sums
+``S_w = Σ_{u∈(t-w,t]} Y_u`` of every scale and a ring buffer of the last ``2^J`` observations;
+each observation updates every ``S_w`` incrementally (``+ Y_t − Y_{t−w}``, integer, exact),
+and the past mean is ``(A_t − S_w)/(t − w)``. Per observation the work is ``O(J p L)`` for the
+sums (not ``O(2^J p L)``: long windows cost no more than short ones) plus the rank-``r``
 estimates of ``2(J+1)`` ``p×L`` means, whatever ``t``.
 
 ``Λ̂`` is, by default, **adaptive singular-value thresholding** (specs §17): the hard SVT of the
@@ -80,6 +82,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from lowrank_jax.changepoint.params import (
+    SVT,
+    check_counts,
+    check_rank,
+    check_svt,
+    scales,
+    svt_threshold,
+)
 from lowrank_jax.spectral import svd
 
 __all__ = [
@@ -106,8 +116,9 @@ class LowRankScanState(NamedTuple):
     Attributes:
       t: number of observations seen, int32 scalar.
       total: ``A_t``, running sum of all observations, int32 ``(p, L)``.
-      recent: the last ``2^J`` observations in time order (oldest first; zeros before the
-        stream starts), int32 ``(2^J, p, L)``.
+      recent: ring buffer of the last ``2^J`` observations, ``Y_u`` in slot ``(u − 1) mod 2^J``
+        (zeros before the stream starts), int32 ``(2^J, p, L)``.
+      sums: the window sums ``S_w`` of the scales ``2^0..2^J``, int32 ``(J+1, p, L)``.
       basis: right bases of the recent (first ``J+1``) and past (last ``J+1``) means,
         float32 ``(2(J+1), L, r)`` (``r = 0`` columns when there is no truncation).
     """
@@ -115,103 +126,8 @@ class LowRankScanState(NamedTuple):
     t: jax.Array
     total: jax.Array
     recent: jax.Array
+    sums: jax.Array
     basis: jax.Array
-
-
-class SVT(NamedTuple):
-    """Adaptive hard singular-value thresholding of the window means (specs §17).
-
-    ``τ_S = scale · (√(rate_bound · max(p, L) · ℓ_t / |S|) + ℓ_t / |S|)`` with
-    ``ℓ_t = log(t² (J+1) / alpha)`` (:func:`svt_threshold`).
-
-    Attributes:
-      rate_bound: ``λ̄``, the largest cell mean (of a training stretch).
-      alpha: the level inside ``ℓ_t`` (that of ``b_{t,w}``).
-      scale: ``c_τ`` (the spec's form is up to this constant).
-    """
-
-    rate_bound: float
-    alpha: float
-    scale: float = 1.0
-
-
-def svt_threshold(
-    t: jax.typing.ArrayLike,
-    size: jax.typing.ArrayLike,
-    svt: SVT,
-    *,
-    p: int,
-    num_cells: int,
-    num_scales: int,
-) -> jax.Array:
-    """``τ_S`` of :class:`SVT` at time ``t`` for a window of ``size = |S|`` observations
-    (broadcast), float32."""
-    tf = jnp.maximum(jnp.asarray(t, jnp.float32), 1.0)
-    n = jnp.maximum(jnp.asarray(size, jnp.float32), 1.0)
-    ell = jnp.log(tf**2 * (num_scales + 1) / svt.alpha)
-    return svt.scale * (jnp.sqrt(svt.rate_bound * max(p, num_cells) * ell / n) + ell / n)
-
-
-def check_svt(svt: SVT | None) -> SVT | None:
-    """Validates an :class:`SVT` on the host (``None`` passes)."""
-    if svt is None:
-        return None
-    if not isinstance(svt, SVT):
-        raise TypeError(f"svt={svt!r} is invalid: pass lowrank.SVT(rate_bound, alpha, scale)")
-    if not svt.rate_bound > 0:
-        raise ValueError(f"SVT rate_bound={svt.rate_bound} is invalid: the max cell mean (> 0)")
-    if not 0 < svt.alpha < 1:
-        raise ValueError(f"SVT alpha={svt.alpha} is invalid: pass a level in (0, 1)")
-    if not svt.scale > 0:
-        raise ValueError(f"SVT scale={svt.scale} is invalid: pass c_tau > 0")
-    return svt
-
-
-def scales(num_scales: int) -> np.ndarray:
-    """The window lengths ``2^0, …, 2^J`` for ``num_scales = J``, int ``(J+1,)``."""
-    if not isinstance(num_scales, int | np.integer) or num_scales < 0:
-        raise ValueError(f"num_scales={num_scales!r} is invalid: pass an integer J >= 0")
-    return 2 ** np.arange(num_scales + 1)
-
-
-def check_counts(y, *, name: str = "counts") -> np.ndarray:
-    """Validates a count array on the host and returns it as int32.
-
-    Raises:
-      TypeError: if ``y`` is not numeric.
-      ValueError: if it holds negative, non-integer or non-finite values.
-    """
-    arr = np.asarray(y)
-    if arr.dtype == bool or not np.issubdtype(arr.dtype, np.number):
-        raise TypeError(f"{name} must be a numeric array of counts, got dtype {arr.dtype}")
-    if arr.size and not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} holds NaN or inf: pass finite non-negative integer counts")
-    if arr.size and arr.min() < 0:
-        raise ValueError(
-            f"{name} holds negative values (min {arr.min()}): a Poisson stream needs counts >= 0"
-        )
-    if np.issubdtype(arr.dtype, np.floating) and not np.all(arr == np.round(arr)):
-        bad = arr[arr != np.round(arr)].ravel()[0]
-        raise ValueError(
-            f"{name} holds non-integer values (e.g. {bad}): pass integer event counts, not rates"
-        )
-    if arr.size and arr.max() > np.iinfo(np.int32).max:
-        raise ValueError(f"{name} holds counts above 2^31-1: rescale the bins")
-    return arr.astype(np.int32)
-
-
-def check_rank(rank: int | None, p: int, num_cells: int) -> int | None:
-    """Validates ``rank`` against the ``p × L`` shape (``None`` = no truncation)."""
-    if rank is None:
-        return None
-    if not isinstance(rank, int | np.integer) or isinstance(rank, bool) or rank < 1:
-        raise ValueError(f"rank={rank!r} is invalid: pass a positive integer (or None)")
-    if rank > min(p, num_cells):
-        raise ValueError(
-            f"rank={rank} exceeds min(p, L) = min({p}, {num_cells}): a p×L intensity has rank "
-            f"at most {min(p, num_cells)}; lower the rank or pass rank=None (Frobenius scan)"
-        )
-    return int(rank)
 
 
 def initial_basis(mean_counts, *, rank: int | None) -> jax.Array:
@@ -248,6 +164,7 @@ def init_lowrank_scan(
         t=jnp.zeros((), jnp.int32),
         total=jnp.zeros((p, num_cells), jnp.int32),
         recent=jnp.zeros((int(w[-1]), p, num_cells), jnp.int32),
+        sums=jnp.zeros((k, p, num_cells), jnp.int32),
         basis=jnp.broadcast_to(basis, (2 * k, *basis.shape)),
     )
 
@@ -310,8 +227,7 @@ def update_lowrank_scan(
     """Adds a chunk of ``B ≥ 1`` observations and returns ``D_{t,w}`` after each of them.
 
     ``B = 1`` is the plain online update; a chunk only batches the same per-observation work
-    (``O(1)`` in ``t``: window sums from cumulative sums over the last ``2^J + B`` observations,
-    ``2(J+1)`` estimates per observation). With ``method="subspace"`` every observation of a
+    (``O(1)`` in ``t``: window sums updated incrementally, ``2(J+1)`` estimates per observation). With ``method="subspace"`` every observation of a
     chunk warm-starts from the basis carried into the chunk, and the basis of the chunk's last
     observation is carried out.
 
@@ -337,12 +253,20 @@ def update_lowrank_scan(
     w = jnp.asarray(scales(k - 1), jnp.int32)
     ys = jnp.asarray(ys).astype(jnp.int32)
     b = ys.shape[0]
-    ext = jnp.concatenate([state.recent, ys], 0)  # (2^J + B, p, L), oldest first
-    csum = jnp.concatenate([jnp.zeros((1, p, num_cells), jnp.int32), jnp.cumsum(ext, 0)], 0)
-    ends = size + 1 + jnp.arange(b)  # csum index just after observation t_i
-    window_sums = csum[ends[:, None]] - csum[ends[:, None] - w[None]]  # (B, J+1, p, L)
-    totals = state.total[None] + jnp.cumsum(ys, 0)  # (B, p, L)
     t = state.t + 1 + jnp.arange(b)  # (B,)
+    # Y_{t_i − w} leaves window w at t_i: from the ring (times up to state.t), the chunk, or 0.
+    gone = t[:, None] - w[None]  # (B, J+1)
+    old = state.recent[jnp.maximum(gone - 1, 0) % size]
+    new = ys[jnp.clip(gone - state.t - 1, 0, b - 1)]
+    out = jnp.where(
+        (gone > state.t)[..., None, None], new, jnp.where((gone >= 1)[..., None, None], old, 0)
+    )
+    window_sums = (
+        state.sums[None] + jnp.cumsum(ys, 0)[:, None] - jnp.cumsum(out, 0)
+    )  # (B, J+1, p, L)
+    totals = state.total[None] + jnp.cumsum(ys, 0)  # (B, p, L)
+    keep = min(b, size)  # only the chunk's last 2^J observations stay in the ring
+    ring = state.recent.at[(state.t + b - keep + jnp.arange(keep)) % size].set(ys[b - keep :])
 
     tf = t.astype(jnp.float32)[:, None]
     wf = w.astype(jnp.float32)[None]
@@ -386,8 +310,7 @@ def update_lowrank_scan(
         sq = _gram_frobenius(factor[:, :k], v[:, :k], factor[:, k:], v[:, k:])
     weight = jnp.sqrt(wf * (tf - wf) / tf)
     d = jnp.where(valid, weight * jnp.sqrt(sq), 0.0)
-    new = LowRankScanState(t[-1], totals[-1], ext[-size:], basis)
-    return new, d
+    return LowRankScanState(t[-1], totals[-1], ring, window_sums[-1], basis), d
 
 
 def lowrank_threshold(

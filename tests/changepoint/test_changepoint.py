@@ -171,7 +171,10 @@ def test_state_size_does_not_grow_with_t(stream):
         state, _ = update_lowrank_scan(state, stream[i : i + 8], rank=R)
     assert jax.tree.map(np.shape, state) == shapes
     np.testing.assert_array_equal(np.asarray(state.total), stream.sum(0))
-    np.testing.assert_array_equal(np.asarray(state.recent), stream[-(2**J) :])
+    ring = np.roll(np.asarray(state.recent), -(40 % 2**J), axis=0)  # Y_u in slot (u-1) mod 2^J
+    np.testing.assert_array_equal(ring, stream[-(2**J) :])
+    w = 2 ** np.arange(J + 1)
+    np.testing.assert_array_equal(np.asarray(state.sums), [stream[-k:].sum(0) for k in w])
 
 
 def test_detector_score_is_max_ratio_to_threshold(stream):

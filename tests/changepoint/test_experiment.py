@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 
 import numpy as np
 import pytest
 
 from configs import changepoint as cp_config
 from experiments import changepoint as exp
-from experiments.common import ConfigError
+from experiments.common import ConfigError, sweep
 
 
 def _tiny():
@@ -21,20 +20,23 @@ def _tiny():
         c.data.rhos = (0.5,)
         c.data.kinds = ("local",)
         c.data.kappas = (10.0,)
-        c.data.train_len, c.data.horizon, c.data.tau = 80, 60, 20
+        c.data.train_len, c.data.horizon, c.data.tau, c.data.post_change = 80, 60, 20, 30
         c.data.null_reps, c.data.change_reps = 20, 8
-        c.eval.boot_streams = 40
+        c.model.num_scales, c.model.num_scales_grid = 3, (2, 3)
+        c.eval.boot_streams = c.eval.cal_streams = 40
     return c
 
 
 def test_tiny_grid_runs_and_resumes(tmp_path):
     c = _tiny()
     m = exp.run(c, str(tmp_path))
-    assert {f"fa/rho=0.5/{k}" for k in exp.METHODS} <= set(m)
-    cells = json.loads((tmp_path / "cells" / "rho=0.5.json").read_text())
-    for k in exp.METHODS:
-        d = cells["delays"][f"local/10.0/{k}"]
-        assert 0.0 <= d["detected"] <= 1.0
+    assert {f"fa/J={j}/rho=0.5/{k}" for k in c.model.methods for j in (2, 3)} <= set(m)
+    store = sweep.CellStore(tmp_path, log_metrics=False)
+    assert store.get("J=3/rho=0.5/null", dict)["null_reps"] == 20
+    cells = store.get("J=3/rho=0.5/local/10.0", dict)
+    for k in c.model.methods:
+        assert 0.0 <= cells["delays"][k]["detected"] <= 1.0
+    assert "J=2/rho=0.5/local/10.0" not in store  # other scales: only scales_kappas
     assert (tmp_path / "results.md").exists() and (tmp_path / "delay_local_rho0.5.png").exists()
     assert exp.run(c, str(tmp_path)) == m  # finished cells are reused
 
