@@ -75,3 +75,20 @@ def test_eight_devices_give_the_losses_of_one(tmp_path):
 def test_fsdp_splits_the_largest_divisible_axis(shape, spec):
     assert sharding._fsdp_spec(shape, 8, 2**14) == spec
     assert sharding._fsdp_spec(shape, 1, 2**14) == P()
+
+
+def test_llm_sft_with_fsdp_on_eight_devices_gives_the_losses_of_one(tmp_path):
+    """The fine-tuning job (#46): the smoke run of ``configs/llm_sft.py`` (a tiny Llama and its
+    data built in the workdir) with FSDP over 8 fake devices trains as on one device."""
+    args = ("--config=configs/llm_sft.py:smoke", "--config.schedule.num_steps=8")
+    args += ("--config.log.progress=False", "--config.log.every=2", "--config.eval.sample_tokens=4")
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    one = run_cli(*args, workdir=tmp_path / "one", env={"XLA_FLAGS": ""})
+    fsdp = run_cli(*args, "--config.parallel.fsdp=True", workdir=tmp_path / "fsdp", env=env)
+    assert one.returncode == 0, one.stderr[-4000:]
+    assert fsdp.returncode == 0, fsdp.stderr[-4000:]
+    assert _sharded_arrays(fsdp.stderr, 8) > 0
+    got, want = final_metrics(fsdp.stdout), final_metrics(one.stdout)
+    for key in ("valid_loss_before", "valid_loss_after"):
+        assert got[key] == pytest.approx(want[key], abs=1e-4), key
+    assert got["valid_loss_after"] < got["valid_loss_before"]
