@@ -16,11 +16,15 @@ Commands::
 Options (``:a,b=c``): ``smoke``; ``method=all|every|saber|gr_lora|seq_lora|o_lora|inflora|
 gpm_lora|sd_lora|joint`` (``all``: SABER, sequential LoRA, InfLoRA and joint training; ``every``:
 all eight); ``benchmark=shakespeare_plays|split_mnist|split_digits|digits_cil|long_stream|
-mnist_cil``; ``seeds=<count>``; ``search=<trials>``: choose every method's learning rate and knobs
+mnist_cil``, or the pre-trained-ViT benchmarks ``cifar100_10|imagenet_r_5|imagenet_r_10|
+imagenet_r_20|domainnet_5`` (with ``--config.model.checkpoint=DIR`` of a Hugging Face ViT and
+``--config.data.data_dir=TFDS_DIR``; InfLoRA's hyper-parameters, ``configs/continual_base.py``;
+their cost and how to run them: ``docs/papers/p01_saber.md``, "Paper scale"); ``seeds=<count>``; ``search=<trials>``: choose every method's learning rate and knobs
 by that many random-search trials on a validation split carved from the training tasks
 (``experiments/common/continual_search.py``; default 0: the configured values);
 ``head=masked|aligned|prototype`` (default: the benchmark's: ``aligned``, chosen on validation,
-except ``masked`` on the task-incremental split_digits); ``compare_heads``: the
+except ``masked`` on the task-incremental split_digits and, as InfLoRA's classifier, on the
+pre-trained-ViT benchmarks); ``compare_heads``: the
 head becomes a dimension of that validation search (masked and aligned; with ``search=0`` at the
 configured values).
 
