@@ -44,7 +44,7 @@ class ImageBenchmark:
     """One benchmark: its TFDS dataset, its number of equal tasks and its test-time crop.
 
     Attributes:
-      dataset: one of :data:`lowrank_jax.data.IMAGE_DATASETS`.
+      dataset: one of :data:`lowrank_jax.data.tfds_images.IMAGE_DATASETS`.
       num_tasks: tasks of ``C / num_tasks`` classes each.
       crop_fraction: the evaluation transform's centre crop (1 for CIFAR-100's ``Resize``).
     """
@@ -92,7 +92,7 @@ def image_cil(
       image_size, mean, std: the checkpoint's preprocessing
         (:func:`lowrank_jax.models.hf_vit.preprocessing`).
       shuffle, seed: the class order (:func:`class_order`).
-      split_seed: the seed of ImageNet-R's 80/20 split (:func:`lowrank_jax.data.imagenet_r_is_test`),
+      split_seed: the seed of ImageNet-R's 80/20 split (:func:`lowrank_jax.data.tfds_images.imagenet_r_is_test`),
         the same for every run by default.
       num_tasks, classes_per_task: a shorter stream than the benchmark's (smoke runs): the first
         ``num_tasks · classes_per_task`` classes of the order; default the benchmark's tasks

@@ -109,7 +109,7 @@ class ImageRows:
     behave as on the array, with row ``i`` transformed by a generator seeded by ``(seed, row id)``
     (so a row reads the same each time). This is what :class:`lowrank_jax.continual.Task`'s ``x``
     and a test set's ``"x"`` may be: the continual methods, their heads and
-    :func:`lowrank_jax.continual.evaluate_tasks` read such inputs a batch at a time::
+    :func:`lowrank_jax.continual.evaluation.evaluate_tasks` read such inputs a batch at a time::
 
         test = {"x": data.ImageRows(source, task.x, transform=data.eval_transform(224)),
                 "y": task.y}

@@ -14,7 +14,7 @@ model is unchanged (its logits are bit-identical).
 invariant in general: the rotation mixes the directions `W_q,h` and `W_k,g` align), so P14's
 `σ_max(W_q,h W_k,gᵀ)` does not bound these logits. What holds for every rotation is
 `σ̄ = ‖W_q,h‖₂ ‖W_k,g‖₂ ≥ σ_max(W_q,h R W_k,gᵀ)`, and, with `‖x‖ ≤ g√d` after the input RMSNorm
-(`g = max|offset + w|`, :func:`lowrank_jax.fp8.bounds.norm_gain_bound`), the deterministic bound
+(`g = max|offset + w|`, :func:`lowrank_jax.fp8.bounds.norm_gain_bound`), the deterministic bound::
 
     |S_ij| ≤ B_h = c · Q_h · K_g,   Q_h = ‖W_q,h‖₂ g√d + ‖b_q,h‖   (QK-norm: Q_h = √d_h max|w_q|)
 
@@ -95,7 +95,7 @@ def overflow_counts(state: Any) -> jax.Array:
 
 
 def logit_amax(state: Any) -> jax.Array:
-    """(L, H) max |S| over the attended logits (the `intermediates` of an FP8 apply)."""
+    """(L, H) max `|S|` over the attended logits (the `intermediates` of an FP8 apply)."""
     return _sown(state, "fp8_amax")
 
 
