@@ -35,11 +35,10 @@ import tqdm
 from experiments import common
 from experiments.common import multitask_limits_report as report
 from experiments.common import sweep
-from lowrank_jax import analysis, data
+from experiments.common.multitask_pools import mnist_pool, nlschools_pool
+from lowrank_jax import analysis
 from lowrank_jax.analysis.multitask import (
     empirical_excess_risk,
-    group_pool,
-    rank_scores,
     sample_pool_tasks,
     threshold_estimates,
 )
@@ -142,58 +141,6 @@ def synthetic_cell(
     name = "w" if fixed else "c"
     out["members"] = [f"k={int(k)},{name}={c}" for k, (_, c) in zip(ks, members, strict=True)]
     return out
-
-
-def mnist_pool(config: Any) -> dict:
-    """1-D LDA scores of two MNIST digits, rank-transformed to [0, 1] (fit half / pool / test)."""
-    a, b = config.mnist.digits
-    tr, te = data.load_mnist("train"), data.load_mnist("test")
-
-    def pick(ds):
-        keep = (ds.y == a) | (ds.y == b)
-        return ds.x[keep].reshape(keep.sum(), -1).astype(np.float64), (ds.y[keep] == b) * 1.0
-
-    x, y = pick(tr)
-    xt, yt = pick(te)
-    rng = np.random.default_rng(config.seed)
-    perm = rng.permutation(len(x))
-    fit, pool = perm[: len(x) // 2], perm[len(x) // 2 :]
-    mu = x[fit].mean(0)
-    _, _, vt = np.linalg.svd(x[fit] - mu, full_matrices=False)
-    proj = vt[: config.mnist.pca_dim].T
-    z = (x[fit] - mu) @ proj
-    m0, m1 = z[y[fit] == 0].mean(0), z[y[fit] == 1].mean(0)
-    cov = np.cov(z[y[fit] == 0].T) + np.cov(z[y[fit] == 1].T)
-    w = np.linalg.solve(cov + 1e-3 * np.eye(len(cov)), m1 - m0)
-    ref = np.sort(z @ w)
-
-    def score(xx):
-        return np.searchsorted(ref, ((xx - mu) @ proj) @ w) / len(ref)
-
-    s_pool, s_test = score(x[pool]), score(xt)
-    grid = np.linspace(0, 1, 1001)
-    errs = [np.mean((s_pool >= t) != y[pool]) for t in grid]
-    return {
-        "scores": s_pool.astype(np.float32),
-        "labels": y[pool].astype(np.float32),
-        "test": (s_test, yt),
-        "center": float(grid[int(np.argmin(errs))]),
-        "pool_error": float(min(errs)),
-    }
-
-
-def nlschools_pool(config: Any) -> dict:
-    """Pupils of ``MASS::nlschools`` as real tasks (one per class): score = rank of verbal IQ in
-    [0, 1], label = language score above the median; ``nlschools.num_target_groups`` classes are
-    the target population (see ``analysis.multitask.group_pool``)."""
-    d = data.load_nlschools()
-    return group_pool(
-        rank_scores(d.iq),
-        (d.lang > np.median(d.lang)).astype(np.float32),
-        d.group,
-        num_target_groups=config.nlschools.num_target_groups,
-        seed=config.seed,
-    )
 
 
 def pool_cell(config: Any, pool: dict, n_tasks: int, n: int, key: jax.Array, draws: int) -> dict:
@@ -355,46 +302,7 @@ def control_part(config: Any, workdir: str, store: Any) -> tuple[list[dict], lis
             lambda nt=nt, n=n, k=k: synthetic_cell(config, nt, n, k, fixed=True),
         )
 
-    def best(cell):  # the best adaptive method's worst-case ratio
-        return min(cell["worst_ratio"][e] for e in ADAPTIVE)
-
-    rows = []
-    for n in ctl.ns:
-        for nt in ctl.num_tasks:
-            per_seed = [cells[(s, nt, n)] for s in ctl.seeds]
-            member = per_seed[0]["members"].index(f"k={nt},w={ctl.widths[0]}")
-            rows.append({
-                "N": nt, "n": n,
-                "oracle excess (k=N)": sweep.format_mean_sd(
-                    [c["mean"][member][EST.index("oracle")] for c in per_seed], 5),
-                "best adaptive": sweep.format_mean_sd([best(c) for c in per_seed], 2),
-                **{e: sweep.format_mean_sd([c["worst_ratio"][e] for c in per_seed], 2)
-                   for e in ADAPTIVE},
-            })  # fmt: skip
-    hi, checks = ctl.num_tasks[-1], []
-    for lo_n, hi_n in ctl.compare:
-        first = [best(cells[(s, hi, lo_n)]) for s in ctl.seeds]
-        last = [best(cells[(s, hi, hi_n)]) for s in ctl.seeds]
-        diff, spread = sweep.mean_sd(np.subtract(last, first))
-        verdict = report.control_verdict(diff, spread)
-        checks.append(sweep.check(
-            f"fixed_width: best worst-case ratio at N={hi} from n={lo_n} to n={hi_n} "
-            f"(measured; decoy widths {tuple(ctl.widths)} fixed)",
-            verdict,
-            f"n={lo_n}: {sweep.format_mean_sd(first, 2)}, n={hi_n}: "
-            f"{sweep.format_mean_sd(last, 2)}, per-seed difference "
-            f"{diff:+.2f} ± {spread:.2f} over {len(ctl.seeds)} seeds",
-        ))  # fmt: skip
-    columns = ["N", "n", "oracle excess (k=N)", "best adaptive", *ADAPTIVE]
-    common.write_results_md(
-        workdir, rows, columns=columns, filename="fixed_width.md",
-        title="P9 fixed-width control: worst-case ratio of mean excess risk to the oracle's",
-        notes=f"Decoy half-widths w ∈ {tuple(ctl.widths)}, the same at every n (not rescaled), "
-        f"k ∈ {tuple(ctl.good)} good sources, β = {config.data.beta}, {ctl.num_draws} draws per "
-        f"family member; mean ± sd over seeds {tuple(ctl.seeds)}; 'best adaptive' is each seed's "
-        "smallest worst-case ratio over the adaptive methods.\n\n" + sweep.checks_markdown(checks),
-    )  # fmt: skip
-    return rows, checks
+    return report.write_fixed_width(config, workdir, cells)
 
 
 def run(config: Any, workdir: str, options: common.TrainOptions | None = None) -> dict:

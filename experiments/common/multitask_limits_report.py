@@ -93,3 +93,51 @@ def checks(cells, tasks, ns, part):
             ", ".join(f"n={n}: {v:.2f}" for n, v in best.items()),
         ),
     ]
+
+
+def write_fixed_width(config, workdir: str, cells: dict) -> tuple[list[dict], list[dict]]:
+    """``fixed_width.md`` of the fixed-width control from its cells ``{(seed, N, n): cell}``: each
+    method's worst-case ratio to the oracle as mean ± sd over the seeds, and one check per pair of
+    ``control.compare`` on the best adaptive method's ratio at the largest N; ``(rows, checks)``."""
+    ctl = config.control
+
+    def best(cell):  # the best adaptive method's worst-case ratio
+        return min(cell["worst_ratio"][e] for e in ADAPTIVE)
+
+    rows = []
+    for n in ctl.ns:
+        for nt in ctl.num_tasks:
+            per_seed = [cells[(s, nt, n)] for s in ctl.seeds]
+            member = per_seed[0]["members"].index(f"k={nt},w={ctl.widths[0]}")
+            rows.append({
+                "N": nt, "n": n,
+                "oracle excess (k=N)": sweep.format_mean_sd(
+                    [c["mean"][member][EST.index("oracle")] for c in per_seed], 5),
+                "best adaptive": sweep.format_mean_sd([best(c) for c in per_seed], 2),
+                **{e: sweep.format_mean_sd([c["worst_ratio"][e] for c in per_seed], 2)
+                   for e in ADAPTIVE},
+            })  # fmt: skip
+    hi, checks = ctl.num_tasks[-1], []
+    for lo_n, hi_n in ctl.compare:
+        first = [best(cells[(s, hi, lo_n)]) for s in ctl.seeds]
+        last = [best(cells[(s, hi, hi_n)]) for s in ctl.seeds]
+        diff, spread = sweep.mean_sd(np.subtract(last, first))
+        verdict = control_verdict(diff, spread)
+        checks.append(sweep.check(
+            f"fixed_width: best worst-case ratio at N={hi} from n={lo_n} to n={hi_n} "
+            f"(measured; decoy widths {tuple(ctl.widths)} fixed)",
+            verdict,
+            f"n={lo_n}: {sweep.format_mean_sd(first, 2)}, n={hi_n}: "
+            f"{sweep.format_mean_sd(last, 2)}, per-seed difference "
+            f"{diff:+.2f} ± {spread:.2f} over {len(ctl.seeds)} seeds",
+        ))  # fmt: skip
+    columns = ["N", "n", "oracle excess (k=N)", "best adaptive", *ADAPTIVE]
+    common.write_results_md(
+        workdir, rows, columns=columns, filename="fixed_width.md",
+        title="P9 fixed-width control: worst-case ratio of mean excess risk to the oracle's",
+        notes=f"Decoy half-widths w ∈ {tuple(ctl.widths)}, the same at every n (not rescaled), "
+        f"k ∈ {tuple(ctl.good)} good sources, β = {config.data.beta}, {ctl.num_draws} draws per "
+        f"family member; mean ± sd over seeds {tuple(ctl.seeds)}; 'best adaptive' is each seed's "
+        "smallest worst-case ratio over the adaptive methods.\n\n" + sweep.checks_markdown(checks),
+    )  # fmt: skip
+    return rows, checks
